@@ -1,0 +1,213 @@
+"""`fsbench run | sweep | list`: thin entry points over the library.
+
+Bad input (unknown workload or trainer, a bad --set key or value, an unreadable CSV) gets
+one line naming what is wrong and what is allowed, and exit code 2. A failed rank gets
+exit code 1 and the rank's error; Ctrl-C gets 130, with the interrupted run kept on disk
+and marked so.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+
+from fsbench.config import ConfigError, RunConfig, WorkloadConfig, override
+from fsbench.trainer import TRAINERS, trainer_names, trainer_options
+
+DEFAULT_OUT = "runs"
+RUN_COLUMNS = ["trainer", "world_size", "step_time_ms_median", "samples_per_s", "tokens_per_s",
+               "bubble_ratio", "straggler_bubble_ratio", "exposed_comm_ratio",
+               "load_imbalance", "sm_occupancy", "oversubscribed"]
+
+
+def parse_sets(pairs: list[str]) -> tuple[list[tuple[str, str]], dict[str, dict[str, str]]]:
+    """Split `--set k=v` into workload overrides and per-trainer options (`<trainer>.<k>`)."""
+    workload_sets, trainer_sets = [], defaultdict(dict)
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"--set {pair!r}: expected key=value, e.g. --set lengths=yelp")
+        head, dot, rest = key.partition(".")
+        if head in TRAINERS and dot:
+            trainer_sets[head][rest] = value
+        else:
+            workload_sets.append((key, value))
+    return workload_sets, dict(trainer_sets)
+
+
+def build_workload(args: argparse.Namespace) -> WorkloadConfig:
+    from fsbench.workloads.presets import get_workload
+
+    workload = get_workload(args.workload)
+    sets, _ = parse_sets(args.set)
+    if args.steps is not None:
+        sets.append(("steps", str(args.steps)))
+    if args.warmup is not None:
+        sets.append(("warmup", str(args.warmup)))
+    for key, value in sets:
+        workload = override(workload, key, value)
+    return workload
+
+
+def make_run_factory(args: argparse.Namespace, trainers: list[str]):
+    """Validate everything up front (before any rank starts), then return a factory."""
+    workload = build_workload(args)
+    _, trainer_sets = parse_sets(args.set)
+    for name in trainer_sets:
+        if name not in trainers:
+            raise ConfigError(f"--set {name}.*: trainer {name!r} is not part of this run "
+                              f"(trainers: {', '.join(trainers)})")
+    options = {t: trainer_options(t, trainer_sets.get(t, {})) for t in trainers}
+
+    def make(trainer: str, world_size: int) -> RunConfig:
+        return RunConfig(workload=workload, trainer=trainer, world_size=world_size,
+                         seed=args.seed, device=args.device, threads_per_rank=args.threads,
+                         trainer_options=options[trainer])
+
+    for t in trainers:  # RunConfig's own checks (world size vs batch, ...) fail here, early
+        for n in args.world_sizes:
+            make(t, n)
+    return make
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", default="small",
+                   help="workload preset (fsbench list shows them); default: %(default)s")
+    p.add_argument("--steps", type=int, help="steps per run, warm-up included")
+    p.add_argument("--warmup", type=int, help="leading steps that are run but not measured")
+    p.add_argument("--seed", type=int, default=0, help="data and weight seed; default: %(default)s")
+    p.add_argument("--out", default=DEFAULT_OUT, help="where run directories go; default: %(default)s")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--threads", type=int, default=1,
+                   help="intra-op threads per rank (OMP_NUM_THREADS); default: %(default)s")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a workload field (e.g. lengths=yelp, model.dim=32, "
+                        "lengths=hist:PATH) or a trainer switch (<trainer>.<key>=value)")
+
+
+def _csv(kind):
+    def parse(text: str):
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fsbench",
+        description="Benchmark distributed training of sequence-recommendation models: "
+                    "bubbles, throughput and SM occupancy, per trainer and world size.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="one training run; prints and stores its summary",
+                       description="Train one workload with one trainer on N local ranks "
+                                   "and write DIR/<run_id>/ (manifest, timelines, summary).")
+    _common(p)
+    p.add_argument("--trainer", default="ddp", help="trainer name; default: %(default)s")
+    p.add_argument("--world-size", type=int, default=1, help="number of ranks; default: %(default)s")
+
+    p = sub.add_parser("sweep", help="every trainer x world size, repeated; one comparison table",
+                       description="Run every (trainer, world size) combination, repeats "
+                                   "interleaved, and print medians with ratios to the first trainer.")
+    _common(p)
+    p.add_argument("--trainers", type=_csv(str), default=["ddp"],
+                   help="comma-separated trainer names; the first is the baseline for ratios")
+    p.add_argument("--world-sizes", type=_csv(int), default=[1, 2],
+                   help="comma-separated world sizes; default: 1,2")
+    p.add_argument("--repeats", type=int, default=1, help="runs per combination; default: %(default)s")
+
+    sub.add_parser("list", help="list workload presets, length presets and trainers")
+    return parser
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from fsbench.runner import run_once
+    from fsbench.table import format_table
+
+    args.world_sizes = [args.world_size]
+    make = make_run_factory(args, [args.trainer])
+    run_dir, summary = run_once(make(args.trainer, args.world_size), args.out)
+    print(format_table(pd.DataFrame([summary]), RUN_COLUMNS))
+    print(f"run stored in {run_dir}")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from fsbench.runner import comparison_table, sweep, sweep_plan
+    from fsbench.table import format_table
+
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats={args.repeats} must be >= 1")
+    if not args.world_sizes:
+        raise ConfigError("--world-sizes is empty; give e.g. 1,2")
+    make = make_run_factory(args, args.trainers)
+
+    def progress(plan):
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return plan
+        return tqdm(plan, desc="runs", unit="run", file=sys.stderr, leave=False)
+
+    runs = sweep(make, args.trainers, args.world_sizes, args.repeats, args.out, progress)
+    baseline = args.trainers[0]
+    table = comparison_table(runs, baseline)
+    print(f"workload={args.workload} steps={make(baseline, 1).workload.steps} "
+          f"repeats={args.repeats} (medians over measured steps, then over repeats)")
+    print(format_table(table, ["trainer", "world_size", "repeats"] + RUN_COLUMNS[2:-2]
+                       + [f"throughput_vs_{baseline}", "oversubscribed"]))
+    if table["oversubscribed"].any():
+        print("oversub=yes: more busy threads than cores; step time, bubble and throughput "
+              "measure time-sharing there, load imbalance stays valid.")
+    print(f"runs stored in {args.out}/")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from fsbench.workloads.distributions import LENGTH_PRESETS
+    from fsbench.workloads.presets import WORKLOADS
+
+    print("workloads:")
+    for name, make in WORKLOADS.items():
+        w = make()
+        print(f"  {name:8} {w.model.family} dim={w.model.dim} layers={w.model.num_layers} "
+              f"batch={w.global_batch_size} max_len={w.max_seq_len} lengths={w.lengths} "
+              f"items={w.item_vocab:,} steps={w.steps} (v{w.version})")
+    print("length presets (--set lengths=NAME):")
+    for name, preset in LENGTH_PRESETS.items():
+        print(f"  {name:15} {preset.describe()}")
+    print("trainers:")
+    for name in trainer_names():
+        print(f"  {name:10} {TRAINERS[name][2]}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from fsbench.launch.local import RankFailed
+
+    args = build_parser().parse_args(argv)
+    commands = {"run": cmd_run, "sweep": cmd_sweep, "list": cmd_list}
+    try:
+        if getattr(args, "world_size", 1) < 1:
+            raise ConfigError(f"--world-size={args.world_size} must be >= 1")
+        if any(n < 1 for n in getattr(args, "world_sizes", [1])):
+            raise ConfigError(f"--world-sizes={args.world_sizes}: every world size must be >= 1")
+        return commands[args.command](args)
+    except ConfigError as e:
+        print(f"fsbench: error: {e}", file=sys.stderr)
+        return 2
+    except RankFailed as e:
+        print(f"fsbench: run failed: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("fsbench: interrupted; the run directory is kept and marked 'interrupted'",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""Typed, validated configuration: what a workload is and how a run is set up.
+
+Every check lives in `__post_init__` and raises `ConfigError` naming the field, the bad
+value and what is allowed; the CLI turns that into one line and exit code 2.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+
+
+class ConfigError(ValueError):
+    """Bad user input: one line naming the field and what is allowed."""
+
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def _one_of(name: str, value: object, allowed: typing.Iterable[object]) -> None:
+    allowed = list(allowed)
+    _require(value in allowed, f"{name}={value!r} is not allowed; choose one of: "
+             + ", ".join(str(a) for a in allowed))
+
+
+def _positive(name: str, value: int | float, minimum: int | float = 1) -> None:
+    _require(value >= minimum, f"{name}={value!r} must be >= {minimum}")
+
+
+MODEL_FAMILIES = ("hstu", "sasrec")
+OPTIMIZERS = ("adam", "sgd", "adagrad")
+COMPUTE_MODES = ("model",)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ModelConfig:
+    family: str = "hstu"
+    """Encoder family: `hstu` (pointwise SiLU attention) or `sasrec` (softmax transformer)."""
+    dim: int = 64
+    """Embedding and hidden width (every table uses it)."""
+    num_layers: int = 2
+    """Encoder blocks."""
+    num_heads: int = 2
+    """Attention heads; must divide dim."""
+
+    def __post_init__(self) -> None:
+        _one_of("model.family", self.family, MODEL_FAMILIES)
+        _positive("model.dim", self.dim)
+        _positive("model.num_layers", self.num_layers)
+        _positive("model.num_heads", self.num_heads)
+        _require(self.dim % self.num_heads == 0,
+                 f"model.dim={self.dim} must be divisible by model.num_heads={self.num_heads}")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class WorkloadConfig:
+    name: str
+    """Preset name this config came from (after overrides it keeps the name)."""
+    version: int = 1
+    """Bumped whenever a preset's numbers change, so stored runs stay comparable."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    item_vocab: int = 10_000
+    """Rows of the item table (id 0 is padding)."""
+    user_vocab: int = 1_000
+    """Rows of the user table."""
+    context_vocabs: tuple[int, ...] = (100, 20, 10)
+    """Rows of each categorical context table (one id per sample each)."""
+    max_seq_len: int = 50
+    """Histories longer than this are clipped (the most recent items are kept)."""
+    global_batch_size: int = 32
+    """Samples per step summed over all ranks (the same at every world size)."""
+    steps: int = 10
+    """Steps per run, warm-up included."""
+    warmup: int = 2
+    """Leading steps that are run but not measured."""
+    lengths: str = "amazon-beauty"
+    """History-length distribution: a dataset preset, fixed:L, uniform:LO-HI,
+    lognormal:mu=..,sigma=..[,shift=..,min=..,max=..,mode=truncate|clip],
+    powerlaw:alpha=..,xmin=.., or hist:PATH (a length_bin,count CSV)."""
+    popularity: str = "zipf:1.0"
+    """Item popularity: zipf:S (rank exponent S over the item vocabulary)."""
+    num_negatives: int = 64
+    """Sampled negatives per batch for the sampled-softmax loss."""
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    data: str = "synthetic"
+    """Where histories come from: synthetic, sasrec:PATH, recbole:PATH or otto:PATH."""
+    compute: str = "model"
+    """What a sample's compute is: `model` (the reference model)."""
+
+    def __post_init__(self) -> None:
+        _positive("item_vocab", self.item_vocab, 2)
+        _positive("user_vocab", self.user_vocab, 2)
+        _require(all(v >= 2 for v in self.context_vocabs),
+                 f"context_vocabs={self.context_vocabs!r}: every table needs >= 2 rows")
+        _positive("max_seq_len", self.max_seq_len)
+        _positive("global_batch_size", self.global_batch_size)
+        _positive("steps", self.steps)
+        _require(0 <= self.warmup < self.steps,
+                 f"warmup={self.warmup} must be >= 0 and < steps={self.steps}")
+        _positive("num_negatives", self.num_negatives)
+        _one_of("optimizer", self.optimizer, OPTIMIZERS)
+        _require(self.lr > 0, f"lr={self.lr} must be > 0")
+        _one_of("compute", self.compute, COMPUTE_MODES)
+        # Parse the distribution and data specs now, so a typo fails before any rank starts.
+        from fsbench.workloads import distributions, popularity, realdata
+
+        distributions.parse_length_spec(self.lengths)
+        popularity.parse_popularity_spec(self.popularity)
+        realdata.parse_data_spec(self.data)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class RunConfig:
+    workload: WorkloadConfig
+    trainer: str
+    """Trainer name, resolved at run time (`fsbench list` shows them)."""
+    world_size: int = 1
+    seed: int = 0
+    """Seeds the data generator and the initial weights (same on every rank)."""
+    backend: str = "auto"
+    """torch.distributed backend: auto (nccl on CUDA, else gloo), gloo or nccl."""
+    device: str = "cpu"
+    """cpu or cuda."""
+    threads_per_rank: int = 1
+    """OMP/intra-op threads per rank; 1 keeps thread CPU time an honest busy measure."""
+    trainer_options: dict[str, str] = field(default_factory=dict)
+    """Trainer-specific switches from `--set <trainer>.<key>=value`."""
+
+    def __post_init__(self) -> None:
+        _positive("world_size", self.world_size)
+        _one_of("backend", self.backend, ("auto", "gloo", "nccl"))
+        _one_of("device", self.device, ("cpu", "cuda"))
+        _positive("threads_per_rank", self.threads_per_rank)
+        _require(self.workload.global_batch_size >= self.world_size,
+                 f"world_size={self.world_size} exceeds global_batch_size="
+                 f"{self.workload.global_batch_size}: every rank needs at least one sample")
+
+    @property
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "nccl" if self.device == "cuda" else "gloo"
+
+
+# ---------------------------------------------------------------------------
+# `--set key=value` overrides, and (de)serialization for manifests and rank specs.
+
+def _coerce(value: str, hint: object, key: str) -> object:
+    origin = typing.get_origin(hint)
+    try:
+        if hint is int:
+            return int(value)
+        if hint is float:
+            return float(value)
+        if hint is bool:
+            if value.lower() in ("1", "true", "on", "yes"):
+                return True
+            if value.lower() in ("0", "false", "off", "no"):
+                return False
+            raise ValueError(value)
+        if origin is tuple:
+            return tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"--set {key}={value!r}: expected a value of type "
+                          f"{getattr(hint, '__name__', hint)}") from None
+    return value
+
+
+def override(cfg: object, key: str, value: str, _prefix: str = "") -> object:
+    """Return a copy of dataclass `cfg` with dotted `key` (e.g. `model.dim`) set from text."""
+    head, _, rest = key.partition(".")
+    names = [f.name for f in dataclasses.fields(cfg)]
+    if head not in names:
+        raise ConfigError(f"--set {_prefix}{key}: unknown key; allowed: "
+                          + ", ".join(_prefix + n for n in _settable_keys(cfg)))
+    hints = typing.get_type_hints(type(cfg))
+    current = getattr(cfg, head)
+    if rest:
+        if not dataclasses.is_dataclass(current):
+            raise ConfigError(f"--set {_prefix}{key}: {_prefix}{head} has no sub-keys")
+        new = override(current, rest, value, _prefix=f"{_prefix}{head}.")
+    else:
+        if dataclasses.is_dataclass(current):
+            raise ConfigError(f"--set {_prefix}{key}: give a sub-key, e.g. "
+                              f"{_prefix}{head}.{dataclasses.fields(current)[0].name}")
+        new = _coerce(value, hints[head], _prefix + key)
+    return dataclasses.replace(cfg, **{head: new})
+
+
+def _settable_keys(cfg: object) -> list[str]:
+    out = []
+    for f in dataclasses.fields(cfg):
+        sub = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(sub):
+            out += [f"{f.name}.{k}" for k in _settable_keys(sub)]
+        elif f.name != "name":
+            out.append(f.name)
+    return out
+
+
+def to_dict(cfg: object) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def workload_from_dict(d: dict) -> WorkloadConfig:
+    d = dict(d)
+    d["model"] = ModelConfig(**d["model"])
+    d["context_vocabs"] = tuple(d["context_vocabs"])
+    return WorkloadConfig(**d)
+
+
+def run_from_dict(d: dict) -> RunConfig:
+    d = dict(d)
+    d["workload"] = workload_from_dict(d["workload"])
+    return RunConfig(**d)

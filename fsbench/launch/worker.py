@@ -1,0 +1,77 @@
+"""Per-rank main: join the world, run the steps, write timeline and stats, leave.
+
+The local launcher starts it as `python -m fsbench.launch.worker RUN_DIR`; across nodes
+the same command runs under torchrun (`torchrun --nnodes=.. --nproc-per-node=8 -m
+fsbench.launch.worker RUN_DIR`) with RUN_DIR on shared storage, holding the
+`run_spec.json` that `fsbench.store.create_run_dir` writes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+from fsbench import dist as fsdist
+from fsbench.config import run_from_dict
+from fsbench.timeline import Timeline, set_current
+from fsbench.trainer import resolve_trainer_class, trainer_options
+from fsbench.workloads import make_batch_source
+
+
+def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
+    """The measured loop. Step k: make the global batch, barrier, then the timed step."""
+    timeline = Timeline(run_dir / f"rank-{ctx.rank}.jsonl", rank=ctx.rank)
+    set_current(timeline)
+    source = make_batch_source(run.workload, run.seed)
+    trainer = resolve_trainer_class(run.trainer)()
+    trainer.options = trainer_options(run.trainer, run.trainer_options)
+    trainer.setup(ctx, run)
+    try:
+        with open(run_dir / f"steps-rank-{ctx.rank}.jsonl", "a") as stats_file:
+            for step in range(run.workload.steps):
+                timeline.begin_step(step, warmup=step < run.workload.warmup)
+                with timeline.span("data"):
+                    batch = source.global_batch(step)
+                # The start barrier: every rank enters the timed step together, so step
+                # time measures the step and not the ranks' skew in reaching it.
+                with timeline.span("barrier"):
+                    ctx.barrier()
+                with timeline.span("step"):
+                    stats = trainer.step(batch)
+                stats_file.write(json.dumps({"rank": ctx.rank, "step": step, "loss": stats.loss,
+                                             "num_samples": stats.num_samples,
+                                             "num_targets": stats.num_targets}) + "\n")
+                stats_file.flush()
+                timeline.flush()
+    finally:
+        trainer.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="fsbench per-rank worker (started by a launcher)")
+    parser.add_argument("run_dir", type=Path, help="run directory holding run_spec.json")
+    args = parser.parse_args(argv)
+    with open(args.run_dir / "run_spec.json") as f:
+        run = run_from_dict(json.load(f))
+    torch.set_num_threads(run.threads_per_rank)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        ctx = fsdist.init_distributed(run.resolved_backend, run.device)
+        run_rank(ctx, run, args.run_dir)
+    except BaseException as e:  # noqa: BLE001 - report every failure, then re-raise
+        # The launcher reads this file to name the failing rank and its error.
+        (args.run_dir / f"error-rank-{rank}.txt").write_text(
+            f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}")
+        raise
+    finally:
+        fsdist.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

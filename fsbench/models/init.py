@@ -1,0 +1,55 @@
+"""Deterministic weight initialization, independent of the global RNG.
+
+Every parameter draws from its own generator, seeded from (run seed, parameter name).
+That makes the initial weights
+  * identical on every process (no dependence on what else consumed random numbers),
+  * independent of the rest of the model: the embedding tables start the same whatever
+    the dense family is, and a trainer that builds a sharded copy of a table can
+    reproduce its weights from the table name alone (`sparse.initial_table_weight`).
+Hazard: the name must be hashed with a stable hash; Python's `hash()` is salted per
+process and would give every rank different weights.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torch import nn
+
+
+def param_generator(seed: int, name: str) -> torch.Generator:
+    """A CPU generator seeded from (seed, name) with a process-independent hash."""
+    digest = hashlib.blake2b(f"{seed}/{name}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+
+
+@torch.no_grad()
+def normal_(param: torch.Tensor, std: float, seed: int, name: str) -> None:
+    """Fill `param` in place with N(0, std^2) drawn on the CPU (same values on any device)."""
+    values = torch.randn(param.shape, generator=param_generator(seed, name), dtype=torch.float64)
+    param.copy_(values * std)
+
+
+@torch.no_grad()
+def init_module_(module: nn.Module, seed: int, prefix: str) -> None:
+    """Initialize every parameter of `module` by the kind of module that owns it.
+
+    Linear weights ~ N(0, 1/fan_in) and biases 0; LayerNorm is the identity; Embedding rows
+    ~ N(0, 1/dim) (so dot products of unit-scale vectors start near N(0, 1)); parameters
+    a module lists in its `zero_init` tuple start at 0. Anything else raises, so a new
+    parameter can never keep the uninitialized memory left by `to_empty`.
+    """
+    for name, param in module.named_parameters():
+        owner_name, _, leaf = name.rpartition(".")
+        owner = module.get_submodule(owner_name)
+        if isinstance(owner, nn.LayerNorm):
+            param.fill_(1.0 if leaf == "weight" else 0.0)
+        elif isinstance(owner, nn.Linear) and leaf == "bias":
+            param.zero_()
+        elif isinstance(owner, nn.Linear | nn.Embedding):
+            normal_(param, param.shape[1] ** -0.5, seed, prefix + name)
+        elif leaf in getattr(owner, "zero_init", ()):
+            param.zero_()
+        else:
+            raise TypeError(f"no initialization rule for parameter {prefix}{name} "
+                            f"of {type(owner).__name__}")

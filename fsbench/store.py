@@ -1,0 +1,149 @@
+"""Run directories and manifests, written atomically.
+
+Layout of one run: `<out>/<run_id>/`
+    manifest.json      frozen config, trainer, world size, seed, git sha, versions, host,
+                       status (running -> complete | failed)
+    run_spec.json      what every rank reads at start (the RunConfig)
+    rank-<r>.jsonl     rank r's timeline spans
+    steps-rank-<r>.jsonl  rank r's per-step stats (loss, samples, targets)
+    rank-<r>.log       rank r's stdout/stderr
+    summary.json       the run's metrics (only once the run completed)
+
+Every JSON file is written to a temp file, fsynced and renamed, so a reader never sees a
+half-written file, whatever happens to the writer.
+"""
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import secrets
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+from fsbench.config import RunConfig, to_dict
+
+SCHEMA_VERSION = 1
+_VERSIONED_PACKAGES = ("torch", "numpy", "pandas", "torchrec", "fbgemm-gpu", "fbgemm-gpu-cpu",
+                       "deepspeed", "nvidia-ml-py", "fsbench")
+
+
+def write_json_atomic(path: str | os.PathLike, obj: object) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True, default=str)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    # The rename is durable only once the directory entry is on disk too.
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def read_json(path: str | os.PathLike) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def new_run_id(run: RunConfig) -> str:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{run.workload.name}-{run.trainer}-n{run.world_size}-{secrets.token_hex(3)}"
+
+
+def git_sha() -> str | None:
+    try:
+        root = Path(__file__).resolve().parent.parent
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                             text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, capture_output=True, text=True, timeout=5)
+        if out.returncode != 0:
+            return None
+        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in _VERSIONED_PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def host_info() -> dict:
+    import torch
+
+    info = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": usable_cpus(),
+        "cuda_available": torch.cuda.is_available(),
+    }
+    if torch.cuda.is_available():
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info
+
+
+def is_oversubscribed(run: RunConfig, cpus: int | None = None) -> bool:
+    """More busy threads than cores: wall-clock figures then measure time-sharing."""
+    if run.device == "cuda":
+        return False
+    return run.world_size * run.threads_per_rank > (cpus or usable_cpus())
+
+
+def create_run_dir(out_dir: str | os.PathLike, run: RunConfig) -> Path:
+    """Make `<out>/<run_id>/` with its manifest (status: running) and the ranks' spec."""
+    run_id = new_run_id(run)
+    run_dir = Path(out_dir) / run_id
+    run_dir.mkdir(parents=True, exist_ok=False)
+    config = to_dict(run)
+    write_json_atomic(run_dir / "run_spec.json", config)
+    write_json_atomic(run_dir / "manifest.json", {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_id,
+        "status": "running",
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "trainer": run.trainer,
+        "workload": run.workload.name,
+        "world_size": run.world_size,
+        "seed": run.seed,
+        "config": config,
+        "git_sha": git_sha(),
+        "packages": package_versions(),
+        "host": host_info(),
+        "oversubscribed": is_oversubscribed(run),
+    })
+    return run_dir
+
+
+def update_manifest(run_dir: str | os.PathLike, **fields: object) -> dict:
+    path = Path(run_dir) / "manifest.json"
+    manifest = read_json(path) | fields
+    write_json_atomic(path, manifest)
+    return manifest

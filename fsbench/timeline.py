@@ -1,0 +1,121 @@
+"""Per-rank timelines: `with span("forward"):` appends one JSON line per span.
+
+A record is {rank, step, warmup, name, kind, start_ns, dur_ns, cpu_ns}:
+- `start_ns`/`dur_ns` come from CLOCK_MONOTONIC (`time.monotonic_ns`), which is shared
+  by all processes of one host, so spans of different ranks on one machine line up.
+  (Ranks on different hosts are compared by durations only.)
+- `cpu_ns` is the *calling thread's* CPU time during the span (`time.thread_time_ns`).
+  With one intra-op thread per rank this is the rank's compute time even when ranks
+  share cores, and it excludes time blocked in a collective (a blocked thread burns
+  no CPU; gloo's own worker threads are not counted).
+- `kind` classifies the span for the metrics: compute | comm | wait | data | step.
+
+Spans never synchronize a device. Lines are buffered in memory and flushed at the end
+of every step, so a crash loses at most the step in flight.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Iterator
+
+SPAN_KINDS = ("compute", "comm", "wait", "data", "step")
+
+# Default kind of the span names trainers use; anything else must pass kind= explicitly.
+DEFAULT_KINDS = {
+    "forward": "compute",
+    "backward": "compute",
+    "optimizer": "compute",
+    "embedding": "compute",
+    "compute": "compute",
+    "comm": "comm",
+    "allreduce": "comm",
+    "all_to_all": "comm",
+    "wait": "wait",
+    "barrier": "wait",
+    "data": "data",
+    "step": "step",
+}
+
+
+class Timeline:
+    """Collects one rank's spans and appends them to `path` as JSON lines."""
+
+    def __init__(self, path: str | os.PathLike | None, rank: int = 0) -> None:
+        self.path = Path(path) if path is not None else None
+        self.rank = rank
+        self.step = -1
+        self.warmup = False
+        self._buffer: list[str] = []
+        self.records: list[dict] = []  # kept in memory too, for in-process callers and tests
+
+    def begin_step(self, step: int, warmup: bool) -> None:
+        self.step, self.warmup = step, warmup
+
+    @contextlib.contextmanager
+    def span(self, name: str, kind: str | None = None) -> Iterator[None]:
+        kind = kind or DEFAULT_KINDS.get(name)
+        if kind not in SPAN_KINDS:
+            raise ValueError(f"span {name!r}: kind must be one of {SPAN_KINDS}, got {kind!r}")
+        cpu0, t0 = time.thread_time_ns(), time.monotonic_ns()
+        try:
+            yield
+        finally:
+            t1, cpu1 = time.monotonic_ns(), time.thread_time_ns()
+            rec = {
+                "rank": self.rank, "step": self.step, "warmup": self.warmup,
+                "name": name, "kind": kind,
+                "start_ns": t0, "dur_ns": t1 - t0, "cpu_ns": cpu1 - cpu0,
+            }
+            self.records.append(rec)
+            self._buffer.append(json.dumps(rec))
+
+    def flush(self) -> None:
+        if self.path is None or not self._buffer:
+            self._buffer.clear()
+            return
+        with open(self.path, "a") as f:
+            f.write("\n".join(self._buffer) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self._buffer.clear()
+
+
+# Trainers call `span(...)` without carrying a Timeline around; the worker installs the
+# rank's timeline here once. A process is one rank, so one current timeline suffices.
+_current: Timeline = Timeline(None)
+
+
+def set_current(timeline: Timeline) -> None:
+    global _current
+    _current = timeline
+
+
+def current() -> Timeline:
+    return _current
+
+
+def span(name: str, kind: str | None = None):
+    """`with span("forward"):` on the current rank's timeline."""
+    return _current.span(name, kind)
+
+
+def read_timelines(run_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
+    """All `rank-*.jsonl` files of a run as one DataFrame (one row per span)."""
+    import pandas as pd
+
+    rows = []
+    for p in sorted(Path(run_dir).glob("rank-*.jsonl")):
+        with open(p) as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        break  # a torn last line from a killed rank: keep what precedes it
+    cols = ["rank", "step", "warmup", "name", "kind", "start_ns", "dur_ns", "cpu_ns"]
+    return pd.DataFrame(rows, columns=cols)

@@ -1,0 +1,67 @@
+"""Named, versioned workload presets. Bump `version` whenever a preset's numbers change.
+
+tiny    CI: a 2-rank run takes seconds.
+small   the CPU default: a 1- and 2-rank comparison in about a minute.
+medium  one GPU node; validated and listed, not run in CI.
+large   multi-node GPU scale; validated and listed, not run in CI.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from fsbench.config import ConfigError, ModelConfig, WorkloadConfig
+
+
+def tiny() -> WorkloadConfig:
+    return WorkloadConfig(
+        name="tiny", version=1,
+        model=ModelConfig(family="hstu", dim=16, num_layers=1, num_heads=2),
+        item_vocab=1_000, user_vocab=100, context_vocabs=(10, 5),
+        max_seq_len=32, global_batch_size=8, steps=4, warmup=1,
+        lengths="amazon-beauty", num_negatives=16,
+    )
+
+
+def small() -> WorkloadConfig:
+    return WorkloadConfig(
+        name="small", version=1,
+        model=ModelConfig(family="hstu", dim=64, num_layers=2, num_heads=2),
+        item_vocab=20_000, user_vocab=5_000, context_vocabs=(100, 20, 10),
+        max_seq_len=200, global_batch_size=128, steps=20, warmup=4,
+        lengths="yelp", num_negatives=64,
+    )
+
+
+def medium() -> WorkloadConfig:
+    return WorkloadConfig(
+        name="medium", version=1,
+        model=ModelConfig(family="hstu", dim=256, num_layers=4, num_heads=4),
+        item_vocab=1_000_000, user_vocab=1_000_000, context_vocabs=(1_000, 100, 50),
+        max_seq_len=1_024, global_batch_size=2_048, steps=50, warmup=10,
+        lengths="movielens-1m", num_negatives=512,
+    )
+
+
+def large() -> WorkloadConfig:
+    return WorkloadConfig(
+        name="large", version=1,
+        model=ModelConfig(family="hstu", dim=512, num_layers=8, num_heads=8),
+        item_vocab=10_000_000, user_vocab=10_000_000, context_vocabs=(10_000, 1_000, 100),
+        max_seq_len=4_096, global_batch_size=8_192, steps=50, warmup=10,
+        lengths="kuairand-1k", num_negatives=1_024,
+    )
+
+
+WORKLOADS: dict[str, Callable[[], WorkloadConfig]] = {
+    "tiny": tiny, "small": small, "medium": medium, "large": large,
+}
+
+
+def workload_names() -> list[str]:
+    return list(WORKLOADS)
+
+
+def get_workload(name: str) -> WorkloadConfig:
+    if name not in WORKLOADS:
+        raise ConfigError(f"workload={name!r} is unknown; choose one of: {', '.join(WORKLOADS)}")
+    return WORKLOADS[name]()

@@ -1,0 +1,241 @@
+"""Real interaction histories as global batches, in the synthetic batches' format.
+
+Three on-disk formats are read, each into the same `Histories` (per user the
+chronological item list, ids remapped to 1..V):
+
+    sasrec:PATH   `user item` per line, whitespace separated, already chronological per
+                  user (the files SASRec ships)
+    recbole:PATH  a RecBole atomic `.inter` TSV; the header names `user_id:token` and
+                  `item_id:token`, and `timestamp:float` when present sets the order
+    otto:PATH     OTTO jsonl, one session a line: {"session": s, "events": [{"aid": a,
+                  "ts": t, "type": ...}, ...]}; every event type counts as an interaction
+
+Batches stay a pure function of (seed, step), like the synthetic ones, so every rank can
+build the global batch itself.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fsbench.config import ConfigError, WorkloadConfig
+from fsbench.workloads.batch import JaggedBatch
+from fsbench.workloads.generator import step_rng
+
+DATA_KINDS = ("sasrec", "recbole", "otto")
+_ALLOWED = "allowed: synthetic, sasrec:PATH, recbole:PATH, otto:PATH"
+
+
+@dataclass(frozen=True, slots=True)
+class DataSpec:
+    kind: str
+    """`synthetic` or one of DATA_KINDS."""
+    path: str | None = None
+
+    def __str__(self) -> str:
+        return self.kind if self.path is None else f"{self.kind}:{self.path}"
+
+
+def parse_data_spec(spec: str) -> DataSpec:
+    """The data source a `data=` spec names; ConfigError (one line) if bad. Only checks
+    that the file exists: reading it is load_histories' job."""
+    if spec == "synthetic":
+        return DataSpec("synthetic")
+    kind, colon, path = str(spec).partition(":")
+    if kind not in DATA_KINDS or not colon:
+        raise ConfigError(f"data={spec!r}: unknown kind {kind!r}; {_ALLOWED}")
+    if not os.path.isfile(path):
+        raise ConfigError(f"data={spec!r}: no such file {path!r}; {_ALLOWED}")
+    return DataSpec(kind, path)
+
+
+@dataclass(frozen=True, eq=False)
+class Histories:
+    """All users' histories packed end to end. User u (ids are 1..num_users) owns
+    items[offsets[u-1]:offsets[u]], oldest first; item ids are 1..num_items."""
+    items: np.ndarray
+    offsets: np.ndarray
+    num_items: int
+
+    @property
+    def num_users(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def history(self, user_id: int) -> np.ndarray:
+        return self.items[self.offsets[user_id - 1]:self.offsets[user_id]]
+
+
+def histories_from_events(users: np.ndarray, items: np.ndarray,
+                          times: np.ndarray | None = None) -> Histories:
+    """Group interaction events by user, oldest first (ties, or no times: file order),
+    and remap user and item keys to contiguous ids in sorted key order."""
+    if len(users) == 0:
+        raise ValueError("no interactions")
+    user_keys, user_idx = np.unique(users, return_inverse=True)
+    item_keys, item_idx = np.unique(items, return_inverse=True)
+    # lexsort and a stable argsort both keep file order among equal keys.
+    order = (np.argsort(user_idx, kind="stable") if times is None
+             else np.lexsort((times, user_idx)))
+    counts = np.bincount(user_idx, minlength=len(user_keys))
+    return Histories(items=item_idx[order].astype(np.int64) + 1,
+                     offsets=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+                     num_items=len(item_keys))
+
+
+def _read_sasrec(f) -> Histories:
+    users, items = [], []
+    for line_no, line in enumerate(f, start=1):
+        fields = line.split()
+        if not fields:
+            continue
+        try:
+            if len(fields) != 2:
+                raise ValueError
+            users.append(int(fields[0]))
+            items.append(int(fields[1]))
+        except ValueError:
+            raise ValueError(f"line {line_no}: expected 'user item' (two integers), "
+                             f"got {line.strip()!r}") from None
+    return histories_from_events(np.asarray(users), np.asarray(items))
+
+
+def _read_recbole(f) -> Histories:
+    header = f.readline().rstrip("\r\n")
+    names = [h.split(":")[0].strip() for h in header.split("\t")]
+    if "user_id" not in names or "item_id" not in names:
+        raise ValueError(f"header {header!r} lacks user_id:token and item_id:token columns")
+    u_col, i_col = names.index("user_id"), names.index("item_id")
+    t_col = names.index("timestamp") if "timestamp" in names else None
+    users, items, times = [], [], []
+    for line_no, line in enumerate(f, start=2):
+        row = line.rstrip("\r\n").split("\t")
+        if row == [""]:
+            continue
+        try:
+            if len(row) != len(names):
+                raise ValueError
+            users.append(row[u_col])
+            items.append(row[i_col])
+            if t_col is not None:
+                times.append(float(row[t_col]))
+        except ValueError:
+            raise ValueError(f"line {line_no}: expected {len(names)} tab-separated fields "
+                             f"matching the header, got {line.strip()!r}") from None
+    return histories_from_events(np.asarray(users), np.asarray(items),
+                                 None if t_col is None else np.asarray(times))
+
+
+def _read_otto(f) -> Histories:
+    users, items, times = [], [], []
+    for line_no, line in enumerate(f, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            session = int(obj["session"])
+            for event in obj["events"]:
+                users.append(session)
+                items.append(int(event["aid"]))
+                times.append(int(event["ts"]))
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"line {line_no}: expected {{\"session\": int, \"events\": "
+                             "[{\"aid\": int, \"ts\": int, ...}]}") from None
+    return histories_from_events(np.asarray(users), np.asarray(items), np.asarray(times))
+
+
+_READERS = {"sasrec": _read_sasrec, "recbole": _read_recbole, "otto": _read_otto}
+
+
+def load_histories(spec: DataSpec | str) -> Histories:
+    """Read a real dataset; ConfigError naming the file and line if it cannot be used."""
+    if isinstance(spec, str):
+        spec = parse_data_spec(spec)
+    if spec.kind not in _READERS:
+        raise ConfigError(f"data={str(spec)!r} has no histories to load; {_ALLOWED}")
+    try:
+        with open(spec.path, encoding="utf-8") as f:
+            return _READERS[spec.kind](f)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"data={str(spec)!r}: cannot read {spec.path}: {e}") from None
+
+
+_GOLDEN64 = 0x9E3779B97F4A7C15
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer: scrambles uint64 keys (multiplication wraps mod 2^64)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def context_ids_for_users(user_ids: np.ndarray, context_vocabs: tuple[int, ...]) -> np.ndarray:
+    """(B, C) context ids, a fixed hash of (user id, table) into [1, vocab-1]: a user's
+    context is the same in every batch, like a real profile feature."""
+    out = np.empty((len(user_ids), len(context_vocabs)), dtype=np.int64)
+    keys = user_ids.astype(np.uint64)
+    for c, vocab in enumerate(context_vocabs):
+        h = _mix64(keys + np.uint64((c + 1) * _GOLDEN64 % 2**64))
+        out[:, c] = (h % np.uint64(vocab - 1)).astype(np.int64) + 1
+    return out
+
+
+class RealDataBatches:
+    """Global batches of real users: each sample is one user's most recent
+    `max_seq_len + 1` items, inputs and targets shifted by one."""
+
+    def __init__(self, workload: WorkloadConfig, seed: int, histories: Histories) -> None:
+        for what, have, key, vocab in (("items", histories.num_items, "item_vocab",
+                                        workload.item_vocab),
+                                       ("users", histories.num_users, "user_vocab",
+                                        workload.user_vocab)):
+            if have > vocab - 1:
+                raise ConfigError(f"data={workload.data!r} has {have} {what} but "
+                                  f"{key}={vocab} holds only {vocab - 1} (id 0 is padding); "
+                                  f"use --set {key}={have + 1}")
+        self.workload = workload
+        self.seed = seed
+        self.histories = histories
+        self.eligible = np.flatnonzero(histories.lengths >= 2) + 1  # user ids
+        if len(self.eligible) == 0:
+            raise ConfigError(f"data={workload.data!r}: no user has the 2 interactions a "
+                              "sample needs (one input, one target)")
+        counts = np.bincount(histories.items, minlength=histories.num_items + 1)
+        self.negative_cdf = np.cumsum(counts) / counts.sum()  # counts[0] = 0: no padding
+
+    def global_batch(self, step: int) -> JaggedBatch:
+        w, h = self.workload, self.histories
+        rng = step_rng(self.seed, step)
+        # Distinct users when there are enough of them; small datasets repeat users.
+        users = rng.choice(self.eligible, w.global_batch_size,
+                           replace=w.global_batch_size > len(self.eligible))
+        ends = h.offsets[users]
+        starts = np.maximum(h.offsets[users - 1], ends - (w.max_seq_len + 1))
+        lengths = ends - starts - 1
+        # positions of each window's inputs in h.items; its targets sit one further on
+        pos = (np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
+               + np.arange(int(lengths.sum())))
+        negatives = np.searchsorted(self.negative_cdf, rng.random(w.num_negatives),
+                                    side="right")
+        # Hazard: float rounding can leave the cdf's last entry a hair below 1.0.
+        negatives = np.minimum(negatives, h.num_items).astype(np.int64)
+        return JaggedBatch(
+            item_ids=torch.from_numpy(h.items[pos]),
+            targets=torch.from_numpy(h.items[pos + 1]),
+            lengths=torch.from_numpy(lengths.astype(np.int64)),
+            user_ids=torch.from_numpy(users.astype(np.int64)),
+            context_ids=torch.from_numpy(context_ids_for_users(users, w.context_vocabs)),
+            negative_ids=torch.from_numpy(negatives),
+            global_num_targets=int(lengths.sum()),
+            step=step,
+        )

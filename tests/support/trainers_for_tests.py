@@ -1,0 +1,64 @@
+"""Trainers used only by tests, loaded by ranks as `trainers_for_tests:Class` (the tests put
+this folder on PYTHONPATH). They wrap real trainers; nothing here stands in for one."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from baselines.ddp import DDPTrainer
+from fsbench.trainer import StepStats
+
+
+class RaiseOnRank1:
+    """Rank 1 raises at step 1 while rank 0 waits in the next collective."""
+
+    options: dict[str, str] = {}
+
+    def setup(self, ctx, run) -> None:
+        self.ctx = ctx
+
+    def step(self, batch) -> StepStats:
+        if self.ctx.rank == 1 and batch.step == 1:
+            raise ValueError("injected failure on rank 1")
+        return StepStats(loss=0.0, num_samples=1, num_targets=1)
+
+    def close(self) -> None:
+        pass
+
+
+class _GradDumpingOptimizer:
+    """Saves every parameter's gradient (after DDP's all-reduce) before stepping."""
+
+    def __init__(self, optimizer, named_params, path: Path) -> None:
+        self.optimizer, self.named_params, self.path = optimizer, named_params, path
+        self.dumped = False
+
+    def step(self) -> None:
+        if not self.dumped:  # first step only: that is what the reference computes
+            grads = {n: p.grad.detach().clone() for n, p in self.named_params if p.grad is not None}
+            torch.save(grads, self.path)
+            self.dumped = True
+        self.optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+
+def wrap_with_grad_dump(trainer_cls):
+    """A subclass of a real trainer whose optimizer dumps the first step's gradients to
+    $FSBENCH_TEST_DUMP/grads-rank-<r>.pt."""
+
+    class GradDump(trainer_cls):
+        def setup(self, ctx, run) -> None:
+            super().setup(ctx, run)
+            path = Path(os.environ["FSBENCH_TEST_DUMP"]) / f"grads-rank-{ctx.rank}.pt"
+            module = getattr(self.model, "module", self.model)
+            self.optimizer = _GradDumpingOptimizer(self.optimizer, list(module.named_parameters()), path)
+
+    GradDump.__name__ = f"GradDump{trainer_cls.__name__}"
+    return GradDump
+
+
+GradDumpDDP = wrap_with_grad_dump(DDPTrainer)

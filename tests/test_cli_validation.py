@@ -1,0 +1,44 @@
+"""Bad input: one line naming the field and what is allowed, exit code 2, no rank started."""
+import pytest
+
+from fsbench.cli import main
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["run", "--workload", "huge"], "workload='huge' is unknown; choose one of: tiny, small"),
+    (["run", "--workload", "tiny", "--trainer", "magic"], "trainer='magic' is unknown; choose one of: ddp"),
+    (["run", "--workload", "tiny", "--world-size", "0"], "--world-size=0 must be >= 1"),
+    (["sweep", "--workload", "tiny", "--world-sizes", "1,0"], "every world size must be >= 1"),
+    (["run", "--workload", "tiny", "--set", "colour=blue"], "--set colour: unknown key; allowed:"),
+    (["run", "--workload", "tiny", "--set", "model.depth=3"], "--set model.depth: unknown key; allowed: model.family"),
+    (["run", "--workload", "tiny", "--set", "global_batch_size=many"], "expected a value of type int"),
+    (["run", "--workload", "tiny", "--set", "model.family=bert"], "model.family='bert' is not allowed; choose one of: hstu, sasrec"),
+    (["run", "--workload", "tiny", "--set", "lengths=/no/such.csv"], "lengths="),
+    (["run", "--workload", "tiny", "--set", "lengths=hist:/no/such/file.csv"], "/no/such/file.csv"),
+    (["run", "--workload", "tiny", "--set", "steps"], "expected key=value"),
+    (["run", "--workload", "tiny", "--set", "ddp.bogus=1"], "--set ddp.bogus: unknown option of trainer 'ddp'"),
+    (["run", "--workload", "tiny", "--world-size", "9"], "world_size=9 exceeds global_batch_size=8"),
+    (["run", "--workload", "tiny", "--warmup", "4"], "warmup=4 must be >= 0 and < steps=4"),
+])
+def test_bad_input_gets_one_line_and_exit_code_2(argv, expected, capsys, tmp_path):
+    code = main(argv + ["--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert expected in err
+    assert len(err.strip().splitlines()) == 1
+    assert not list(tmp_path.iterdir()), "no run directory may be created for bad input"
+
+
+def test_unreadable_length_csv_is_named(tmp_path, capsys):
+    bad = tmp_path / "lengths.csv"
+    bad.write_text("this,is\nnot,numbers\n")
+    code = main(["run", "--workload", "tiny", "--set", f"lengths=hist:{bad}", "--out", str(tmp_path / "o")])
+    assert code == 2
+    assert str(bad) in capsys.readouterr().err
+
+
+def test_list_names_workloads_length_presets_and_trainers(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in ["tiny", "small", "medium", "large", "amazon-beauty", "kuairand-1k", "ddp"]:
+        assert name in out

@@ -1,0 +1,202 @@
+"""Real-data loaders: three file formats into one history table, then batches that are
+pure in (seed, step) and keep each user's most recent items."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fsbench.config import ConfigError, WorkloadConfig
+from fsbench.workloads import (
+    DataSpec,
+    RealDataBatches,
+    load_histories,
+    make_batch_source,
+    parse_data_spec,
+)
+from fsbench.workloads.realdata import context_ids_for_users
+
+# Three users with sparse ids, interleaved, in chronological order:
+# user 30 sees items 7, 5, 9, 5; user 10 sees 5, 8; user 20 sees only 9 (too short).
+EVENTS = [  # (user, item, time)
+    (30, 7, 100), (10, 5, 50), (30, 5, 200), (20, 9, 10), (30, 9, 300), (10, 8, 60),
+    (30, 5, 400),
+]
+
+
+def write_sasrec(path):
+    path.write_text("".join(f"{u} {i}\n" for u, i, _ in EVENTS))
+
+
+def write_recbole(path):
+    # Newest first: only the timestamp column can restore the chronology.
+    rows = sorted(EVENTS, key=lambda e: -e[2])
+    path.write_text("user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
+                    + "".join(f"u{u}\ti{i}\t4.0\t{t}\n" for u, i, t in rows))
+
+
+def write_otto(path):
+    sessions = {}
+    for u, i, t in EVENTS:
+        sessions.setdefault(u, []).append({"aid": i, "ts": t, "type": "clicks"})
+    # Events newest first: only their ts can restore the chronology.
+    path.write_text("".join(json.dumps({"session": u, "events": ev[::-1]}) + "\n"
+                            for u, ev in sessions.items()))
+
+
+WRITERS = {"sasrec": write_sasrec, "recbole": write_recbole, "otto": write_otto}
+
+
+@pytest.fixture(params=sorted(WRITERS))
+def dataset(request, tmp_path):
+    """(data spec, kind) for a fixture file of each format holding EVENTS."""
+    kind = request.param
+    path = tmp_path / f"data.{kind}"
+    WRITERS[kind](path)
+    return f"{kind}:{path}", kind
+
+
+def workload(data: str, **kw) -> WorkloadConfig:
+    base = dict(name="t", item_vocab=10, user_vocab=10, context_vocabs=(5, 2),
+                max_seq_len=50, global_batch_size=4, num_negatives=8, data=data)
+    return WorkloadConfig(**(base | kw))
+
+
+def test_each_format_loads_chronological_histories_with_contiguous_ids(dataset):
+    """Keys are remapped in sorted order (users 10, 20, 30 -> 1, 2, 3; items 5, 7, 8, 9
+    -> 1..4, and likewise for RecBole's string tokens); each history is oldest first even
+    though the RecBole and OTTO fixtures list events newest first."""
+    h = load_histories(dataset[0])
+    assert (h.num_users, h.num_items) == (3, 4) and h.items.dtype == np.int64
+    assert [h.history(u).tolist() for u in (1, 2, 3)] == [[1, 3], [4], [2, 1, 4, 1]]
+
+
+def test_recbole_orders_by_timestamp_and_without_one_keeps_file_order(tmp_path):
+    path = tmp_path / "x.inter"
+    path.write_text("user_id:token\titem_id:token\ttimestamp:float\n"
+                    "a\tz\t3\na\tx\t1\na\ty\t2\n")
+    assert load_histories(f"recbole:{path}").history(1).tolist() == [1, 2, 3]  # x, y, z
+    path.write_text("user_id:token\titem_id:token\n" "a\tz\na\tx\na\ty\n")
+    assert load_histories(f"recbole:{path}").history(1).tolist() == [3, 1, 2]  # z, x, y
+
+
+def test_batches_are_valid_and_deterministic_in_seed_and_step(dataset):
+    spec, _ = dataset
+    w = workload(spec)
+    h = load_histories(spec)
+    a, b = RealDataBatches(w, 5, h), RealDataBatches(w, 5, load_histories(spec))
+    a.global_batch(9)
+    for step in (0, 1, 2):
+        x, y = a.global_batch(step), b.global_batch(step)
+        for name in ("item_ids", "targets", "lengths", "user_ids", "context_ids",
+                     "negative_ids"):
+            assert torch.equal(getattr(x, name), getattr(y, name))
+            assert getattr(x, name).dtype == torch.int64
+        assert x.step == step and x.global_num_targets == int(x.lengths.sum())
+        assert x.batch_size == w.global_batch_size
+        assert x.context_ids.shape == (w.global_batch_size, 2)
+        assert int(x.context_ids.min()) >= 1
+        assert int(x.negative_ids.min()) >= 1 and int(x.negative_ids.max()) <= h.num_items
+        # Only users with >= 2 interactions; the sample is a window of the history.
+        for u, s, e in zip(x.user_ids.tolist(), x.offsets[:-1].tolist(),
+                           x.offsets[1:].tolist()):
+            hist = h.history(u).tolist()
+            assert len(hist) >= 2
+            assert x.item_ids[s:e].tolist() == hist[:-1]
+            assert x.targets[s:e].tolist() == hist[1:]
+    user_draws = {tuple(a.global_batch(s).user_ids.tolist()) for s in range(20)}
+    assert len(user_draws) > 1
+    other_seed = RealDataBatches(w, 6, h)
+    assert any(not torch.equal(other_seed.global_batch(s).user_ids, a.global_batch(s).user_ids)
+               for s in range(10))
+
+
+def test_window_keeps_the_most_recent_max_seq_len_plus_1_items(tmp_path):
+    path = tmp_path / "x.txt"
+    # user 1 has 2 items, user 2 has items 1..10 in order, user 3 has 1 item (ineligible).
+    path.write_text("1 3\n1 4\n" + "".join(f"2 {i}\n" for i in range(1, 11)) + "3 5\n")
+    w = workload(f"sasrec:{path}", item_vocab=11, max_seq_len=3, global_batch_size=2)
+    b = make_batch_source(w, seed=0).global_batch(0)
+    users = b.user_ids.tolist()
+    assert sorted(users) == [1, 2]  # the two eligible users, each once
+    long, short = b.select([users.index(2)]), b.select([users.index(1)])
+    assert long.item_ids.tolist() == [7, 8, 9] and long.targets.tolist() == [8, 9, 10]
+    assert short.item_ids.tolist() == [3] and short.targets.tolist() == [4]
+
+
+def test_users_with_one_interaction_are_never_sampled(dataset):
+    spec, _ = dataset
+    source = make_batch_source(workload(spec, global_batch_size=16), seed=0)
+    assert isinstance(source, RealDataBatches)
+    short_user = int(np.flatnonzero(source.histories.lengths == 1)[0]) + 1
+    for step in range(5):
+        assert short_user not in source.global_batch(step).user_ids.tolist()
+
+
+def test_context_ids_are_a_fixed_nonzero_hash_of_the_user():
+    users = np.arange(1, 5001)
+    ctx = context_ids_for_users(users, (2, 3, 1000))
+    assert ctx.dtype == np.int64 and ctx.shape == (5000, 3)
+    assert (ctx[:, 0] == 1).all()
+    assert set(np.unique(ctx[:, 1])) == {1, 2}
+    assert 1 <= ctx[:, 2].min() and ctx[:, 2].max() <= 999 and len(np.unique(ctx[:, 2])) > 900
+    np.testing.assert_array_equal(context_ids_for_users(users[::-1], (2, 3, 1000)), ctx[::-1])
+
+
+def test_negatives_follow_the_empirical_item_popularity(tmp_path):
+    path = tmp_path / "x.txt"
+    # item 1 has 90 interactions, item 2 has 10
+    path.write_text("".join(f"{u} 1\n" for u in range(90)) + "".join(f"{u} 2\n" for u in range(10)))
+    w = workload(f"sasrec:{path}", user_vocab=101, num_negatives=20_000)
+    neg = make_batch_source(w, 0).global_batch(0).negative_ids
+    assert set(neg.tolist()) == {1, 2}
+    assert float((neg == 1).double().mean()) == pytest.approx(0.9, abs=0.01)
+
+
+def test_too_small_vocab_tells_which_set_to_use(dataset):
+    spec, _ = dataset
+    with pytest.raises(ConfigError, match=r"4 items .*--set item_vocab=5"):
+        make_batch_source(workload(spec, item_vocab=4), 0)
+    with pytest.raises(ConfigError, match=r"3 users .*--set user_vocab=4"):
+        make_batch_source(workload(spec, user_vocab=2), 0)
+
+
+def test_parse_data_spec_accepts_synthetic_and_existing_files(tmp_path):
+    path = tmp_path / "x.txt"
+    path.write_text("1 1\n")
+    assert parse_data_spec("synthetic") == DataSpec("synthetic")
+    assert parse_data_spec(f"sasrec:{path}") == DataSpec("sasrec", str(path))
+
+
+@pytest.mark.parametrize("spec", ["csv:/tmp/x", "sasrec", "sasrec:", "otto:/no/such/file.jsonl",
+                                  "Synthetic"])
+def test_bad_data_spec_raises_one_line_config_error_naming_the_field(spec):
+    with pytest.raises(ConfigError) as err:
+        parse_data_spec(spec)
+    msg = str(err.value)
+    assert msg.startswith(f"data={spec!r}") and "\n" not in msg and "recbole:PATH" in msg
+
+
+def test_workload_config_rejects_a_missing_data_file(tmp_path):
+    with pytest.raises(ConfigError, match="^data=.*no such file"):
+        workload(f"sasrec:{tmp_path / 'absent.txt'}")
+
+
+@pytest.mark.parametrize("kind,content,why", [
+    ("sasrec", "1 2\n1 2 3\n", "line 2"),
+    ("sasrec", "1 x\n", "line 1"),
+    ("recbole", "user:token\titem:token\n", "header"),
+    ("recbole", "user_id:token\titem_id:token\na\n", "line 2"),
+    ("recbole", "user_id:token\titem_id:token\ttimestamp:float\na\tb\tnoon\n", "line 2"),
+    ("otto", '{"session": 1, "events": [{"aid": 3}]}\n', "line 1"),
+    ("otto", "not json\n", "line 1"),
+    ("sasrec", "", "no interactions"),
+])
+def test_malformed_file_raises_config_error_naming_path_and_line(tmp_path, kind, content, why):
+    path = tmp_path / f"bad.{kind}"
+    path.write_text(content)
+    with pytest.raises(ConfigError) as err:
+        load_histories(f"{kind}:{path}")
+    msg = str(err.value)
+    assert msg.startswith(f"data='{kind}:") and str(path) in msg and why in msg
+    assert "\n" not in msg

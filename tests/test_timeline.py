@@ -1,0 +1,46 @@
+import json
+import time
+
+import pytest
+
+from fsbench.timeline import Timeline, read_timelines
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_span_records_wall_and_thread_cpu_time(tmp_path):
+    tl = Timeline(tmp_path / "rank-0.jsonl", rank=0)
+    tl.begin_step(3, warmup=False)
+    with tl.span("forward"):
+        _spin(0.03)
+    with tl.span("wait"):
+        time.sleep(0.03)  # blocked: wall time passes, CPU time does not
+    tl.flush()
+    recs = [json.loads(x) for x in (tmp_path / "rank-0.jsonl").read_text().splitlines()]
+    fwd, wait = recs
+    assert (fwd["name"], fwd["kind"], fwd["step"], fwd["rank"]) == ("forward", "compute", 3, 0)
+    assert fwd["cpu_ns"] > 0.8 * fwd["dur_ns"] >= 0.8 * 25e6
+    assert wait["kind"] == "wait" and wait["dur_ns"] >= 25e6 and wait["cpu_ns"] < 0.2 * wait["dur_ns"]
+    assert wait["start_ns"] >= fwd["start_ns"] + fwd["dur_ns"]
+
+
+def test_span_rejects_unknown_kind():
+    with pytest.raises(ValueError, match="kind must be one of"):
+        with Timeline(None).span("mystery"):
+            pass
+
+
+def test_read_timelines_keeps_lines_before_a_torn_last_line(tmp_path):
+    tl = Timeline(tmp_path / "rank-1.jsonl", rank=1)
+    tl.begin_step(0, warmup=True)
+    with tl.span("step"):
+        pass
+    tl.flush()
+    with open(tmp_path / "rank-1.jsonl", "a") as f:
+        f.write('{"rank": 1, "step": 1, "na')  # a rank killed mid-write
+    df = read_timelines(tmp_path)
+    assert len(df) == 1 and bool(df.iloc[0]["warmup"]) is True
