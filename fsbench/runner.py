@@ -59,14 +59,16 @@ def run_once(run: RunConfig, out_dir: str | Path, timeout_s: float | None = None
     try:
         launch_local(run_dir, run.world_size, run.threads_per_rank, timeout_s=timeout_s)
         summary = summarize_run(run_dir)
+        store.write_json_atomic(run_dir / "summary.json", summary)
+        store.update_manifest(run_dir, status="complete")
     except KeyboardInterrupt:
         store.update_manifest(run_dir, status="interrupted")
         raise
     except BaseException as e:
         store.update_manifest(run_dir, status="failed", error=str(e))
         raise
-    store.write_json_atomic(run_dir / "summary.json", summary)
-    store.update_manifest(run_dir, status="complete")
+    finally:
+        store.refresh_table(out_dir)
     return run_dir, summary
 
 

@@ -138,6 +138,8 @@ def create_run_dir(out_dir: str | os.PathLike, run: RunConfig) -> Path:
         "packages": package_versions(),
         "host": host_info(),
         "oversubscribed": is_oversubscribed(run),
+        # Lets a reader tell a run in progress from one whose launcher was killed.
+        "launcher": {"pid": os.getpid(), "hostname": socket.gethostname()},
     })
     return run_dir
 
@@ -147,3 +149,110 @@ def update_manifest(run_dir: str | os.PathLike, **fields: object) -> dict:
     manifest = read_json(path) | fields
     write_json_atomic(path, manifest)
     return manifest
+
+
+# ---------------------------------------------------------------------------
+# The runs table: one tidy row per run, derived from the run directories.
+#
+# The directories are the record; the table (`runs.parquet`, `runs.csv` beside it) is
+# rebuilt from them after every run and written atomically, so it can always be
+# regenerated and a crash mid-write leaves the previous table intact.
+
+TABLE_SCHEMA_VERSION = 1
+RUN_STATUSES = ("complete", "failed", "interrupted", "incomplete", "running")
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run_status(manifest: dict) -> str:
+    """The manifest's status, with `running` turned into `incomplete` when the launcher
+    that wrote it is gone (killed without a chance to record anything)."""
+    status = manifest.get("status", "incomplete")
+    if status == "running":
+        same_host = manifest.get("launcher", {}).get("hostname") == socket.gethostname()
+        if same_host and not _pid_alive(manifest.get("launcher", {}).get("pid")):
+            return "incomplete"
+    return status
+
+
+def run_row(run_dir: Path) -> dict | None:
+    """One table row for a run directory, or None if it is not one (no manifest)."""
+    try:
+        manifest = read_json(run_dir / "manifest.json")
+    except (OSError, json.JSONDecodeError):
+        return None
+    row = {
+        "schema_version": TABLE_SCHEMA_VERSION,
+        "run_id": manifest["run_id"],
+        "run_dir": str(run_dir),
+        "status": run_status(manifest),
+        "created": manifest.get("created"),
+        "trainer": manifest["trainer"],
+        "workload": manifest["workload"],
+        "workload_version": manifest["config"]["workload"].get("version"),
+        "world_size": manifest["world_size"],
+        "seed": manifest["seed"],
+        "git_sha": manifest.get("git_sha"),
+        "hostname": manifest.get("host", {}).get("hostname"),
+        "oversubscribed": manifest.get("oversubscribed"),
+        "simulated": False,
+    }
+    summary_path = run_dir / "summary.json"
+    if row["status"] == "complete" and summary_path.exists():
+        summary = read_json(summary_path)
+        row.update({k: v for k, v in summary.items() if not isinstance(v, (list, dict)) and k not in row})
+    return row
+
+
+def scan_runs(out_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
+    """Every run under `out_dir` as a DataFrame (one row per run), newest last."""
+    import pandas as pd
+
+    rows = [r for d in sorted(Path(out_dir).iterdir()) if d.is_dir() and (r := run_row(d))]
+    df = pd.DataFrame(rows)
+    return df.sort_values("created", kind="stable").reset_index(drop=True) if len(df) else df
+
+
+def write_table_atomic(df: "pd.DataFrame", path: Path) -> None:  # noqa: F821
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        if path.suffix == ".parquet":
+            df.to_parquet(tmp, index=False)
+        else:
+            df.to_csv(tmp, index=False)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def refresh_table(out_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
+    """Rebuild `runs.parquet` and `runs.csv` in `out_dir` from its run directories."""
+    out_dir = Path(out_dir)
+    df = scan_runs(out_dir)
+    write_table_atomic(df, out_dir / "runs.parquet")
+    write_table_atomic(df, out_dir / "runs.csv")
+    return df
+
+
+def load_runs(out_dir: str | os.PathLike, status: str | None = "complete") -> "pd.DataFrame":  # noqa: F821
+    """The runs table of `out_dir` (rescanned, so it reflects runs killed since the last
+    refresh), optionally only runs with `status`."""
+    df = scan_runs(out_dir)
+    if status is not None and len(df):
+        df = df[df["status"] == status].reset_index(drop=True)
+    return df

@@ -17,7 +17,7 @@ def test_a_rank_that_raises_ends_the_run_nonzero_naming_the_rank(tmp_path, rank_
     assert "rank 1 failed" in proc.stderr
     assert "ValueError: injected failure on rank 1" in proc.stderr
     assert elapsed < 60
-    (run_dir,) = tmp_path.iterdir()
+    (run_dir,) = [d for d in tmp_path.iterdir() if d.is_dir()]
     manifest = read_json(run_dir / "manifest.json")
     assert manifest["status"] == "failed" and "rank 1" in manifest["error"]
     assert not (run_dir / "summary.json").exists()

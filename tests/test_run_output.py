@@ -16,7 +16,7 @@ def test_run_writes_manifest_timelines_and_summary(tmp_path, capsys):
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()
             if line.startswith("|")]
     assert "bubble %" in rows[0] and rows[2][:2] == ["ddp", "2"]
-    (run_dir,) = tmp_path.iterdir()
+    (run_dir,) = [d for d in tmp_path.iterdir() if d.is_dir()]
     manifest = read_json(run_dir / "manifest.json")
     assert manifest["status"] == "complete"
     assert manifest["world_size"] == 2 and manifest["trainer"] == "ddp"
@@ -48,4 +48,5 @@ def test_sweep_prints_one_row_per_trainer_and_world_size_with_ratio(tmp_path, ca
     assert [r[:2] for r in rows[2:]] == [["ddp", "1"], ["ddp", "2"]]
     ratio = rows[0].index("throughput vs ddp")
     assert all(r[ratio] == "1.00x" for r in rows[2:])
-    assert len(list(tmp_path.iterdir())) == 2
+    assert len([d for d in tmp_path.iterdir() if d.is_dir()]) == 2
+    assert (tmp_path / "runs.parquet").exists() and (tmp_path / "runs.csv").exists()

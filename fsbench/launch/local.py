@@ -44,6 +44,18 @@ def rank_env(rank: int, world_size: int, port: int, threads: int) -> dict[str, s
     return env
 
 
+def _die_with_launcher() -> None:
+    """Runs in the child before exec: ask Linux to SIGKILL this rank when the launcher
+    dies, so a launcher killed with SIGKILL leaves no orphaned ranks behind."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: orphans are then possible after a SIGKILL of the launcher
+
+
 def _error_detail(run_dir: Path, rank: int) -> str:
     err = run_dir / f"error-rank-{rank}.txt"
     if err.exists():
@@ -83,6 +95,7 @@ def launch_local(run_dir: Path, world_size: int, threads_per_rank: int = 1,
                     [sys.executable, "-m", "fsbench.launch.worker", str(run_dir)],
                     env=rank_env(rank, world_size, port, threads_per_rank),
                     stdout=log, stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_launcher if sys.platform == "linux" else None,
                 ))
         start = time.monotonic()
         while True:
