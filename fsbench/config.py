@@ -31,7 +31,7 @@ def _positive(name: str, value: int | float, minimum: int | float = 1) -> None:
 
 MODEL_FAMILIES = ("hstu", "sasrec")
 OPTIMIZERS = ("adam", "sgd", "adagrad")
-COMPUTE_MODES = ("model",)
+COMPUTE_MODES = ("model", "synthetic")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -52,6 +52,27 @@ class ModelConfig:
         _positive("model.num_heads", self.num_heads)
         _require(self.dim % self.num_heads == 0,
                  f"model.dim={self.dim} must be divisible by model.num_heads={self.num_heads}")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class SyntheticComputeConfig:
+    """Ground-truth compute (`compute=synthetic`): each target token costs a known amount
+    of thread CPU time, so every metric has a closed-form expected value."""
+    us_per_token: float = 1000.0
+    """CPU time per target token, forward + backward (a third in forward)."""
+    slow_rank: int = -1
+    """Rank that computes more than its share (-1: none)."""
+    slow_factor: float = 0.0
+    """The slow rank's cost is (1 + slow_factor) times its tokens' cost."""
+    comm_delay_ms: float = 0.0
+    """Every rank waits this long (sleeping, no CPU) before its gradient collective."""
+
+    def __post_init__(self) -> None:
+        _require(self.us_per_token > 0, f"synthetic.us_per_token={self.us_per_token} must be > 0")
+        _require(self.slow_rank >= -1, f"synthetic.slow_rank={self.slow_rank} must be >= -1")
+        _require(self.slow_factor >= 0, f"synthetic.slow_factor={self.slow_factor} must be >= 0")
+        _require(self.comm_delay_ms >= 0,
+                 f"synthetic.comm_delay_ms={self.comm_delay_ms} must be >= 0")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -88,7 +109,10 @@ class WorkloadConfig:
     data: str = "synthetic"
     """Where histories come from: synthetic, sasrec:PATH, recbole:PATH or otto:PATH."""
     compute: str = "model"
-    """What a sample's compute is: `model` (the reference model)."""
+    """What a sample's compute is: `model` (the reference model) or `synthetic` (a CPU
+    spin of known cost per token: the harness's ground truth)."""
+    synthetic: SyntheticComputeConfig = field(default_factory=SyntheticComputeConfig)
+    """Costs and injected delays of `compute=synthetic`."""
 
     def __post_init__(self) -> None:
         _positive("item_vocab", self.item_vocab, 2)
@@ -208,6 +232,7 @@ def to_dict(cfg: object) -> dict:
 def workload_from_dict(d: dict) -> WorkloadConfig:
     d = dict(d)
     d["model"] = ModelConfig(**d["model"])
+    d["synthetic"] = SyntheticComputeConfig(**d["synthetic"])
     d["context_vocabs"] = tuple(d["context_vocabs"])
     return WorkloadConfig(**d)
 

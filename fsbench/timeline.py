@@ -10,7 +10,7 @@ A record is {rank, step, warmup, name, kind, start_ns, dur_ns, cpu_ns}:
   no CPU; gloo's own worker threads are not counted).
 - `kind` classifies the span for the metrics: compute | comm | wait | data | step.
 
-Spans never synchronize a device. Lines are buffered in memory and flushed at the end
+Spans never synchronize a device. Lines are buffered in memory and written at the end
 of every step, so a crash loses at most the step in flight.
 """
 from __future__ import annotations
@@ -44,9 +44,12 @@ DEFAULT_KINDS = {
 class Timeline:
     """Collects one rank's spans and appends them to `path` as JSON lines."""
 
-    def __init__(self, path: str | os.PathLike | None, rank: int = 0) -> None:
+    def __init__(self, path: str | os.PathLike | None, rank: int = 0, enabled: bool = True) -> None:
         self.path = Path(path) if path is not None else None
         self.rank = rank
+        # enabled=False makes span() free: the baseline of the instrumentation-overhead
+        # benchmark (fsbench.overhead).
+        self.enabled = enabled
         self.step = -1
         self.warmup = False
         self._buffer: list[str] = []
@@ -57,6 +60,9 @@ class Timeline:
 
     @contextlib.contextmanager
     def span(self, name: str, kind: str | None = None) -> Iterator[None]:
+        if not self.enabled:
+            yield
+            return
         kind = kind or DEFAULT_KINDS.get(name)
         if kind not in SPAN_KINDS:
             raise ValueError(f"span {name!r}: kind must be one of {SPAN_KINDS}, got {kind!r}")
@@ -77,10 +83,11 @@ class Timeline:
         if self.path is None or not self._buffer:
             self._buffer.clear()
             return
+        # No fsync: once write() returns the lines are in the kernel and survive a
+        # SIGKILL of this process (only a machine crash could lose them), and an fsync per
+        # step would cost milliseconds of step time on slow disks.
         with open(self.path, "a") as f:
             f.write("\n".join(self._buffer) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
         self._buffer.clear()
 
 

@@ -18,6 +18,8 @@ import torch
 
 from fsbench import dist as fsdist
 from fsbench.config import run_from_dict
+from fsbench.monitor import RankMonitor
+from fsbench.store import write_json_atomic
 from fsbench.timeline import Timeline, set_current
 from fsbench.trainer import resolve_trainer_class, trainer_options
 from fsbench.workloads import make_batch_source
@@ -31,9 +33,13 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
     trainer = resolve_trainer_class(run.trainer)()
     trainer.options = trainer_options(run.trainer, run.trainer_options)
     trainer.setup(ctx, run)
+    # Samples SM occupancy (GPU) or CPU utilization and RSS during measured steps only.
+    monitor = RankMonitor(ctx.device)
     try:
         with open(run_dir / f"steps-rank-{ctx.rank}.jsonl", "a") as stats_file:
             for step in range(run.workload.steps):
+                if step == run.workload.warmup:
+                    monitor.start()
                 timeline.begin_step(step, warmup=step < run.workload.warmup)
                 with timeline.span("data"):
                     batch = source.global_batch(step)
@@ -48,7 +54,12 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
                                              "num_targets": stats.num_targets}) + "\n")
                 stats_file.flush()
                 timeline.flush()
+        monitor.stop()
+        write_json_atomic(run_dir / f"monitor-rank-{ctx.rank}.json",
+                          {"summary": monitor.summary(), "samples": monitor.samples(),
+                           "errors": [str(e) for e in monitor.errors]})
     finally:
+        monitor.stop()
         trainer.close()
 
 

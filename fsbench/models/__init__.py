@@ -38,12 +38,17 @@ class RecModel(nn.Module):
         return self.dense(self.sparse.lookup(batch), batch)
 
 
-def build_model(workload: WorkloadConfig, seed: int) -> RecModel:
-    """A float32 CPU model whose weights depend only on (workload, seed).
+def build_model(workload: WorkloadConfig, seed: int) -> nn.Module:
+    """A float32 CPU model whose weights depend only on (workload, seed): the reference
+    model, or with `compute=synthetic` the ground-truth SpinModel.
 
     Built on the meta device and then initialized explicitly from per-parameter
     generators, so the global RNG is neither read nor advanced.
     """
+    if workload.compute == "synthetic":
+        from fsbench.models.synthetic import SpinModel
+
+        return SpinModel(workload)
     with torch.device("meta"):
         model = RecModel(workload)
     model.to_empty(device="cpu")

@@ -1,0 +1,85 @@
+"""Ground-truth compute: a model whose cost is known exactly.
+
+With `compute=synthetic` every target token costs `us_per_token` of thread CPU time (a
+third in forward, the rest in backward), one chosen rank can be made slower, and every
+rank can be made to wait before its gradient collective. The expected step time, bubble,
+straggler bubble, exposed communication and load imbalance then follow in closed form
+(`expected_ratios`), and a measured run can be checked against them: the proof that the
+harness's spans, clocks and metrics mean what they say.
+
+The spin burns *thread CPU time* rather than wall time, so a rank's cost stays exact when
+ranks share cores; the delay *sleeps*, so it shows as idle time, as a slow network would.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from fsbench.config import SyntheticComputeConfig, WorkloadConfig
+from fsbench.workloads.batch import JaggedBatch
+
+FORWARD_SHARE = 1 / 3
+
+
+def spin_cpu(ns: float) -> None:
+    """Busy-loop until this thread has used `ns` more nanoseconds of CPU time."""
+    end = time.thread_time_ns() + int(ns)
+    while time.thread_time_ns() < end:
+        pass
+
+
+def rank_cost_ns(num_targets: int, rank: int, cfg: SyntheticComputeConfig) -> float:
+    factor = 1.0 + cfg.slow_factor if rank == cfg.slow_rank else 1.0
+    return num_targets * cfg.us_per_token * 1e3 * factor
+
+
+class _Spin(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, weight, cost_ns: float, delay_ns: float):
+        spin_cpu(cost_ns * FORWARD_SHARE)
+        ctx.cost_ns, ctx.delay_ns = cost_ns, delay_ns
+        return weight.sum() + 1.0
+
+    @staticmethod
+    def backward(ctx, grad):
+        spin_cpu(ctx.cost_ns * (1 - FORWARD_SHARE))
+        # The gradient collective (DDP's all-reduce hook) fires once this returns, so
+        # sleeping here delays every rank's collective by the same amount.
+        time.sleep(ctx.delay_ns / 1e9)
+        return grad.expand(1), None, None
+
+
+class SpinModel(nn.Module):
+    """Stands in for the *reference model* (not for anything measured): one parameter, a
+    loss normalized like the real one (this batch's targets over the global count)."""
+
+    def __init__(self, workload: WorkloadConfig) -> None:
+        super().__init__()
+        self.cfg = workload.synthetic
+        self.weight = nn.Parameter(torch.zeros(1))
+
+    def forward(self, batch: JaggedBatch) -> torch.Tensor:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        cost = rank_cost_ns(batch.num_targets, rank, self.cfg)
+        out = _Spin.apply(self.weight, cost, self.cfg.comm_delay_ms * 1e6)
+        return out * (batch.num_targets / batch.global_num_targets)
+
+
+def expected_ratios(tokens_per_rank: list[int], cfg: SyntheticComputeConfig) -> dict[str, float]:
+    """Closed-form metrics of one step of the synthetic model with a final collective:
+    busy_r = c_r, T = max_r c_r + delay."""
+    busy = [rank_cost_ns(t, r, cfg) for r, t in enumerate(tokens_per_rank)]
+    n, bmax = len(busy), max(busy)
+    t = bmax + cfg.comm_delay_ms * 1e6
+    bubble = sum(t - b for b in busy) / (n * t)
+    straggler = sum(bmax - b for b in busy) / (n * t)
+    return {
+        "step_time_ms": t / 1e6,
+        "bubble_ratio": bubble,
+        "straggler_bubble_ratio": straggler,
+        "exposed_comm_ratio": bubble - straggler,
+        "load_imbalance": sum(bmax - b for b in busy) / (n * bmax),
+    }

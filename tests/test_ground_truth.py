@@ -1,0 +1,49 @@
+"""The harness's numbers mean what they say: measured ratios against closed-form truth
+(fsbench.groundtruth). Every ratio a run reports (median over its measured steps) must
+be within 0.03 (absolute) of its expected value."""
+import os
+
+import pytest
+
+from fsbench.groundtruth import CASES, TOLERANCE, expected_for_step, synthetic_workload, validate
+from fsbench.metrics import step_metrics
+from fsbench.runner import run_once
+from fsbench.config import RunConfig
+from fsbench.timeline import read_timelines
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_reported_ratios_match_closed_form_at_2_ranks(case, tmp_path):
+    table = validate(tmp_path, world_size=2, cases={case: CASES[case]})
+    assert not table["oversubscribed"].any()
+    bad = table[table["abs_error"] > TOLERANCE]
+    assert bad.empty, bad.to_string()
+
+
+def test_load_imbalance_of_every_step_stays_true_at_4_oversubscribed_ranks(tmp_path):
+    """4 ranks on 2 cores: wall-clock ratios measure time-sharing, but busy time (thread
+    CPU time) still gives each step's load imbalance, and the run flags oversubscription."""
+    workload = synthetic_workload(lengths="uniform:1-16", slow_rank=2, slow_factor=0.4)
+    run_dir, summary = run_once(RunConfig(workload=workload, trainer="ddp", world_size=4),
+                                tmp_path, timeout_s=120)
+    if len(os.sched_getaffinity(0)) < 4:
+        assert summary["oversubscribed"] is True
+    table = step_metrics(read_timelines(run_dir))
+    for _, row in table[~table["warmup"]].iterrows():
+        expected = expected_for_step(workload, 4, int(row["step"]))["load_imbalance"]
+        assert abs(row["load_imbalance"] - expected) <= TOLERANCE, (row["step"], row["load_imbalance"], expected)
+
+
+def test_expected_ratios_follow_the_definitions():
+    from fsbench.config import SyntheticComputeConfig
+    from fsbench.models.synthetic import expected_ratios
+
+    cfg = SyntheticComputeConfig(us_per_token=1000.0, slow_rank=1, slow_factor=0.5, comm_delay_ms=12.0)
+    out = expected_ratios([24, 24], cfg)  # busy 24 and 36 ms, T = 48 ms
+    assert out["step_time_ms"] == pytest.approx(48)
+    assert out["bubble_ratio"] == pytest.approx((24 + 12) / 96)
+    assert out["straggler_bubble_ratio"] == pytest.approx(12 / 96)
+    assert out["exposed_comm_ratio"] == pytest.approx(24 / 96)
+    assert out["load_imbalance"] == pytest.approx(12 / 72)

@@ -1,0 +1,138 @@
+"""RankMonitor: real sampling on this machine (CPU always; GPU when CUDA is present)."""
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+from fsbench.monitor import GPM_MIN_WINDOW_NS, SAMPLE_KEYS, RankMonitor
+
+SUMMARY_KEYS = {"sm_occupancy", "sm_util", "sm_occupancy_reason", "gpu_util_percent",
+                "gpu_mem_used_peak_mib", "cpu_util_percent", "rss_peak_mib",
+                "monitor_samples", "monitor_interval_s"}
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _monitor_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("fsbench-monitor")]
+
+
+def test_busy_cpu_run_is_measured_and_the_thread_ends():
+    mon = RankMonitor(device=torch.device("cpu"), interval_s=0.05)
+    mon.start()
+    assert mon.running
+    _spin(0.3)
+    mon.stop()
+    s = mon.summary()
+
+    assert set(s) == SUMMARY_KEYS
+    assert s["cpu_util_percent"] > 50
+    assert s["rss_peak_mib"] > 10
+    assert s["monitor_samples"] >= 3
+    assert s["monitor_interval_s"] == 0.05
+    assert s["sm_occupancy"] is None and s["sm_util"] is None
+    assert s["sm_occupancy_reason"] and "CPU run" in s["sm_occupancy_reason"]
+    assert s["gpu_util_percent"] is None and s["gpu_mem_used_peak_mib"] is None
+    assert not mon.running and not _monitor_threads()
+    assert mon.errors == []
+    json.dumps(s)  # flat and JSON-able
+
+
+def test_idle_sleep_shows_low_cpu_utilization():
+    mon = RankMonitor(device="cpu", interval_s=0.05)
+    mon.start()
+    time.sleep(0.3)
+    mon.stop()
+    s = mon.summary()
+    assert s["monitor_samples"] >= 3
+    assert s["cpu_util_percent"] < 30
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the GPU-less NVML path")
+def test_cuda_device_without_nvml_reports_why_and_still_samples_cpu():
+    # A real nvmlInit on this machine: it has no NVIDIA driver, so NVML is not found.
+    mon = RankMonitor(device=torch.device("cuda", 0), interval_s=0.05)
+    mon.start()
+    _spin(0.2)
+    mon.stop()
+    s = mon.summary()
+    reason = s["sm_occupancy_reason"]
+    assert reason and ("NVML" in reason or "GPU" in reason)
+    assert s["sm_occupancy"] is None and s["sm_util"] is None
+    assert s["cpu_util_percent"] is not None and s["monitor_samples"] >= 2
+    assert not _monitor_threads()
+
+
+def test_samples_are_rows_on_the_monotonic_clock():
+    t0 = time.monotonic_ns()
+    with RankMonitor(device="cpu", interval_s=0.02) as mon:
+        _spin(0.15)
+    t1 = time.monotonic_ns()
+    rows = mon.samples()
+    assert len(rows) == mon.summary()["monitor_samples"] >= 3
+    assert all(set(r) == set(SAMPLE_KEYS) for r in rows)
+    times = [r["time_ns"] for r in rows]
+    assert times == sorted(times) and t0 <= times[0] and times[-1] <= t1
+    json.dumps(rows)
+    rows[0]["rss_mib"] = -1  # a copy: the monitor's own data is untouched
+    assert mon.samples()[0]["rss_mib"] > 0
+
+
+def test_summary_before_start_and_restart_are_safe():
+    mon = RankMonitor(device="cpu", interval_s=0.05)
+    s = mon.summary()
+    assert s["monitor_samples"] == 0 and s["cpu_util_percent"] is None
+    mon.stop()  # stop without start: no-op
+    mon.start()
+    _spin(0.12)
+    mon.stop()
+    first = mon.summary()["monitor_samples"]
+    mon.start()  # a new measured window replaces the old samples
+    time.sleep(0.12)
+    mon.stop()
+    assert first >= 2 and mon.summary()["monitor_samples"] >= 2
+    assert mon.summary()["cpu_util_percent"] < 30
+    assert not _monitor_threads()
+
+
+def test_bad_interval_is_rejected():
+    with pytest.raises(ValueError):
+        RankMonitor(device="cpu", interval_s=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_matmul_loop_shows_sm_activity():
+    dev = torch.device("cuda", 0)
+    a = torch.randn(4096, 4096, device=dev)
+    b = torch.randn(4096, 4096, device=dev)
+    for _ in range(3):  # warm-up: cuBLAS handles and workspaces outside the window
+        a @ b
+    torch.cuda.synchronize(dev)
+
+    mon = RankMonitor(device=dev, interval_s=0.05)
+    mon.start()
+    end = time.perf_counter() + 1.0
+    while time.perf_counter() < end:
+        a @ b
+    torch.cuda.synchronize(dev)
+    mon.stop()
+    s = mon.summary()
+
+    assert s["gpu_mem_used_peak_mib"] > 0
+    assert s["gpu_util_percent"] > 0
+    reason = s["sm_occupancy_reason"]
+    if reason is None:  # GPM measured (Hopper and newer)
+        assert s["sm_occupancy"] > 0 and s["sm_util"] > 0
+        gpm_rows = [r for r in mon.samples() if r["sm_util"] is not None]
+        assert len(gpm_rows) >= 1.0 / (GPM_MIN_WINDOW_NS / 1e9) / 2
+    else:  # older GPU, or MIG: not measured, and said so
+        assert "GPM not supported" in reason or "MIG" in reason, reason
+        assert s["sm_occupancy"] is None and s["sm_util"] is None
+    assert mon.errors == []

@@ -1,0 +1,66 @@
+"""The results store: atomic files, a runs table derived from run directories, and runs
+killed at any point left readable and marked incomplete."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from fsbench import store
+
+
+def test_write_json_atomic_replaces_whole_files_and_leaves_no_temp_files(tmp_path):
+    path = tmp_path / "x.json"
+    store.write_json_atomic(path, {"a": 1})
+    store.write_json_atomic(path, {"b": [1, 2]})
+    assert store.read_json(path) == {"b": [1, 2]}
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+def _rank_pids(run_dir):
+    out = subprocess.run(["pgrep", "-f", f"fsbench.launch.worker {run_dir}"], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+@pytest.mark.dist
+def test_sigkill_mid_run_leaves_store_readable_and_run_incomplete(tmp_path):
+    cmd = [sys.executable, "-m", "fsbench.cli", "run", "--workload", "tiny", "--world-size", "2",
+           "--out", str(tmp_path)]
+    # One complete run first: the table must keep it through the kill.
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    before = set(tmp_path.iterdir())
+    proc = subprocess.Popen(cmd + ["--steps", "100000"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    killed_dir = None
+    while time.monotonic() < deadline and killed_dir is None:
+        for d in set(tmp_path.iterdir()) - before:
+            if d.is_dir() and (d / "rank-1.jsonl").exists() and (d / "rank-1.jsonl").stat().st_size > 2000:
+                killed_dir = d
+        time.sleep(0.1)
+    assert killed_dir is not None, "the long run never started writing its timeline"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+
+    # The ranks die with their launcher (no orphans left training).
+    deadline = time.monotonic() + 10
+    while _rank_pids(killed_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _rank_pids(killed_dir)
+
+    runs = store.load_runs(tmp_path, status=None)
+    status = dict(zip(runs["run_dir"], runs["status"]))
+    assert status[str(killed_dir)] == "incomplete"
+    assert sorted(status.values()) == ["complete", "incomplete"]
+    assert not (killed_dir / "summary.json").exists()
+    # The table written after the first run is intact and the run's own files parse.
+    table = pd.read_parquet(tmp_path / "runs.parquet")
+    assert list(table["status"]) == ["complete"] and (table["schema_version"] == 1).all()
+    assert store.read_json(killed_dir / "manifest.json")["status"] == "running"
+    from fsbench.timeline import read_timelines
+    assert len(read_timelines(killed_dir)) > 10
+    # Refreshing now records the kill in the table too.
+    assert "incomplete" in set(store.refresh_table(tmp_path)["status"])
