@@ -1,4 +1,4 @@
-"""`fsbench run | sweep | list`: thin entry points over the library.
+"""`fsbench run | sweep | trace | report | list`: thin entry points over the library.
 
 Bad input (unknown workload or trainer, a bad --set key or value, an unreadable CSV) gets
 one line naming what is wrong and what is allowed, and exit code 2. A failed rank gets
@@ -118,6 +118,56 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated world sizes; default: 1,2")
     p.add_argument("--repeats", type=int, default=1, help="runs per combination; default: %(default)s")
 
+    p = sub.add_parser("trace", help="merge a run's rank timelines into one Chrome/Perfetto trace",
+                       description="Write the run's spans as Chrome Trace Event JSON: a process "
+                                   "per rank, a track per span kind (compute, comm, wait, data, "
+                                   "step). Open it in ui.perfetto.dev or chrome://tracing.")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--out", metavar="FILE", help="default: RUN_DIR/trace.json")
+
+    p = sub.add_parser("report", help="result table (md/latex/csv/html) and plots over stored runs",
+                       description="Tabulate complete runs (medians over repeats per workload, "
+                                   "trainer and world size) and plot bubbles, throughput and one "
+                                   "step's per-rank busy/idle time.")
+    p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR",
+                   help="run directories to report (default: every complete run under --runs)")
+    p.add_argument("--runs", default=DEFAULT_OUT, help="where run directories are; default: %(default)s")
+    p.add_argument("--workload", help="only runs of this workload")
+    p.add_argument("--trainers", type=_csv(str), help="only runs of these trainers (comma-separated)")
+    p.add_argument("--baseline",
+                   help="trainer for throughput ratios; default: ddp if present, else the first")
+    p.add_argument("--format", default="md", help="md | latex | csv | html; default: %(default)s")
+    p.add_argument("--out", default="report", metavar="DIR", help="output directory; default: %(default)s")
+    p.add_argument("--step-run", metavar="RUN_DIR",
+                   help="run for the per-rank busy/idle plot; default: the baseline's largest world size")
+    p.add_argument("--no-plots", action="store_true", help="write the table only (no matplotlib needed)")
+
+    p = sub.add_parser("calibrate", help="measure per-sample cost vs length; fit a*L^2+b*L+c",
+                       description="Time forward+backward of the workload's model on this device "
+                                   "over a grid of lengths, fit a*L^2 + b*L + c (least squares on "
+                                   "relative error), report R^2 and store the fit in OUT/calibrations/, "
+                                   "where the FreeScale balancer finds it.")
+    p.add_argument("--workload", default="small")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--out", default=DEFAULT_OUT, help="results store; default: %(default)s")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats per length (median)")
+
+    p = sub.add_parser("validate", help="check the harness against closed-form ground truth",
+                       description="Run synthetic workloads with known per-token cost, an injected "
+                                   "slow rank and a delayed collective; compare every measured ratio "
+                                   "with its closed-form value (tolerance 0.03).")
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--out", default=DEFAULT_OUT)
+
+    p = sub.add_parser("overhead", help="instrumentation cost: spans + monitor vs a bare loop",
+                       description="Step time with timeline spans and the monitor against the same "
+                                   "trainer with both off, in alternating blocks, in one process.")
+    p.add_argument("--workload", default="small")
+    p.add_argument("--trainer", default="ddp")
+    p.add_argument("--blocks", type=int, default=10, help="alternating blocks (first 2 warm-up)")
+    p.add_argument("--steps-per-block", type=int, default=6)
+
     sub.add_parser("list", help="list workload presets, length presets and trainers")
     return parser
 
@@ -137,7 +187,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from fsbench.runner import comparison_table, sweep, sweep_plan
+    from fsbench.report import report_table
+    from fsbench.runner import sweep
     from fsbench.table import format_table
 
     if args.repeats < 1:
@@ -155,7 +206,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     runs = sweep(make, args.trainers, args.world_sizes, args.repeats, args.out, progress)
     baseline = args.trainers[0]
-    table = comparison_table(runs, baseline)
+    table = report_table(runs, baseline)
     print(f"workload={args.workload} steps={make(baseline, 1).workload.steps} "
           f"repeats={args.repeats} (medians over measured steps, then over repeats)")
     print(format_table(table, ["trainer", "world_size", "repeats"] + RUN_COLUMNS[2:-2]
@@ -164,6 +215,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print("oversub=yes: more busy threads than cores; step time, bubble and throughput "
               "measure time-sharing there, load imbalance stays valid.")
     print(f"runs stored in {args.out}/")
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from fsbench.trace import write_trace
+
+    path, n = write_trace(args.run_dir, args.out)
+    print(f"trace of {n} spans written to {path} (open in ui.perfetto.dev or chrome://tracing)")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from fsbench.report import check_format, render, select_runs, write_report
+
+    check_format(args.format)  # before reading any run
+    runs = select_runs(args.run_dirs, args.runs, args.workload, args.trainers)
+    table, written = write_report(runs, args.baseline, args.format, args.out, args.step_run,
+                                  plots=not args.no_plots)
+    print(render(table, "md"), end="")
+    print("written: " + ", ".join(str(p) for p in written))
     return 0
 
 
@@ -186,11 +257,60 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from fsbench.calibrate import calibrate, fit_path
+
+    args.steps = args.warmup = None
+    workload = build_workload(args)
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats={args.repeats} must be >= 1")
+    import torch
+    torch.set_num_threads(1)  # the per-rank setting: costs must match what ranks see
+
+    def progress(lengths):
+        from tqdm import tqdm
+        return tqdm(lengths, desc="lengths", file=sys.stderr, leave=False)
+
+    fit = calibrate(workload, args.out, device=args.device, repeats=args.repeats, progress=progress)
+    print(f"cost(L) = {fit.a:.4g} L^2 + {fit.b:.4g} L + {fit.c:.4g} ms   R^2 = {fit.r2:.4f}   "
+          f"({fit.model} on {fit.device})")
+    print("| L | measured ms/sample | fit ms/sample |\n|--:|--:|--:|")
+    for L, t in zip(fit.lengths, fit.per_sample_ms):
+        print(f"| {L} | {t:.4f} | {float(fit.cost_ms([L])[0]):.4f} |")
+    print(f"stored in {fit_path(args.out, workload, args.device)}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from fsbench.groundtruth import TOLERANCE, validate
+
+    table = validate(args.out, world_size=args.world_size)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    worst = table["abs_error"].max()
+    print(f"worst absolute error {worst:.4f} (tolerance {TOLERANCE})")
+    return 0 if table["ok"].all() else 1
+
+
+def cmd_overhead(args: argparse.Namespace) -> int:
+    from fsbench.overhead import measure_overhead
+    from fsbench.workloads.presets import get_workload
+
+    if args.blocks < 3 or args.steps_per_block < 1:
+        raise ConfigError("--blocks must be >= 3 and --steps-per-block >= 1")
+    trainer_options(args.trainer, {})  # validates the name before any work
+    out = measure_overhead(get_workload(args.workload), args.trainer, args.blocks, args.steps_per_block)
+    for key, value in out.items():
+        print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from fsbench.launch.local import RankFailed
 
     args = build_parser().parse_args(argv)
-    commands = {"run": cmd_run, "sweep": cmd_sweep, "list": cmd_list}
+    commands = {"run": cmd_run, "sweep": cmd_sweep, "trace": cmd_trace, "report": cmd_report,
+                "calibrate": cmd_calibrate, "validate": cmd_validate, "overhead": cmd_overhead,
+                "list": cmd_list}
     try:
         if getattr(args, "world_size", 1) < 1:
             raise ConfigError(f"--world-size={args.world_size} must be >= 1")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -24,6 +25,8 @@ class RankContext:
     device: torch.device
     backend: str
     group: dist.ProcessGroup | None  # the default (world) group
+    run_dir: Path | None = None
+    """Where this run's files go (its parent is the results store)."""
 
     @property
     def is_main(self) -> bool:

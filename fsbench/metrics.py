@@ -100,3 +100,32 @@ def summarize(spans: pd.DataFrame, stats: pd.DataFrame) -> dict:
         "loss_last": float(losses.iloc[-1]),
         "losses": [float(x) for x in losses],
     }
+
+
+def plan_accuracy(spans: pd.DataFrame, stats: pd.DataFrame) -> dict:
+    """How well a load balancer's predicted per-rank costs matched measured busy time.
+
+    Needs per-step `predicted_cost`, `plan_max`, `plan_lower_bound` and `cost_unit` in the
+    step stats (FreeScale writes them). Returns medians over measured steps of:
+    predicted_imbalance (the plan's own load imbalance), plan_ratio_to_bound (max load
+    over max(total/N, largest sample)), and, when the cost unit is ms,
+    cost_prediction_error (|predicted - busy| / busy per rank and step)."""
+    if "predicted_cost" not in stats.columns or stats["predicted_cost"].isna().all():
+        return {}
+    busy = rank_step_busy(spans)
+    joined = stats.merge(busy[["step", "rank", "busy_ns", "warmup"]], on=["step", "rank"])
+    joined = joined[~joined["warmup"]]
+    per_step = joined.groupby("step").agg(
+        plan_max=("plan_max", "first"), bound=("plan_lower_bound", "first"),
+        n=("rank", "size"), total=("predicted_cost", "sum"))
+    predicted_imbalance = (per_step["plan_max"] * per_step["n"] - per_step["total"]) / (
+        per_step["plan_max"] * per_step["n"])
+    out = {
+        "predicted_imbalance": float(predicted_imbalance.median()),
+        "plan_ratio_to_bound": float((per_step["plan_max"] / per_step["bound"]).median()),
+        "cost_unit": str(joined["cost_unit"].iloc[0]),
+    }
+    if out["cost_unit"] == "ms":
+        busy_ms = joined["busy_ns"] / 1e6
+        out["cost_prediction_error"] = float(((joined["predicted_cost"] - busy_ms).abs() / busy_ms).median())
+    return out

@@ -30,7 +30,37 @@ def read_step_stats(run_dir: Path) -> pd.DataFrame:
     rows = []
     for p in sorted(run_dir.glob("steps-rank-*.jsonl")):
         rows += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-    return pd.DataFrame(rows, columns=["rank", "step", "loss", "num_samples", "num_targets"])
+    # Trainers may add their own per-step columns (e.g. a balancer's predictions).
+    base = ["rank", "step", "loss", "num_samples", "num_targets"]
+    df = pd.DataFrame(rows)
+    return df.reindex(columns=base + [c for c in df.columns if c not in base])
+
+
+def merge_monitors(run_dir: Path) -> dict:
+    """One run-level view of the ranks' monitor summaries: SM occupancy and utilization
+    averaged over ranks (None, with the first rank's reason, unless every rank measured
+    it), CPU utilization as the median rank, memory peaks as the largest rank."""
+    ranks = [store.read_json(p)["summary"] for p in sorted(run_dir.glob("monitor-rank-*.json"))]
+    if not ranks:
+        return {"sm_occupancy": None, "sm_occupancy_reason": "no monitor output"}
+    def mean(key):
+        vals = [r.get(key) for r in ranks]
+        return None if any(v is None for v in vals) else sum(vals) / len(vals)
+    def peak(key):
+        vals = [r[key] for r in ranks if r.get(key) is not None]
+        return max(vals) if vals else None
+    cpu = sorted(r["cpu_util_percent"] for r in ranks if r.get("cpu_util_percent") is not None)
+    sm = mean("sm_occupancy")
+    return {
+        "sm_occupancy": None if sm is None else sm / 100.0,  # a fraction, like every ratio
+        "sm_util": None if mean("sm_util") is None else mean("sm_util") / 100.0,
+        "sm_occupancy_reason": None if sm is not None else next(
+            (r["sm_occupancy_reason"] for r in ranks if r.get("sm_occupancy_reason")), "not measured"),
+        "gpu_util_percent": mean("gpu_util_percent"),
+        "gpu_mem_used_peak_mib": peak("gpu_mem_used_peak_mib"),
+        "cpu_util_percent": cpu[len(cpu) // 2] if cpu else None,
+        "rss_peak_mib": peak("rss_peak_mib"),
+    }
 
 
 def summarize_run(run_dir: Path) -> dict:
@@ -45,11 +75,11 @@ def summarize_run(run_dir: Path) -> dict:
         "steps": manifest["config"]["workload"]["steps"],
         "warmup": manifest["config"]["workload"]["warmup"],
         "oversubscribed": manifest["oversubscribed"],
-        # No GPU sampler yet on CPU runs: occupancy is not measurable here.
-        "sm_occupancy": None,
-        "sm_occupancy_reason": "no GPU: SM occupancy is not measurable on a CPU run",
     }
-    summary.update(metrics.summarize(read_timelines(run_dir), read_step_stats(run_dir)))
+    spans, stats = read_timelines(run_dir), read_step_stats(run_dir)
+    summary.update(metrics.summarize(spans, stats))
+    summary.update(metrics.plan_accuracy(spans, stats))
+    summary.update(merge_monitors(run_dir))
     return summary
 
 
@@ -88,18 +118,3 @@ def sweep(make_run: Callable[[str, int], RunConfig], trainers: list[str], world_
         rows.append({**summary, "repeat": repeat, "run_dir": str(run_dir)})
     return pd.DataFrame(rows)
 
-
-def comparison_table(runs: pd.DataFrame, baseline: str) -> pd.DataFrame:
-    """Median over repeats per (trainer, world size), with throughput and step-time ratios
-    to `baseline` at the same world size (ratios of medians from the same sweep)."""
-    cols = ["step_time_ms_median", "samples_per_s", "tokens_per_s", "bubble_ratio",
-            "straggler_bubble_ratio", "exposed_comm_ratio", "load_imbalance"]
-    g = runs.groupby(["trainer", "world_size"], sort=False)
-    table = g[cols].median()
-    table["repeats"] = g.size()
-    table["oversubscribed"] = g["oversubscribed"].any()
-    base = table.xs(baseline, level="trainer") if baseline in table.index.get_level_values(0) else None
-    if base is not None:
-        n = table.index.get_level_values("world_size")
-        table["throughput_vs_" + baseline] = table["samples_per_s"].to_numpy() / base.loc[n, "samples_per_s"].to_numpy()
-    return table.reset_index()

@@ -8,6 +8,7 @@ import pandas as pd
 # column -> (header, formatter). Ratios are stored as fractions and shown as percentages.
 _pct = lambda v: f"{100 * v:.1f}"  # noqa: E731
 COLUMNS: dict[str, tuple[str, object]] = {
+    "workload": ("workload", str),
     "trainer": ("trainer", str),
     "world_size": ("ranks", str),
     "repeats": ("repeats", str),
@@ -19,11 +20,14 @@ COLUMNS: dict[str, tuple[str, object]] = {
     "exposed_comm_ratio": ("exposed comm %", _pct),
     "load_imbalance": ("imbalance %", _pct),
     "sm_occupancy": ("SM occ %", _pct),
+    "scaling_efficiency": ("scaling eff %", _pct),
+    "simulated": ("simulated", lambda v: "yes" if v else "no"),
     "oversubscribed": ("oversub", lambda v: "yes" if v else "no"),
 }
 
 
-def _cell(col: str, value: object) -> str:
+def cell(col: str, value: object) -> str:
+    """One value as shown in tables; missing values (None, NaN) read "n/a"."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     if col in COLUMNS:
@@ -33,13 +37,29 @@ def _cell(col: str, value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def format_table(df: pd.DataFrame, columns: list[str] | None = None) -> str:
-    """Markdown pipe table of `columns` (those present in df, in that order)."""
+def header(col: str) -> str:
+    return COLUMNS[col][0] if col in COLUMNS else col.replace("_", " ")
+
+
+def formatted(df: pd.DataFrame, columns: list[str] | None = None) -> pd.DataFrame:
+    """`columns` (those present in df, in that order) as display strings, with display
+    headers: what every rendering (markdown, HTML, LaTeX) starts from."""
     columns = [c for c in (columns or list(df.columns)) if c in df.columns]
-    headers = [COLUMNS[c][0] if c in COLUMNS else c.replace("_", " ") for c in columns]
-    cells = [[_cell(c, row[c]) for c in columns] for _, row in df.iterrows()]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h)
+    cells = [[cell(c, row[c]) for c in columns] for _, row in df.iterrows()]
+    return pd.DataFrame(cells, columns=[header(c) for c in columns], index=df.index, dtype=object)
+
+
+def markdown(cells: pd.DataFrame) -> str:
+    """Right-aligned markdown pipe table of a DataFrame of strings."""
+    headers = list(cells.columns)
+    rows = cells.values.tolist()
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
               for i, h in enumerate(headers)]
     line = lambda vals: "| " + " | ".join(v.rjust(w) for v, w in zip(vals, widths)) + " |"  # noqa: E731
     sep = "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|"
-    return "\n".join([line(headers), sep] + [line(r) for r in cells])
+    return "\n".join([line(headers), sep] + [line(r) for r in rows])
+
+
+def format_table(df: pd.DataFrame, columns: list[str] | None = None) -> str:
+    """Markdown pipe table of `columns` (those present in df, in that order)."""
+    return markdown(formatted(df, columns))

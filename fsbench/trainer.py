@@ -28,6 +28,8 @@ class StepStats:
     """Samples this rank processed."""
     num_targets: int
     """Target tokens this rank processed."""
+    extra: dict | None = None
+    """Trainer-specific per-step numbers (e.g. a balancer's predicted cost), stored as is."""
 
 
 class Trainer(Protocol):
@@ -45,6 +47,8 @@ class Trainer(Protocol):
 TRAINERS: dict[str, tuple[str, str | None, str]] = {
     "ddp": ("baselines.ddp:DDPTrainer", None,
             "naive PyTorch DDP: contiguous split, replicated embeddings, gradient all-reduce"),
+    "freescale": ("freescale_impl.trainer:FreeScaleTrainer", None,
+                  "FreeScale: cost-balanced samples per rank (switches: --set freescale.*)"),
 }
 
 
@@ -81,4 +85,8 @@ def trainer_options(name: str, given: dict[str, str]) -> dict[str, str]:
             allowed = ", ".join(f"{name}.{k}" for k in declared) or "none"
             raise ConfigError(f"--set {name}.{key}: unknown option of trainer {name!r}; "
                               f"allowed: {allowed}")
-    return {**declared, **given}
+    merged = {**declared, **given}
+    cls = resolve_trainer_class(name)
+    if hasattr(cls, "validate_options"):
+        cls.validate_options(merged)
+    return merged

@@ -7,7 +7,8 @@ def test_importing_fsbench_imports_no_trainer_or_framework():
     code = (
         "import sys, fsbench, fsbench.cli, fsbench.config, fsbench.metrics, fsbench.runner, "
         "fsbench.store, fsbench.timeline, fsbench.trainer, fsbench.workloads, fsbench.models, "
-        "fsbench.workloads.presets\n"
+        "fsbench.workloads.presets, fsbench.report, fsbench.trace, fsbench.monitor, "
+        "fsbench.calibrate, fsbench.groundtruth, fsbench.overhead, fsbench.dp\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in "
         "('torchrec', 'deepspeed', 'freescale_impl', 'baselines', 'fbgemm_gpu')]\n"
         "print(bad)\n"

@@ -27,6 +27,7 @@ from fsbench.workloads import make_batch_source
 
 def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
     """The measured loop. Step k: make the global batch, barrier, then the timed step."""
+    ctx.run_dir = run_dir
     timeline = Timeline(run_dir / f"rank-{ctx.rank}.jsonl", rank=ctx.rank)
     set_current(timeline)
     source = make_batch_source(run.workload, run.seed)
@@ -51,7 +52,8 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
                     stats = trainer.step(batch)
                 stats_file.write(json.dumps({"rank": ctx.rank, "step": step, "loss": stats.loss,
                                              "num_samples": stats.num_samples,
-                                             "num_targets": stats.num_targets}) + "\n")
+                                             "num_targets": stats.num_targets,
+                                             **(stats.extra or {})}) + "\n")
                 stats_file.flush()
                 timeline.flush()
         monitor.stop()

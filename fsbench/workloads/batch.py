@@ -103,3 +103,15 @@ def contiguous_split(batch_size: int, world_size: int) -> list[list[int]]:
         out.append(list(range(start, start + n)))
         start += n
     return out
+
+
+def concat_batches(parts: list[JaggedBatch], negative_ids: torch.Tensor,
+                   global_num_targets: int, step: int) -> JaggedBatch:
+    """Samples of several batches as one batch (e.g. a look-ahead window's re-packed step),
+    with the given shared negatives and global target count."""
+    cat = lambda name: torch.cat([getattr(p, name) for p in parts])  # noqa: E731
+    return JaggedBatch(
+        item_ids=cat("item_ids"), targets=cat("targets"), lengths=cat("lengths"),
+        user_ids=cat("user_ids"), context_ids=cat("context_ids"), negative_ids=negative_ids,
+        global_num_targets=global_num_targets, step=step,
+    )

@@ -62,3 +62,11 @@ def wrap_with_grad_dump(trainer_cls):
 
 
 GradDumpDDP = wrap_with_grad_dump(DDPTrainer)
+
+
+def _freescale():
+    from freescale_impl.trainer import FreeScaleTrainer
+    return FreeScaleTrainer
+
+
+GradDumpFreeScale = wrap_with_grad_dump(_freescale())

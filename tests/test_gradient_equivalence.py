@@ -1,4 +1,7 @@
-"""DDP at 2 ranks computes the single-process function on the same global batch."""
+"""Every data-parallel trainer at 2 ranks computes the single-process function on the same
+global batch: the loss and every gradient after the first step (relative error <= 1e-5)."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -23,12 +26,23 @@ def reference_loss_and_grads(workload, seed):
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("world_size", [2])
-def test_ddp_loss_and_gradients_equal_single_process(world_size, tmp_path, monkeypatch, rank_pythonpath):
-    workload = tiny()
+TRAINERS = {
+    "ddp": ("trainers_for_tests:GradDumpDDP", {}),
+    "freescale_balanced": ("trainers_for_tests:GradDumpFreeScale", {"balance": "on"}),
+    "freescale_balanced_lpt": ("trainers_for_tests:GradDumpFreeScale",
+                               {"balance": "on", "partitioner": "lpt"}),
+}
+
+
+@pytest.mark.parametrize("name", list(TRAINERS))
+def test_loss_and_gradients_equal_single_process(name, tmp_path, monkeypatch, rank_pythonpath):
+    world_size = 2
+    trainer, options = TRAINERS[name]
+    # Heavy-tailed lengths, so that a balanced plan really differs from the contiguous one.
+    workload = dataclasses.replace(tiny(), lengths="yelp")
     monkeypatch.setenv("FSBENCH_TEST_DUMP", str(tmp_path))
-    run = RunConfig(workload=workload, trainer="trainers_for_tests:GradDumpDDP",
-                    world_size=world_size, seed=7)
+    run = RunConfig(workload=workload, trainer=trainer, world_size=world_size, seed=7,
+                    trainer_options=options)
     run_dir, summary = run_once(run, tmp_path / "runs", timeout_s=120)
 
     ref_loss, ref_grads = reference_loss_and_grads(workload, seed=7)
@@ -36,6 +50,10 @@ def test_ddp_loss_and_gradients_equal_single_process(world_size, tmp_path, monke
     step0 = stats[stats["step"] == 0]
     assert len(step0) == world_size and step0["num_samples"].sum() == workload.global_batch_size
     assert abs(step0["loss"].sum() - ref_loss) <= 1e-5 * abs(ref_loss)
+    if "freescale" in name:  # the balanced plan must really differ from the contiguous split
+        batch = make_batch_source(workload, 7).global_batch(0)
+        contiguous = [batch.contiguous_slice(r, world_size).num_targets for r in range(world_size)]
+        assert sorted(step0["num_targets"]) != sorted(contiguous)
 
     for rank in range(world_size):
         grads = torch.load(tmp_path / f"grads-rank-{rank}.pt")

@@ -1,0 +1,1 @@
+"""FreeScale: load-balanced input samples (partition), and the rest as it arrives."""

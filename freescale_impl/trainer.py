@@ -1,0 +1,119 @@
+"""FreeScaleTrainer: FreeScale's techniques as switches (`--set freescale.<key>=value`).
+
+Implemented here: (1) load-balanced input samples (`balance`). Every rank computes the
+same plan from the global batch's lengths (the data is replicated, so no communication
+is needed), trains its planned subset, and normalizes its loss by the global target
+count, so the summed gradient equals the unbalanced run's on the same global batch.
+
+With `window=K > 1` the samples of K consecutive global batches are re-packed so that
+each step is balanced even when single samples ("whales") exceed a rank's fair share:
+every sample is still trained exactly once per window, but a step's samples then come
+from any batch of its window (the documented deviation from the original batches).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from fsbench.config import ConfigError, RunConfig
+from fsbench.dist import RankContext
+from fsbench.dp import DataParallelTrainer
+from fsbench.timeline import span
+from fsbench.trainer import StepStats
+from fsbench.workloads import make_batch_source
+from fsbench.workloads.batch import JaggedBatch, concat_batches
+from freescale_impl import partition
+from freescale_impl.balance import cost_model
+
+PARTITIONERS = {"kk": partition.karmarkar_karp, "lpt": partition.lpt, "best": partition.best_of}
+CHOICES = {
+    "balance": ("on", "off"),
+    "partitioner": tuple(PARTITIONERS),
+    "cost": ("auto", "calibrated", "analytical"),
+}
+
+
+class FreeScaleTrainer(DataParallelTrainer):
+    options = {"balance": "on", "partitioner": "best", "cost": "auto", "window": "1",
+               "max_tokens": "0"}
+
+    @staticmethod
+    def validate_options(opts: dict[str, str]) -> None:
+        for key, allowed in CHOICES.items():
+            if opts[key] not in allowed:
+                raise ConfigError(f"freescale.{key}={opts[key]!r} is not allowed; choose one "
+                                  f"of: {', '.join(allowed)}")
+        for key, minimum in (("window", 1), ("max_tokens", 0)):
+            if not opts[key].isdigit() or int(opts[key]) < minimum:
+                raise ConfigError(f"freescale.{key}={opts[key]!r} must be an integer >= {minimum}")
+
+    def setup(self, ctx: RankContext, run: RunConfig) -> None:
+        super().setup(ctx, run)
+        opts = self.options
+        self.balance = opts["balance"] == "on"
+        self.partitioner = PARTITIONERS[opts["partitioner"]]
+        self.window = int(opts["window"])
+        self.max_tokens = int(opts["max_tokens"]) or None
+        # Calibrations live in the results store that holds this run.
+        store_dir = Path(ctx.run_dir).parent if ctx.run_dir else None
+        self.cost = cost_model(run.workload, store_dir, run.device, opts["cost"])
+        if ctx.is_main:
+            print(f"freescale: balance={opts['balance']} partitioner={opts['partitioner']} "
+                  f"window={self.window} cost model: {self.cost.source}", flush=True)
+        self._source = make_batch_source(run.workload, run.seed) if self.window > 1 else None
+        self._window_steps: dict[int, partition.WindowStep] = {}
+        self._plan_stats: dict = {}
+
+    # -- planning ----------------------------------------------------------------
+
+    def _plan(self, lengths: np.ndarray) -> partition.Plan:
+        costs = self.cost(lengths)
+        if not self.balance:
+            return partition.contiguous(costs, self.ctx.world_size)
+        if self.max_tokens:
+            return partition.lpt(costs, self.ctx.world_size, tokens=lengths,
+                                 max_tokens_per_rank=self.max_tokens)
+        return self.partitioner(costs, self.ctx.world_size)
+
+    def _record(self, plan: partition.Plan) -> None:
+        self._plan_stats = {
+            "predicted_cost": float(plan.loads[self.ctx.rank]),
+            "plan_max": plan.max_load, "plan_mean": plan.mean_load,
+            "plan_lower_bound": plan.lower_bound, "cost_unit": self.cost.unit,
+        }
+
+    def _windowed_samples(self, batch: JaggedBatch) -> JaggedBatch:
+        step, k = batch.step, self.window
+        if step not in self._window_steps:
+            start = step - step % k
+            end = min(start + k, self.run.workload.steps)
+            batches = [self._source.global_batch(s) for s in range(start, end)]
+            self._window_batches = batches
+            plans = partition.lookahead_window(
+                [self.cost(b.lengths.numpy()) for b in batches], self.ctx.world_size, k,
+                partitioner=self.partitioner)
+            self._window_steps = {start + i: p for i, p in enumerate(plans)}
+        ws = self._window_steps[step]
+        self._record(ws.plan)
+        mine = [ws.samples[i] for i in ws.plan.assignment[self.ctx.rank]]
+        by_batch: dict[int, list[int]] = {}
+        for off, idx in mine:  # one select per source batch, not per sample
+            by_batch.setdefault(off, []).append(idx)
+        parts = [self._window_batches[off].select(idx) for off, idx in sorted(by_batch.items())]
+        step_targets = sum(int(self._window_batches[off].lengths[idx]) for off, idx in ws.samples)
+        return concat_batches(parts, batch.negative_ids, step_targets, step)
+
+    def local_samples(self, batch: JaggedBatch) -> JaggedBatch:
+        # Planning is input preparation on every rank (no communication): a `data` span.
+        with span("plan", kind="data"):
+            if self.window > 1 and self.balance:
+                return self._windowed_samples(batch)
+            plan = self._plan(batch.lengths.numpy())
+            self._record(plan)
+            return batch.select(plan.assignment[self.ctx.rank])
+
+    def step(self, batch: JaggedBatch) -> StepStats:
+        stats = super().step(batch)
+        stats.extra = dict(self._plan_stats)
+        return stats

@@ -1,0 +1,143 @@
+"""Per-sample cost model, calibrated by measurement: cost(L) = a L^2 + b L + c.
+
+`fsbench calibrate --workload W` times forward + backward of the workload's model on this
+device for batches of identical length L over a grid of lengths, divides by the number
+of samples, and fits the quadratic by least squares (R^2 reported). The fit is stored in
+the results store under `<out>/calibrations/`, keyed by model shape and device, where a
+load balancer (FreeScale) finds it; without a matching fit it uses an analytical model.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import platform
+import re
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fsbench.config import WorkloadConfig
+from fsbench.models import build_model
+from fsbench.store import read_json, write_json_atomic
+from fsbench.workloads.generator import SyntheticBatches
+
+TOKENS_PER_POINT = 2048
+"""Each timed batch holds about this many tokens (at least one sample), so short and long
+lengths are timed over similar amounts of work."""
+
+
+@dataclass(frozen=True, slots=True)
+class CostFit:
+    a: float
+    b: float
+    c: float
+    r2: float
+    model: str
+    device: str
+    lengths: list[int]
+    per_sample_ms: list[float]
+    created: str = ""
+
+    def cost_ms(self, lengths: np.ndarray) -> np.ndarray:
+        L = np.asarray(lengths, dtype=np.float64)
+        return self.a * L * L + self.b * L + self.c
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def device_key(device: str = "cpu") -> str:
+    """What the fit depends on: the GPU model, or the CPU model and thread count."""
+    if device == "cuda":
+        return _slug(torch.cuda.get_device_name())
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1] for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return f"cpu-{_slug(cpu)}-t{torch.get_num_threads()}"
+
+
+def model_key(workload: WorkloadConfig) -> str:
+    m = workload.model
+    if workload.compute == "synthetic":
+        return f"synthetic-{workload.synthetic.us_per_token:g}us"
+    return f"{m.family}-d{m.dim}-l{m.num_layers}-h{m.num_heads}-neg{workload.num_negatives}"
+
+
+def fit_path(out_dir: str | Path, workload: WorkloadConfig, device: str) -> Path:
+    return Path(out_dir) / "calibrations" / f"{model_key(workload)}__{device_key(device)}.json"
+
+
+def default_lengths(max_len: int) -> list[int]:
+    grid = sorted({1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 200, 256, 384, 512, 768, 1024,
+                   1536, 2048, 3072, 4096, max_len})
+    return [L for L in grid if L <= max_len]
+
+
+def fit_quadratic(lengths, costs) -> tuple[float, float, float, float]:
+    """a, b, c of a L^2 + b L + c by least squares on *relative* error, and R^2.
+
+    Relative, because plain least squares lets the few longest lengths set the fit and
+    leaves short lengths (most samples of a heavy-tailed batch) off by 2-3x; a balancer
+    sums many short samples, so their error matters as much as the whales'."""
+    L = np.asarray(lengths, dtype=np.float64)
+    y = np.asarray(costs, dtype=np.float64)
+    design = np.stack([L * L, L, np.ones_like(L)], axis=1)
+    weight = 1.0 / np.maximum(y, 1e-12)
+    (a, b, c), *_ = np.linalg.lstsq(design * weight[:, None], y * weight, rcond=None)
+    residual = y - design @ np.array([a, b, c])
+    total = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float((residual ** 2).sum()) / total if total > 0 else 1.0
+    return float(a), float(b), float(c), r2
+
+
+def measure_per_sample_ms(workload: WorkloadConfig, length: int, repeats: int = 5,
+                          warmup: int = 2, device: str = "cpu") -> float:
+    """Median forward+backward time per sample for a batch of identical length."""
+    n = max(1, TOKENS_PER_POINT // length)
+    w = dataclasses.replace(workload, lengths=f"fixed:{length}", global_batch_size=n)
+    model = build_model(w, seed=0).to(device)
+    batch = SyntheticBatches(w, seed=0).global_batch(0).to(device)
+    times = []
+    for i in range(warmup + repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()  # note: CPU-GPU sync point, so the timer sees the work
+        t0 = time.perf_counter()
+        model(batch).backward()
+        if device == "cuda":
+            torch.cuda.synchronize()  # note: CPU-GPU sync point
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+        model.zero_grad(set_to_none=True)
+    return statistics.median(times) * 1e3 / n
+
+
+def calibrate(workload: WorkloadConfig, out_dir: str | Path, device: str = "cpu",
+              lengths: list[int] | None = None, repeats: int = 5, progress=lambda it: it) -> CostFit:
+    """Measure, fit, store; returns the fit."""
+    lengths = lengths or default_lengths(workload.max_seq_len)
+    per_sample = [measure_per_sample_ms(workload, L, repeats, device=device) for L in progress(lengths)]
+    a, b, c, r2 = fit_quadratic(lengths, per_sample)
+    fit = CostFit(a=a, b=b, c=c, r2=r2, model=model_key(workload), device=device_key(device),
+                  lengths=list(lengths), per_sample_ms=per_sample,
+                  created=datetime.datetime.now(datetime.timezone.utc).isoformat())
+    path = fit_path(out_dir, workload, device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, dataclasses.asdict(fit))
+    return fit
+
+
+def load_fit(out_dir: str | Path, workload: WorkloadConfig, device: str = "cpu") -> CostFit | None:
+    """The stored fit for this model on this device, if one exists."""
+    path = fit_path(out_dir, workload, device)
+    if not path.exists():
+        return None
+    return CostFit(**read_json(path))

@@ -1,0 +1,227 @@
+"""`fsbench report`: the comparison table, its renderings, the plots, the CLI."""
+import io
+import math
+import sys
+
+import pandas as pd
+import pytest
+
+from fsbench.cli import main
+from fsbench.config import ConfigError
+from fsbench.report import (choose_step_run, median_step_busy_idle, render, report_table,
+                            write_report)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _run(trainer, n, samples, step_ms, *, sim=False, over=False, status="complete",
+         bubble=0.1, imbalance=0.02):
+    return {"workload": "w", "trainer": trainer, "world_size": n, "samples_per_s": samples,
+            "tokens_per_s": 10 * samples, "step_time_ms_median": step_ms,
+            "bubble_ratio": bubble, "straggler_bubble_ratio": bubble / 2,
+            "exposed_comm_ratio": bubble / 2, "load_imbalance": imbalance,
+            "sm_occupancy": None, "oversubscribed": over, "simulated": sim, "status": status,
+            "run_dir": f"/runs/{trainer}-n{n}-{samples}"}
+
+
+@pytest.fixture
+def runs() -> pd.DataFrame:
+    return pd.DataFrame([
+        _run("fs", 1, 100.0, 10.0),  # fs first: the default baseline is still ddp
+        _run("ddp", 1, 100.0, 10.0, bubble=0.1),
+        _run("ddp", 1, 120.0, 12.0, bubble=0.3),
+        _run("ddp", 1, 110.0, 11.0, bubble=0.2),
+        _run("ddp", 1, 999.0, 1.0, status="failed"),  # never counted
+        _run("ddp", 2, 180.0, 20.0),
+        _run("ddp", 2, 200.0, 22.0),
+        _run("fs", 2, 210.0, 19.0),
+        _run("fs", 4, 300.0, 25.0, over=True, imbalance=0.05),
+        _run("ddp", 8, 640.0, 30.0),
+        _run("ddp", 8, 700.0, 28.0, sim=True),  # a projection: its own row, never pooled
+        _run("fs", 8, 560.0, 32.0, sim=True),
+    ])
+
+
+def _row(table, trainer, n, sim=False):
+    sel = table[(table["trainer"] == trainer) & (table["world_size"] == n) & (table["simulated"] == sim)]
+    assert len(sel) == 1
+    return sel.iloc[0]
+
+
+def test_report_table_medians_scaling_and_baseline_ratios(runs):
+    table = report_table(runs, None)
+    assert "throughput_vs_ddp" in table.columns  # ddp is the default baseline when present
+    assert list(zip(table["trainer"], table["world_size"], table["simulated"])) == [
+        ("ddp", 1, False), ("ddp", 2, False), ("ddp", 8, False), ("fs", 1, False),
+        ("fs", 2, False), ("fs", 4, False), ("ddp", 8, True), ("fs", 8, True)]
+    d1 = _row(table, "ddp", 1)
+    assert (d1["repeats"], d1["samples_per_s"], d1["step_time_ms_median"]) == (3, 110.0, 11.0)
+    assert d1["bubble_ratio"] == pytest.approx(0.2) and d1["tokens_per_s"] == 1100.0
+    assert d1["scaling_efficiency"] == 1.0 and d1["throughput_vs_ddp"] == 1.0
+    d2 = _row(table, "ddp", 2)
+    assert d2["samples_per_s"] == 190.0 and d2["step_time_ms_median"] == 21.0
+    assert d2["scaling_efficiency"] == pytest.approx(190 / (2 * 110))
+    f2 = _row(table, "fs", 2)
+    assert f2["scaling_efficiency"] == pytest.approx(210 / (2 * 100))
+    assert f2["throughput_vs_ddp"] == pytest.approx(210 / 190)
+    f4 = _row(table, "fs", 4)
+    assert bool(f4["oversubscribed"]) and not bool(f2["oversubscribed"])
+    assert math.isnan(f4["throughput_vs_ddp"])  # no ddp run at 4 ranks
+    assert f4["scaling_efficiency"] == pytest.approx(300 / 400)
+    # Simulated rows compare with simulated rows only: no simulated 1-rank run, so no
+    # scaling efficiency (pooling with the measured 1-rank run would give 700/880).
+    s8 = _row(table, "ddp", 8, sim=True)
+    assert s8["samples_per_s"] == 700.0 and math.isnan(s8["scaling_efficiency"])
+    assert _row(table, "fs", 8, sim=True)["throughput_vs_ddp"] == pytest.approx(560 / 700)
+    assert _row(table, "ddp", 8)["samples_per_s"] == 640.0
+    assert table["sm_occupancy"].isna().all()
+
+
+def test_baseline_default_and_explicit(runs):
+    no_ddp = runs[runs["trainer"] != "ddp"]
+    assert "throughput_vs_fs" in report_table(no_ddp, None).columns  # first trainer present
+    table = report_table(runs, "fs")
+    assert _row(table, "ddp", 2)["throughput_vs_fs"] == pytest.approx(190 / 210)
+    assert list(table["trainer"][:3]) == ["fs"] * 3  # the baseline's rows first
+    with pytest.raises(ConfigError, match="baseline 'nope' has no runs"):
+        report_table(runs, "nope")
+
+
+def _md_rows(text: str) -> list[dict]:
+    lines = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+             if line.startswith("|")]
+    return [dict(zip(lines[0], r)) for r in lines[2:]]
+
+
+def test_markdown_marks_oversubscribed_wall_clock_cells_and_na(runs):
+    text = render(report_table(runs, None), "md")
+    rows = _md_rows(text)
+    (f4,) = [r for r in rows if (r["trainer"], r["ranks"]) == ("fs", "4")]
+    flagged = ("step ms", "samples/s", "tokens/s", "bubble %", "straggler %", "exposed comm %",
+               "scaling eff %")
+    assert all(f4[col].endswith("†") for col in flagged), f4
+    assert f4["imbalance %"] == "5.0" and f4["SM occ %"] == "n/a"
+    assert f4["throughput vs ddp"] == "n/a" and f4["oversub"] == "yes" and f4["simulated"] == "no"
+    assert [r["simulated"] for r in rows].count("yes") == 2
+    assert text.count("†") == len(flagged) + 1, "only that row's cells, plus the footnote"
+    assert any(line.startswith("† oversubscribed") for line in text.splitlines())
+    assert "simulated = yes" in text
+
+
+def test_every_format_renders_and_parses_back(runs):
+    table = report_table(runs, None)
+    back = pd.read_csv(io.StringIO(render(table, "csv")))
+    assert list(back.columns) == list(table.columns)
+    pd.testing.assert_series_equal(back["samples_per_s"], table["samples_per_s"])
+    assert back["oversubscribed"].tolist() == table["oversubscribed"].tolist()
+    assert back["simulated"].tolist() == table["simulated"].tolist()
+    html = render(table, "html")
+    assert "<table" in html and "</table>" in html and html.count("<tr") == len(table) + 1
+    assert "† oversubscribed" in html
+    latex = render(table, "latex")
+    assert r"\begin{tabular}" in latex and r"\end{tabular}" in latex
+    assert r"bubble \%" in latex and r"\textsuperscript{\dag}" in latex and "†" not in latex
+    with pytest.raises(ConfigError, match="--format 'pdf' is unknown; choose one of: md, latex, csv, html"):
+        render(table, "pdf")
+
+
+def test_median_step_busy_idle_picks_the_median_measured_step():
+    rows = []
+    for step, t_ms in ((0, 50), (1, 10), (2, 30), (3, 20)):  # step 0 is a slow warm-up
+        for rank, busy_ms in ((0, 8), (1, 4)):
+            start = step * 100_000_000
+            rows += [(rank, step, step == 0, "step", "step", start, t_ms * 1_000_000, 0),
+                     (rank, step, step == 0, "forward", "compute", start, busy_ms * 1_000_000,
+                      busy_ms * 1_000_000)]
+    spans = pd.DataFrame(rows, columns=["rank", "step", "warmup", "name", "kind", "start_ns",
+                                        "dur_ns", "cpu_ns"])
+    step, t_ms, per_rank = median_step_busy_idle(spans)
+    assert (step, t_ms) == (3, 20.0)  # measured 10, 20, 30 ms: the median is step 3
+    assert per_rank.to_dict("list") == {"rank": [0, 1], "busy_ms": [8.0, 4.0], "idle_ms": [12.0, 16.0]}
+
+
+def test_step_run_is_the_baselines_largest_measured_world_size(runs):
+    assert choose_step_run(runs, "ddp") == "/runs/ddp-n8-640.0"
+    assert choose_step_run(runs, "fs") == "/runs/fs-n4-300.0"
+
+
+def test_missing_matplotlib_is_one_clear_line(runs, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    with pytest.raises(ConfigError, match=r"plots need matplotlib: pip install -e '\.\[report\]'"):
+        write_report(runs, None, "md", tmp_path)
+    assert (tmp_path / "report.md").exists()  # the table does not need matplotlib
+    write_report(runs, None, "md", tmp_path / "t", plots=False)
+
+
+# ---------------------------------------------------------------------------- end to end
+
+@pytest.fixture(scope="module")
+def tiny_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    assert main(["sweep", "--workload", "tiny", "--trainers", "ddp", "--world-sizes", "1,2",
+                 "--out", str(out)]) == 0
+    return out
+
+
+def _valid_png(path) -> bool:
+    data = path.read_bytes()
+    return data[:8] == PNG_MAGIC and len(data) > 5_000
+
+
+@pytest.mark.dist
+def test_report_cli_writes_table_and_plots(tiny_runs, tmp_path, capsys):
+    capsys.readouterr()
+    out = tmp_path / "rep"
+    assert main(["report", "--runs", str(tiny_runs), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in printed.splitlines()
+            if line.startswith("|")]
+    assert rows[0][:4] == ["workload", "trainer", "ranks", "simulated"]
+    assert [r[:4] for r in rows[2:]] == [["tiny", "ddp", "1", "no"], ["tiny", "ddp", "2", "no"]]
+    assert (out / "report.md").read_text().startswith("| workload |")
+    for name in ("bubble_vs_world_size.png", "throughput_vs_world_size.png", "rank_busy_idle.png"):
+        assert _valid_png(out / name), name
+    run_dirs = sorted(str(d) for d in tiny_runs.iterdir() if d.is_dir())
+    assert main(["report", *run_dirs, "--format", "csv", "--out", str(tmp_path / "csv"),
+                 "--no-plots", "--step-run", run_dirs[0]]) == 0
+    back = pd.read_csv(tmp_path / "csv" / "report.csv")
+    assert back["world_size"].tolist() == [1, 2] and back["repeats"].tolist() == [1, 1]
+    assert back["scaling_efficiency"].iloc[0] == 1.0
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("args, expected", [
+    (["--workload", "nope"], "no complete runs matched in"),
+    (["--trainers", "magic"], "(trainers=magic)"),
+    (["--format", "pdf"], "--format 'pdf' is unknown; choose one of: md, latex, csv, html"),
+    (["--baseline", "magic"], "baseline 'magic' has no runs here; trainers present: ddp"),
+    (["--step-run", "{tmp}"], "is not a run directory"),
+    (["{tmp}"], "is not a run directory (no manifest.json)"),
+])
+def test_report_bad_input_is_one_line_and_exit_2(tiny_runs, tmp_path, capsys, args, expected):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    code = main(["report", "--runs", str(tiny_runs), "--out", str(tmp_path / "rep"), *args])
+    err = capsys.readouterr().err
+    assert code == 2 and expected in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "rep").exists(), "bad input writes nothing"
+
+
+def test_report_of_a_missing_runs_dir_is_exit_2(tmp_path, capsys):
+    assert main(["report", "--runs", str(tmp_path / "none"), "--out", str(tmp_path / "r")]) == 2
+    assert "no such directory" in capsys.readouterr().err
+
+
+@pytest.mark.dist
+def test_many_runs_show_a_progress_bar_on_stderr(tiny_runs, tmp_path, capsys):
+    import shutil
+
+    from fsbench.report import PROGRESS_MIN_RUNS
+
+    (one,) = [d for d in tiny_runs.iterdir() if d.is_dir() and "-n2-" in d.name]
+    for i in range(PROGRESS_MIN_RUNS):
+        shutil.copytree(one, tmp_path / "runs" / f"copy-{i:02d}")
+    capsys.readouterr()
+    assert main(["report", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "r"),
+                 "--format", "csv", "--no-plots"]) == 0
+    assert "reading runs" in capsys.readouterr().err
+    assert pd.read_csv(tmp_path / "r" / "report.csv")["repeats"].tolist() == [PROGRESS_MIN_RUNS]
