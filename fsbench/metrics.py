@@ -109,10 +109,15 @@ def plan_accuracy(spans: pd.DataFrame, stats: pd.DataFrame) -> dict:
     step stats (FreeScale writes them). Returns medians over measured steps of:
     predicted_imbalance (the plan's own load imbalance), plan_ratio_to_bound (max load
     over max(total/N, largest sample)), and, when the cost unit is ms,
-    cost_prediction_error (|predicted - busy| / busy per rank and step)."""
+    cost_prediction_error (|predicted - busy| / busy per rank and step, busy being the
+    thread CPU time of the forward and backward spans)."""
     if "predicted_cost" not in stats.columns or stats["predicted_cost"].isna().all():
         return {}
     busy = rank_step_busy(spans)
+    # The plan predicts per-sample work (forward + backward); the optimizer's cost is the
+    # same on every rank and not part of a sample's cost, so it is left out here.
+    fwd_bwd = spans[spans["name"].isin(["forward", "backward"])].groupby(["step", "rank"])["cpu_ns"].sum()
+    busy = busy.drop(columns="busy_ns").join(fwd_bwd.rename("busy_ns"), on=["step", "rank"])
     joined = stats.merge(busy[["step", "rank", "busy_ns", "warmup"]], on=["step", "rank"])
     joined = joined[~joined["warmup"]]
     per_step = joined.groupby("step").agg(
@@ -126,6 +131,16 @@ def plan_accuracy(spans: pd.DataFrame, stats: pd.DataFrame) -> dict:
         "cost_unit": str(joined["cost_unit"].iloc[0]),
     }
     if out["cost_unit"] == "ms":
-        busy_ms = joined["busy_ns"] / 1e6
-        out["cost_prediction_error"] = float(((joined["predicted_cost"] - busy_ms).abs() / busy_ms).median())
+        busy_ms = (joined["busy_ns"] / 1e6).to_numpy()
+        pred = joined["predicted_cost"].to_numpy(dtype=float)
+        out["cost_prediction_error"] = float(np.median(np.abs(pred - busy_ms) / busy_ms))
+        # busy = slope * predicted + intercept over (rank, step): the intercept is per-step
+        # work no per-sample model holds (dense embedding gradients, loss setup), equal on
+        # every rank and so harmless to balance; the slope and R^2 say how well the
+        # per-sample part was predicted.
+        if len(pred) >= 3 and np.ptp(pred) > 0:
+            slope, intercept = np.polyfit(pred, busy_ms, 1)
+            resid = busy_ms - (slope * pred + intercept)
+            out.update(cost_fit_slope=float(slope), cost_fit_intercept_ms=float(intercept),
+                       cost_fit_r2=float(1 - (resid ** 2).sum() / ((busy_ms - busy_ms.mean()) ** 2).sum()))
     return out

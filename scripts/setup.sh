@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
-# Create (or update) the virtual environment with fsbench and its test tools.
-# Idempotent: re-running only installs what changed.   Usage: scripts/setup.sh [VENV_DIR]
+# Create (or update) the virtual environment with fsbench, its baselines' frameworks
+# (TorchRec, DeepSpeed) and its test tools. Idempotent: re-running installs only what
+# changed.   Usage: scripts/setup.sh [VENV_DIR]      (FSBENCH_GPU=1: CUDA fbgemm)
 set -euo pipefail
+export DS_BUILD_OPS=0  # DeepSpeed: a pure-Python wheel; its ops build lazily when used
 VENV="${1:-.venv}"
 PYTHON="${PYTHON:-python3}"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP="$VENV/bin/pip"
 # torch first and pinned: a bare `torch` requirement can resolve to a multi-GB CUDA build.
 "$PIP" install -q "torch==2.13.0"
-"$PIP" install -q -e ".[dev]"
+"$PIP" install -q -e ".[dev,deepspeed]"
+# TorchRec declares the CUDA fbgemm-gpu (built for a newer torch): install its pieces
+# ourselves, fbgemm paired with torch 2.13, then torchrec without its declared deps.
+# (pip check then complains about fbgemm-gpu; that is expected.)
+FBGEMM="fbgemm-gpu-cpu==1.8.0"
+[ "${FSBENCH_GPU:-0}" = "1" ] && FBGEMM="fbgemm-gpu==1.8.0"
+"$PIP" install -q -e ".[torchrec]" "$FBGEMM"
+"$PIP" install -q --no-deps "torchrec==1.8.0"
