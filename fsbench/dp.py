@@ -7,7 +7,6 @@ trainers compute the same function on the same global batch by construction.
 """
 from __future__ import annotations
 
-import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from fsbench.config import RunConfig

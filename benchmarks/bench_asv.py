@@ -1,0 +1,90 @@
+"""asv suites: `asv run --python=same --quick` (dry run) or, to record a commit,
+`asv machine --yes && asv run --python=same --set-commit-hash $(git rev-parse HEAD)`.
+
+Each suite measures the real code path: the planner on real-shaped costs, the batch
+generator, one training step of the reference model, and the instrumentation overhead
+of the harness itself (a `track_` ratio, lower is better).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from fsbench.workloads.distributions import LENGTH_PRESETS
+
+
+def _costs(preset: str, n: int, seed: int = 0, max_len: int = 200) -> np.ndarray:
+    lengths = LENGTH_PRESETS[preset].distribution.sample(np.random.default_rng(seed), n, max_len)
+    return lengths.astype(np.float64) ** 2 + 64 * lengths
+
+
+class Planner:
+    """FreeScale's partitioners: 8,192 samples onto 256 ranks (target <= 5 ms)."""
+    params = (["lpt", "karmarkar_karp", "best_of"], ["yelp", "movielens-100k", "otto-sessions"])
+    param_names = ["partitioner", "lengths"]
+
+    def setup(self, partitioner, lengths):
+        from freescale_impl import partition
+
+        self.fn = getattr(partition, partitioner)
+        self.costs = _costs(lengths, 8192)
+        self.fn(self.costs, 256)  # warm caches
+
+    def time_plan_8192_onto_256(self, partitioner, lengths):
+        self.fn(self.costs, 256)
+
+    def track_ratio_to_lower_bound(self, partitioner, lengths):
+        return self.fn(self.costs, 256).ratio_to_bound
+
+
+class BatchGenerator:
+    params = (["tiny", "small"],)
+    param_names = ["workload"]
+
+    def setup(self, workload):
+        from fsbench.workloads import make_batch_source
+        from fsbench.workloads.presets import get_workload
+
+        self.source = make_batch_source(get_workload(workload), seed=0)
+        self.source.global_batch(0)
+
+    def time_global_batch(self, workload):
+        self.source.global_batch(1)
+
+
+class ModelStep:
+    """Forward + backward of the reference model on one `small` global batch, 1 thread."""
+    params = (["hstu", "sasrec"],)
+    param_names = ["family"]
+    timeout = 120
+
+    def setup(self, family):
+        import torch
+
+        from fsbench.config import override
+        from fsbench.models import build_model
+        from fsbench.workloads import make_batch_source
+        from fsbench.workloads.presets import small
+
+        torch.set_num_threads(1)
+        workload = override(small(), "model.family", family)
+        self.model = build_model(workload, seed=0)
+        self.batch = make_batch_source(workload, seed=0).global_batch(0)
+        self.time_forward_backward(family)
+
+    def time_forward_backward(self, family):
+        self.model(self.batch).backward()
+        self.model.zero_grad(set_to_none=True)
+
+
+class InstrumentationOverhead:
+    """Spans + monitor vs a bare loop on `small`, one rank (target <= 1%)."""
+    timeout = 600
+    number = 1
+    repeat = 1
+
+    def track_overhead_ratio_small(self):
+        from fsbench.overhead import measure_overhead
+        from fsbench.workloads.presets import small
+
+        return measure_overhead(small(), blocks=6, steps_per_block=5)["overhead_ratio"]
+    track_overhead_ratio_small.unit = "ratio"
