@@ -20,6 +20,8 @@ from fsbench.workloads.batch import JaggedBatch
 
 class DataParallelTrainer:
     options: dict[str, str] = {}
+    notes = ("DDP's gradient all-reduce runs inside the backward span (bucketed, overlapped "
+             "with backward); its wait shows as wall time without thread CPU time.")
 
     def setup(self, ctx: RankContext, run: RunConfig) -> None:
         self.ctx, self.run = ctx, run

@@ -12,6 +12,7 @@ For step k on N ranks:
   straggler  = sum_r (max_j busy_j - busy_r) / (N T)
   exposed    = bubble - straggler
   imbalance  = sum_r (max_j busy_j - busy_r) / (N max_j busy_j)
+  skew       = max_j busy_j / median_r busy_r
 """
 from __future__ import annotations
 
@@ -62,6 +63,8 @@ def step_metrics(spans: pd.DataFrame) -> pd.DataFrame:
             "straggler_bubble_ratio": straggler,
             "exposed_comm_ratio": max(bubble, 0.0) - straggler,
             "load_imbalance": float(np.sum(bmax - busy) / (n * bmax)) if bmax > 0 else 0.0,
+            # Per-rank skew: the slowest rank against the typical one (1.0 = no skew).
+            "busy_skew": float(bmax / np.median(busy)) if np.median(busy) > 0 else 1.0,
         })
     return pd.DataFrame(rows)
 
@@ -96,6 +99,9 @@ def summarize(spans: pd.DataFrame, stats: pd.DataFrame) -> dict:
         "exposed_comm_ratio": float(med["exposed_comm_ratio"]),
         "load_imbalance": float(med["load_imbalance"]),
         "busy_max_ms_median": float(med["busy_max_ms"]),
+        "busy_skew": float(med["busy_skew"]),
+        "bubble_ratio_p10": float(measured["bubble_ratio"].quantile(0.1)),
+        "bubble_ratio_p90": float(measured["bubble_ratio"].quantile(0.9)),
         "loss_first": float(losses.iloc[0]),
         "loss_last": float(losses.iloc[-1]),
         "losses": [float(x) for x in losses],

@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 from fsbench.config import RunConfig, to_dict
+from fsbench.trainer import resolve_trainer_class
 
 SCHEMA_VERSION = 1
 _VERSIONED_PACKAGES = ("torch", "numpy", "pandas", "torchrec", "fbgemm-gpu", "fbgemm-gpu-cpu",
@@ -138,6 +139,9 @@ def create_run_dir(out_dir: str | os.PathLike, run: RunConfig) -> Path:
         "packages": package_versions(),
         "host": host_info(),
         "oversubscribed": is_oversubscribed(run),
+        # What the trainer's framework hides from the timeline (e.g. communication inside
+        # a fused backward), in the trainer's own words.
+        "trainer_notes": getattr(resolve_trainer_class(run.trainer), "notes", None),
         # Lets a reader tell a run in progress from one whose launcher was killed.
         "launcher": {"pid": os.getpid(), "hostname": socket.gethostname()},
     })

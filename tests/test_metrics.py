@@ -27,6 +27,7 @@ def test_bubble_straggler_and_exposed_comm_follow_the_definitions():
     assert row["straggler_bubble_ratio"] == pytest.approx((0 + 40) / 200)
     assert row["exposed_comm_ratio"] == pytest.approx(0.4 - 0.2)
     assert row["load_imbalance"] == pytest.approx(40 / (2 * 80))
+    assert row["busy_skew"] == pytest.approx(80 / 60)
 
 
 def test_step_time_spans_from_first_start_to_last_end_across_ranks():
