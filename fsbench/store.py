@@ -24,6 +24,7 @@ import socket
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from fsbench.config import RunConfig, to_dict
 from fsbench.trainer import resolve_trainer_class
@@ -33,14 +34,15 @@ _VERSIONED_PACKAGES = ("torch", "numpy", "pandas", "torchrec", "fbgemm-gpu", "fb
                        "deepspeed", "nvidia-ml-py", "fsbench")
 
 
-def write_json_atomic(path: str | os.PathLike, obj: object) -> None:
+def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+    """Have `write(tmp_path)` fill a temp file beside `path`, fsync it and rename it over
+    `path`: a reader sees the old file or the new one, never half of one."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=True, default=str)
-            f.write("\n")
-            f.flush()
+        write(tmp)
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -53,6 +55,14 @@ def write_json_atomic(path: str | os.PathLike, obj: object) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def write_json_atomic(path: str | os.PathLike, obj: object) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True, default=str)
+            f.write("\n")
+    atomic_write(path, write)
 
 
 def read_json(path: str | os.PathLike) -> dict:
@@ -228,20 +238,10 @@ def scan_runs(out_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
 
 
 def write_table_atomic(df: "pd.DataFrame", path: Path) -> None:  # noqa: F821
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        if path.suffix == ".parquet":
-            df.to_parquet(tmp, index=False)
-        else:
-            df.to_csv(tmp, index=False)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    if path.suffix == ".parquet":
+        atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
+    else:
+        atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
 
 
 def refresh_table(out_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
