@@ -47,6 +47,10 @@ class Trainer(Protocol):
 TRAINERS: dict[str, tuple[str, str | None, str]] = {
     "ddp": ("baselines.ddp:DDPTrainer", None,
             "naive PyTorch DDP: contiguous split, replicated embeddings, gradient all-reduce"),
+    "torchrec": ("baselines.torchrec_trainer:TorchRecTrainer", "torchrec",
+                 "TorchRec DistributedModelParallel + TrainPipelineSparseDist, sharded tables"),
+    "deepspeed": ("baselines.deepspeed_trainer:DeepSpeedTrainer", "deepspeed",
+                  "DeepSpeed ZeRO (stage via --set deepspeed.zero_stage=0..3, default 2)"),
     "freescale": ("freescale_impl.trainer:FreeScaleTrainer", None,
                   "FreeScale: cost-balanced samples per rank (switches: --set freescale.*)"),
 }

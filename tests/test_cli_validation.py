@@ -6,7 +6,7 @@ from fsbench.cli import main
 
 @pytest.mark.parametrize("argv, expected", [
     (["run", "--workload", "huge"], "workload='huge' is unknown; choose one of: tiny, small"),
-    (["run", "--workload", "tiny", "--trainer", "magic"], "trainer='magic' is unknown; choose one of: ddp"),
+    (["run", "--workload", "tiny", "--trainer", "magic"], "trainer='magic' is unknown; choose one of: ddp, torchrec, deepspeed, freescale"),
     (["run", "--workload", "tiny", "--world-size", "0"], "--world-size=0 must be >= 1"),
     (["sweep", "--workload", "tiny", "--world-sizes", "1,0"], "every world size must be >= 1"),
     (["run", "--workload", "tiny", "--set", "colour=blue"], "--set colour: unknown key; allowed:"),
