@@ -10,9 +10,9 @@ $(STAMP): pyproject.toml scripts/setup.sh
 
 setup: $(STAMP)
 
-# The main job: the default CPU comparison on `small`, printed as a table.
+# The main job: the default CPU comparison on `small` (four trainers, 1 and 2 ranks), a table.
 run: $(STAMP)
-	$(VENV)/bin/fsbench sweep --workload small --trainers ddp --world-sizes 1,2
+	$(VENV)/bin/fsbench sweep --workload small --trainers ddp,torchrec,deepspeed,freescale --world-sizes 1,2
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q

@@ -47,7 +47,7 @@ RTOL = 1e-5
 # Generous: the first run of a fresh checkout compiles the shm op.
 RUN_TIMEOUT_S = 240
 
-ADAM = dataclasses.replace(tiny(), steps=5)  # tiny's optimizer is Adam, lr 1e-3
+ADAM = dataclasses.replace(tiny(), steps=5, optimizer="adam", lr=1e-3)
 SGD = dataclasses.replace(tiny(), steps=5, optimizer="sgd", lr=1e-2)
 
 
@@ -175,7 +175,7 @@ def test_options_and_notes():
 
 
 def test_ds_config():
-    run_cfg = RunConfig(workload=dataclasses.replace(tiny(), global_batch_size=9),
+    run_cfg = RunConfig(workload=dataclasses.replace(ADAM, global_batch_size=9),
                         trainer=DS, world_size=2)
     cfg = dst.ds_config(run_cfg, world_size=2, zero_stage=1)
     assert cfg["optimizer"] == {"type": "Adam", "params": {

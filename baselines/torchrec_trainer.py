@@ -1,0 +1,409 @@
+"""TorchRec baseline: DistributedModelParallel + TrainPipelineSparseDist.
+
+What a team gets from TorchRec's standard recipe. The embedding tables are sharded across
+ranks (table-wise or row-wise) in TorchRec collections (see `torchrec_model`) and updated
+by fbgemm's fused optimizer inside backward; the dense part is replicated and wrapped in
+DDP by DMP; training runs through a TorchRec train pipeline that pulls this rank's
+contiguous share of each global batch from an iterator and, with the sparse pipeline,
+overlaps the next batch's input distribution (id all-to-all) with this batch's work.
+
+Switches (`--set torchrec.<key>=<value>`):
+  sharding   table_wise (default) | row_wise
+  pipeline   sparse (TrainPipelineSparseDist, default) | base (TrainPipelineBase: no overlap)
+
+Optimizers: the workload's adam | sgd | adagrad map to fbgemm's ADAM | EXACT_SGD |
+EXACT_ADAGRAD for the tables (same constants as the torch optimizer of the dense part).
+fbgemm 1.8 has no CPU kernel for fused Adam ("Optimizer adam is not supported in CPU
+mode"), and TorchRec's non-fused DENSE kernel cannot serve an EmbeddingCollection on CPU
+(fbgemm's CPU dense TBE ignores PoolingMode.NONE and returns pooled rows, which corrupts
+the sequence all-to-all), so Adam on CPU is a ConfigError: use `--set optimizer=sgd` or
+`adagrad` there. Fused Adam is lazy: rows absent from a batch keep their weights and
+moments, whereas torch.optim.Adam (DDP) keeps moving every row that ever had a gradient
+(a zero gradient still decays the moments and applies m/sqrt(v)); both agree at steps 0
+and 1 (before any row goes stale) and drift apart after that (expected; not yet measured:
+no GPU was available, see the gpu-marked test).
+
+Same function as every trainer (ARCHITECTURE.md, seam 2), and how the gradients get there:
+  The loss on each rank is its samples' summed token losses / the GLOBAL target count, so
+  the single-process gradient of the global batch is the SUM over ranks of the per-rank
+  gradients. DMP, by default, AVERAGES both kinds of gradients over the N ranks:
+  * dense part: wrapped in DDP, whose all-reduce divides by N;
+  * sharded tables: the output-embedding gradients travel back to the rows' owner through
+    the backward all-to-all (or reduce-scatter's backward), and TorchRec's comm ops divide
+    them by N on the way (torchrec.distributed.comm_ops GRADIENT_DIVISION, default True),
+    so that the fused update sees the same averaged gradient DDP would give.
+  So, as in the DDP trainer, the backpropagated loss is scaled by N (TorchRecModel's
+  grad_scale): both kinds then equal exactly the single-process gradient. The trainer pins
+  GRADIENT_DIVISION to True so the scaling cannot silently become wrong. Checked in
+  tests/test_torchrec_trainer.py: loss trajectories under SGD (scale-sensitive, unlike
+  Adam/Adagrad whose first updates ignore the gradient's scale) equal DDP's, and an
+  explicit probe compares every updated table row and dense weight after one step with
+  the single-process SGD step.
+"""
+from __future__ import annotations
+
+import collections
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from torch import nn
+from torchrec.distributed.comm_ops import set_gradient_division
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.sharding_plan import (
+    construct_module_sharding_plan,
+    row_wise,
+    table_wise,
+)
+from torchrec.distributed.train_pipeline import (
+    TrainPipelineBase,
+    TrainPipelineSparseDist,
+)
+from torchrec.distributed.types import ShardingPlan, ShardingType
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+
+from baselines.torchrec_model import TorchRecBatch, TorchRecModel
+from fsbench.config import ConfigError, RunConfig, WorkloadConfig
+from fsbench.dist import RankContext
+from fsbench.models import DenseArch, table_specs
+from fsbench.models.sparse import ITEM, initial_table_weight
+from fsbench.optim import make_optimizer
+from fsbench.timeline import span
+from fsbench.trainer import StepStats
+from fsbench.workloads import make_batch_source
+from fsbench.workloads.batch import JaggedBatch
+
+SHARDINGS = {"table_wise": ShardingType.TABLE_WISE, "row_wise": ShardingType.ROW_WISE}
+PIPELINES = ("sparse", "base")
+
+# The fused (in-backward) optimizer for each workload optimizer, with the constants of the
+# torch optimizer `fsbench.optim.make_optimizer` builds for the dense part (and for the
+# DDP trainer's tables), so that both compute the same update. Exact* variants: duplicate
+# ids in a batch are summed before one update, as autograd does for nn.Embedding.
+FUSED_OPTIMIZERS: dict[str, tuple[EmbOptimType, dict[str, float]]] = {
+    "adam": (EmbOptimType.ADAM, {"eps": 1e-8, "beta1": 0.9, "beta2": 0.999, "weight_decay": 0.0}),
+    "sgd": (EmbOptimType.EXACT_SGD, {}),
+    "adagrad": (EmbOptimType.EXACT_ADAGRAD, {"eps": 1e-10}),
+}
+# What fbgemm 1.8's CPU kernels lack (its TBE asserts at construction).
+NO_FUSED_CPU = {"adam"}
+FUSED = EmbeddingComputeKernel.FUSED.value
+
+
+class _RankBatches:
+    """The pipeline's data iterator: this rank's contiguous share of the harness's global
+    batch at steps 0, 1, ..., as a `TorchRecBatch`. The pipeline pulls up to two batches
+    ahead of the step it trains; `issued` remembers what was handed out, in order, so the
+    trainer can check it trains step k when the harness is at step k."""
+
+    def __init__(self, run: RunConfig, rank: int, world_size: int) -> None:
+        self.source = make_batch_source(run.workload, run.seed)
+        self.rank, self.world_size = rank, world_size
+        self.steps = run.workload.steps
+        self.next_step = 0
+        self.issued: collections.deque[tuple[int, int, int, int]] = collections.deque()
+
+    def __iter__(self) -> _RankBatches:
+        return self
+
+    def __next__(self) -> TorchRecBatch:
+        if self.next_step >= self.steps:
+            raise StopIteration
+        with span("data"):
+            glob = self.source.global_batch(self.next_step)
+            local = glob.contiguous_slice(self.rank, self.world_size)
+            batch = TorchRecBatch.from_jagged(local)
+        self.issued.append((self.next_step, glob.global_num_targets,
+                            local.batch_size, local.num_targets))
+        self.next_step += 1
+        return batch
+
+
+class _SpannedOptimizer:
+    """What the pipeline steps: the combined (fused + dense) optimizer, timed. The table
+    updates already happened inside backward; `step` updates the dense part."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        with span("optimizer"):
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Any = None) -> None:
+        with span("optimizer"):
+            self.optimizer.step()
+
+
+class _SpannedForward(nn.Module):
+    """TrainPipelineBase calls its model directly (it has no forward hook of its own)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: TorchRecBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        with span("forward"):
+            return self.model(batch)
+
+
+class _SpannedSparseDistPipeline(TrainPipelineSparseDist):
+    """TrainPipelineSparseDist with the phases it lets a subclass see marked as spans."""
+
+    def _backward(self, losses: torch.Tensor) -> None:
+        with span("backward"):
+            super()._backward(losses)
+
+    def start_sparse_data_dist(self, batch, context) -> None:  # type: ignore[override]
+        with span("input_dist", kind="comm"):
+            super().start_sparse_data_dist(batch, context)
+
+    def wait_sparse_data_dist(self, context) -> None:  # type: ignore[override]
+        with span("input_dist", kind="comm"):
+            super().wait_sparse_data_dist(context)
+
+
+class _SpannedBasePipeline(TrainPipelineBase):
+    def _backward(self, losses: torch.Tensor) -> None:
+        with span("backward"):
+            super()._backward(losses)
+
+
+def fused_params(optimizer: str, lr: float, device: torch.device) -> dict[str, Any]:
+    """The sharders' fused_params: fbgemm's optimizer for the tables."""
+    if optimizer not in FUSED_OPTIMIZERS:
+        raise ConfigError(f"optimizer={optimizer!r}: the torchrec trainer maps only "
+                          f"{', '.join(FUSED_OPTIMIZERS)} to a fused embedding optimizer")
+    if device.type == "cpu" and optimizer in NO_FUSED_CPU:
+        raise ConfigError(f"optimizer={optimizer}: fbgemm has no fused {optimizer} on CPU "
+                          "(and TorchRec's dense kernel cannot serve sequence features on "
+                          "CPU); run the torchrec trainer on CPU with --set optimizer=sgd "
+                          "or --set optimizer=adagrad, or on CUDA")
+    opt_type, constants = FUSED_OPTIMIZERS[optimizer]
+    return {"optimizer": opt_type, "learning_rate": lr, **constants}
+
+
+def table_wise_ranks(sizes: dict[str, int], world_size: int) -> dict[str, int]:
+    """Table -> rank, largest table first onto the least-loaded rank (ties: lowest rank)."""
+    load = [0] * world_size
+    out = {}
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        rank = min(range(world_size), key=lambda r: (load[r], r))
+        out[name] = rank
+        load[rank] += sizes[name]
+    return out
+
+
+def _collections(model: TorchRecModel) -> dict[str, nn.Module]:
+    """Module path -> sharded collection (the keys of the ShardingPlan)."""
+    return {"sequence": model.sequence, "pooled": model.pooled}
+
+
+def _table_shapes(module: nn.Module) -> dict[str, tuple[int, int]]:
+    configs = (module.embedding_configs() if hasattr(module, "embedding_configs")
+               else module.embedding_bag_configs())
+    return {c.name: (c.num_embeddings, c.embedding_dim) for c in configs}
+
+
+def manual_plan(model: TorchRecModel, sharders: dict[str, Any], sharding: str,
+                world_size: int, local_size: int, device_type: str) -> ShardingPlan:
+    """The plan built by hand (CPU: TorchRec's planner proposes row-wise only for CUDA).
+    table_wise: each table whole on one rank, largest first onto the least-loaded rank;
+    row_wise: every table split into N blocks of consecutive rows, block r on rank r."""
+    parts = _collections(model)
+    if sharding == "table_wise":
+        sizes = {name: rows * dim for module in parts.values()
+                 for name, (rows, dim) in _table_shapes(module).items()}
+        ranks = table_wise_ranks(sizes, world_size)
+        make = lambda name: table_wise(rank=ranks[name], compute_kernel=FUSED)
+    else:
+        make = lambda name: row_wise(compute_kernel=FUSED)
+    return ShardingPlan(plan={
+        path: construct_module_sharding_plan(
+            module, {name: make(name) for name in _table_shapes(module)},
+            sharder=sharders[path], local_size=local_size, world_size=world_size,
+            device_type=device_type)
+        for path, module in parts.items()})
+
+
+def planner_plan(model: TorchRecModel, sharders: dict[str, Any], sharding: str,
+                 world_size: int, local_size: int,
+                 process_group: dist.ProcessGroup | None = None) -> ShardingPlan:
+    """The plan from TorchRec's planner for CUDA, every table constrained to the chosen
+    sharding type and the fused kernel; the planner places the shards. With a process
+    group, rank 0 plans and broadcasts (collective_plan). Only planning is exercised
+    without a GPU (tests); training with such a plan is NOT YET RUN ON A GPU."""
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.types import (
+        HardwareConfig,
+        KernelConfig,
+        ParameterConstraints,
+        TopologyFactory,
+        TrainerConfig,
+    )
+
+    constraints = {
+        name: ParameterConstraints(sharding_types=[SHARDINGS[sharding].value],
+                                   compute_kernels=[FUSED])
+        for module in _collections(model).values() for name in _table_shapes(module)
+    }
+    hardware = None
+    if torch.cuda.is_available():  # else TorchRec's default device capacities (planning only)
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        hardware = HardwareConfig(hbm_cap_bytes=props.total_memory)
+    topology = TopologyFactory.create_topology(
+        trainer_config=TrainerConfig(world_size=world_size, local_world_size=local_size),
+        hardware_config=hardware, kernel_config=KernelConfig(compute_device="cuda"))
+    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
+    if process_group is None:
+        return planner.plan(model, list(sharders.values()))
+    return planner.collective_plan(model, list(sharders.values()), process_group)
+
+
+def initial_dense(workload: WorkloadConfig, seed: int) -> DenseArch:
+    """The dense part exactly as `build_model(workload, seed).dense` (same class, same
+    per-parameter seeded init: RecModel.init_weights calls dense.init_weights(seed)),
+    without allocating the replicated tables build_model would also build."""
+    with torch.device("meta"):
+        dense = DenseArch(workload.model, len(workload.context_vocabs), workload.max_seq_len)
+    dense.to_empty(device="cpu")
+    dense.init_weights(seed)
+    return dense
+
+
+@torch.no_grad()
+def load_initial_tables(model: nn.Module, specs, seed: int) -> int:
+    """Copy `initial_table_weight(spec, seed)` into this rank's shards of every table.
+    Returns the number of local shards written."""
+    state = model.state_dict()
+    written = 0
+    for spec in specs:
+        key = (f"sequence.embeddings.{spec.name}.weight" if spec.name == ITEM
+               else f"pooled.embedding_bags.{spec.name}.weight")
+        shards = state[key].local_shards()
+        if not shards:
+            continue
+        full = initial_table_weight(spec, seed)
+        for shard in shards:
+            (r0, c0), (nr, nc) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
+            shard.tensor.copy_(full[r0:r0 + nr, c0:c0 + nc])
+            written += 1
+    return written
+
+
+class TorchRecTrainer:
+    options: dict[str, str] = {"sharding": "table_wise", "pipeline": "sparse"}
+
+    notes = (
+        "TorchRec DMP + train pipeline, fused (fbgemm) table updates inside backward. Spans: "
+        "forward, backward and optimizer are compute and partition the work of progress() "
+        "(no outer train_step span: busy time sums compute spans, so nesting would count it "
+        "twice). data is the pipeline's own iterator, which runs INSIDE the step (the "
+        "pipeline pulls batch k+2 during step k and this trainer rebuilds its share of the "
+        "global batch itself), so unlike other trainers' data it adds to step time (not to "
+        "busy time). input_dist (comm) is the sparse pipeline's start/wait of the NEXT "
+        "batch's id all-to-all, which it overlaps with this batch. TorchRec hides the rest of "
+        "its communication: the embedding lookups and their output all-to-all sit inside "
+        "forward; the embedding-gradient all-to-all, DDP's dense all-reduce and the fused "
+        "table updates sit inside backward (optimizer is only the dense step and zero_grad). "
+        "With pipeline=base the whole input dist also runs inside forward. Pipeline "
+        "bookkeeping between these spans is in no span. Fused Adam (CUDA only) is lazy: rows "
+        "absent from a batch keep weights and moments, unlike torch.optim.Adam in the DDP "
+        "baseline."
+    )
+
+    @staticmethod
+    def validate_options(opts: dict[str, str]) -> None:
+        if opts["sharding"] not in SHARDINGS:
+            raise ConfigError(f"torchrec.sharding={opts['sharding']!r}: choose one of "
+                              f"{', '.join(SHARDINGS)}")
+        if opts["pipeline"] not in PIPELINES:
+            raise ConfigError(f"torchrec.pipeline={opts['pipeline']!r}: choose one of "
+                              f"{', '.join(PIPELINES)}")
+
+    def setup(self, ctx: RankContext, run: RunConfig) -> None:
+        self.ctx, self.run = ctx, run
+        opts = {**type(self).options, **getattr(self, "options", {})}
+        self.validate_options(opts)
+        wl = run.workload
+        if wl.compute == "synthetic":
+            raise ConfigError("the torchrec trainer trains the reference model; "
+                              "compute=synthetic is not supported")
+        if wl.global_batch_size % ctx.world_size:
+            # TorchRec's pooled (EmbeddingBagCollection) dists assume the same local batch
+            # size on every rank unless variable-batch KJTs are used.
+            raise ConfigError(f"the torchrec trainer needs global_batch_size "
+                              f"({wl.global_batch_size}) divisible by the world size "
+                              f"({ctx.world_size})")
+        fused = fused_params(wl.optimizer, wl.lr, ctx.device)
+
+        specs = table_specs(wl.model.dim, wl.item_vocab, wl.user_vocab, wl.context_vocabs)
+        dense = initial_dense(wl, run.seed)
+        # DMP averages dense AND sparse gradients over ranks; scaling the loss by N makes
+        # both the single-process gradient (module docstring). Pin the sparse averaging
+        # this relies on (it is TorchRec's default).
+        set_gradient_division(True)
+        model = TorchRecModel(specs, dense, device="meta", grad_scale=ctx.world_size)
+
+        sharders = {"sequence": EmbeddingCollectionSharder(fused_params=fused),
+                    "pooled": EmbeddingBagCollectionSharder(fused_params=fused)}
+        local_size = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
+        if ctx.device.type == "cuda":  # NOT YET RUN ON A GPU (this path; see planner_plan)
+            self.plan = planner_plan(model, sharders, opts["sharding"], ctx.world_size,
+                                     local_size, ctx.group)
+        else:
+            self.plan = manual_plan(model, sharders, opts["sharding"], ctx.world_size,
+                                    local_size, ctx.device.type)
+        self.dmp = DistributedModelParallel(module=model, device=ctx.device, plan=self.plan,
+                                            sharders=list(sharders.values()))
+        load_initial_tables(self.dmp.module, specs, run.seed)
+
+        # The dense part gets the torch optimizer the DDP trainer uses. The tables are
+        # updated inside backward; DMP's fused_optimizer stands for them (step() is a no-op).
+        # (The collections also list empty placeholder parameters for tables a rank does
+        # not hold; they belong to no optimizer.)
+        dense_params = {n: p for n, p in self.dmp.named_parameters()
+                        if not n.startswith(tuple(f"{c}." for c in _collections(model)))}
+        keyed = KeyedOptimizerWrapper(dense_params, lambda ps: make_optimizer(ps, wl))
+        self.optimizer = CombinedOptimizer([self.dmp.fused_optimizer, keyed])
+        self.dmp.train()
+
+        self.batches = _RankBatches(run, ctx.rank, ctx.world_size)
+        spanned_opt = _SpannedOptimizer(self.optimizer)
+        if opts["pipeline"] == "sparse":
+            dmp = self.dmp
+
+            def timed_forward(batch: TorchRecBatch) -> tuple[torch.Tensor, torch.Tensor]:
+                with span("forward"):
+                    return dmp(batch)
+
+            self.pipeline = _SpannedSparseDistPipeline(
+                model=self.dmp, optimizer=spanned_opt, device=ctx.device,
+                custom_model_fwd=timed_forward)
+        else:
+            self.pipeline = _SpannedBasePipeline(
+                model=_SpannedForward(self.dmp), optimizer=spanned_opt, device=ctx.device)
+        self.steps_done = 0
+
+    def step(self, batch: JaggedBatch) -> StepStats:
+        if batch.step != self.steps_done:
+            raise RuntimeError(f"torchrec trainer: harness step {batch.step} but the pipeline "
+                               f"is at step {self.steps_done}")
+        output = self.pipeline.progress(self.batches)
+        step, global_targets, num_samples, num_targets = self.batches.issued.popleft()
+        if step != batch.step or global_targets != batch.global_num_targets:
+            raise RuntimeError(f"torchrec trainer: trained step {step} of the pipeline's "
+                               f"iterator while the harness is at step {batch.step}")
+        self.steps_done += 1
+        # on CUDA a sync point, after the step's work is queued (as in the DDP trainer)
+        return StepStats(loss=float(output.item()), num_samples=num_samples,
+                         num_targets=num_targets)
+
+    def close(self) -> None:
+        self.pipeline = None
+        self.dmp = None
