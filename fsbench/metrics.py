@@ -7,7 +7,8 @@ num_samples, num_targets, loss). Nothing here reads files or clocks.
 For step k on N ranks:
   T          = last rank's end of its `step` span - first rank's start of it
                (every rank starts the span right after the step's start barrier)
-  busy_r     = thread CPU time of rank r's compute spans in step k
+  busy_r     = thread CPU time of rank r's compute spans in step k (on CUDA runs: their
+               compute-stream time from CUDA events, `gpu_ns`)
   bubble     = sum_r (T - busy_r) / (N T)
   straggler  = sum_r (max_j busy_j - busy_r) / (N T)
   exposed    = bubble - straggler
@@ -35,7 +36,11 @@ def rank_step_busy(spans: pd.DataFrame) -> pd.DataFrame:
         warmup=("warmup", "first"),
     )
     bounds["end_ns"] = bounds["end_ns"] + bounds["dur_ns"]
-    busy = spans[spans["kind"] == "compute"].groupby(["step", "rank"])["cpu_ns"].sum()
+    compute = spans[spans["kind"] == "compute"]
+    # CUDA runs: compute-stream time from CUDA events (gpu_ns) is busy time; on CPU runs
+    # the column is empty and thread CPU time is.
+    col = "gpu_ns" if "gpu_ns" in compute and compute["gpu_ns"].notna().any() else "cpu_ns"
+    busy = compute.groupby(["step", "rank"])[col].sum()
     out = bounds.drop(columns="dur_ns").join(busy.rename("busy_ns"), how="left")
     out["busy_ns"] = out["busy_ns"].fillna(0).astype("int64")
     return out.reset_index()

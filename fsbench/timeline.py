@@ -8,6 +8,8 @@ A record is {rank, step, warmup, name, kind, start_ns, dur_ns, cpu_ns}:
   With one intra-op thread per rank this is the rank's compute time even when ranks
   share cores, and it excludes time blocked in a collective (a blocked thread burns
   no CPU; gloo's own worker threads are not counted).
+- `gpu_ns` (CUDA runs, compute spans only): the compute stream's time between two CUDA
+  events recorded at the span's ends, read at the end of the step.
 - `kind` classifies the span for the metrics: compute | comm | wait | data | step.
 
 Spans never synchronize a device. Lines are buffered in memory and written at the end
@@ -44,16 +46,20 @@ DEFAULT_KINDS = {
 class Timeline:
     """Collects one rank's spans and appends them to `path` as JSON lines."""
 
-    def __init__(self, path: str | os.PathLike | None, rank: int = 0, enabled: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike | None, rank: int = 0, enabled: bool = True,
+                 device: object = None) -> None:
         self.path = Path(path) if path is not None else None
         self.rank = rank
         # enabled=False makes span() free: the baseline of the instrumentation-overhead
         # benchmark (fsbench.overhead).
         self.enabled = enabled
+        # On CUDA, compute spans also record a pair of CUDA events on the current stream:
+        # `gpu_ns` is then the compute stream's time for the span, the GPU busy measure.
+        self.cuda = device is not None and getattr(device, "type", device) == "cuda"
         self.step = -1
         self.warmup = False
-        self._buffer: list[str] = []
-        self.records: list[dict] = []  # kept in memory too, for in-process callers and tests
+        self._pending: list[tuple[dict, object, object]] = []  # (record, start, end event)
+        self._buffer: list[dict] = []
 
     def begin_step(self, step: int, warmup: bool) -> None:
         self.step, self.warmup = step, warmup
@@ -66,6 +72,7 @@ class Timeline:
         kind = kind or DEFAULT_KINDS.get(name)
         if kind not in SPAN_KINDS:
             raise ValueError(f"span {name!r}: kind must be one of {SPAN_KINDS}, got {kind!r}")
+        events = self._cuda_events() if self.cuda and kind == "compute" else None
         cpu0, t0 = time.thread_time_ns(), time.monotonic_ns()
         try:
             yield
@@ -76,18 +83,33 @@ class Timeline:
                 "name": name, "kind": kind,
                 "start_ns": t0, "dur_ns": t1 - t0, "cpu_ns": cpu1 - cpu0,
             }
-            self.records.append(rec)
-            self._buffer.append(json.dumps(rec))
+            if events:
+                events[1].record()
+                self._pending.append((rec, *events))
+            self._buffer.append(rec)
+
+    @staticmethod
+    def _cuda_events():
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()  # enqueued on the current stream; no synchronization
+        return start, end
 
     def flush(self) -> None:
-        if self.path is None or not self._buffer:
-            self._buffer.clear()
-            return
-        # No fsync: once write() returns the lines are in the kernel and survive a
-        # SIGKILL of this process (only a machine crash could lose them), and an fsync per
-        # step would cost milliseconds of step time on slow disks.
-        with open(self.path, "a") as f:
-            f.write("\n".join(self._buffer) + "\n")
+        if self._pending:
+            # note: a CPU-GPU sync point, at the end of a step (after the trainer's own
+            # loss.item() sync, so it waits for nothing the step had not finished).
+            self._pending[-1][2].synchronize()
+            for rec, start, end in self._pending:
+                rec["gpu_ns"] = int(start.elapsed_time(end) * 1e6)
+            self._pending.clear()
+        if self.path is not None and self._buffer:
+            # No fsync: once write() returns the lines are in the kernel and survive a
+            # SIGKILL of this process (only a machine crash could lose them), and an fsync
+            # per step would cost milliseconds of step time on slow disks.
+            with open(self.path, "a") as f:
+                f.write("\n".join(json.dumps(r) for r in self._buffer) + "\n")
         self._buffer.clear()
 
 
@@ -124,5 +146,5 @@ def read_timelines(run_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
                         rows.append(json.loads(line))
                     except json.JSONDecodeError:
                         break  # a torn last line from a killed rank: keep what precedes it
-    cols = ["rank", "step", "warmup", "name", "kind", "start_ns", "dur_ns", "cpu_ns"]
+    cols = ["rank", "step", "warmup", "name", "kind", "start_ns", "dur_ns", "cpu_ns", "gpu_ns"]
     return pd.DataFrame(rows, columns=cols)

@@ -49,3 +49,13 @@ def test_summary_uses_only_measured_steps_and_global_counts():
     assert out["tokens_per_s"] == pytest.approx(80 / 0.2)
     assert out["bubble_ratio"] == pytest.approx(0.0)
     assert out["losses"] == [1.0, 1.0, 1.0, 1.0]
+
+
+def test_busy_is_gpu_stream_time_when_compute_spans_carry_it():
+    """CUDA runs: busy comes from the CUDA events (gpu_ns), not from the host thread."""
+    spans = _spans(0, 0, 0, 100, 10) + _spans(0, 1, 0, 100, 10)
+    for rec, gpu_ms in zip([s for s in spans if s["kind"] == "compute"], (90, 60)):
+        rec["gpu_ns"] = gpu_ms * MS
+    row = metrics.step_metrics(pd.DataFrame(spans)).iloc[0]
+    assert row["busy_max_ms"] == pytest.approx(90)
+    assert row["straggler_bubble_ratio"] == pytest.approx(30 / 200)

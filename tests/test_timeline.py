@@ -44,3 +44,27 @@ def test_read_timelines_keeps_lines_before_a_torn_last_line(tmp_path):
         f.write('{"rank": 1, "step": 1, "na')  # a rank killed mid-write
     df = read_timelines(tmp_path)
     assert len(df) == 1 and bool(df.iloc[0]["warmup"]) is True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_compute_spans_on_cuda_record_compute_stream_time(tmp_path):
+    import torch
+
+    tl = Timeline(tmp_path / "rank-0.jsonl", device=torch.device("cuda"))
+    x = torch.randn(4096, 4096, device="cuda")
+    tl.begin_step(0, warmup=False)
+    with tl.span("forward"):
+        for _ in range(20):
+            x = x @ x / 4096
+    tl.flush()
+    (rec,) = [json.loads(line) for line in (tmp_path / "rank-0.jsonl").read_text().splitlines()]
+    assert rec["gpu_ns"] > 0 and rec["gpu_ns"] > rec["cpu_ns"] / 10
+
+
+def test_cpu_timelines_have_no_gpu_time(tmp_path):
+    tl = Timeline(tmp_path / "rank-0.jsonl", device="cpu")
+    with tl.span("forward"):
+        pass
+    tl.flush()
+    assert "gpu_ns" not in json.loads((tmp_path / "rank-0.jsonl").read_text())

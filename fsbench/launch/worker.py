@@ -28,7 +28,7 @@ from fsbench.workloads import make_batch_source
 def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
     """The measured loop. Step k: make the global batch, barrier, then the timed step."""
     ctx.run_dir = run_dir
-    timeline = Timeline(run_dir / f"rank-{ctx.rank}.jsonl", rank=ctx.rank)
+    timeline = Timeline(run_dir / f"rank-{ctx.rank}.jsonl", rank=ctx.rank, device=ctx.device)
     set_current(timeline)
     source = make_batch_source(run.workload, run.seed)
     trainer = resolve_trainer_class(run.trainer)()
