@@ -14,8 +14,8 @@ section() { printf '\n## %s\n\nMachine: %s\n\nCommand: `%s`\n\n```\n' "$1" "$hos
   section "Ground truth (fsbench validate)" "fsbench validate --world-size 2"
   $FS validate --world-size 2 --out "$OUT" || echo "(at least one case outside the tolerance)"
   echo '```'
-  section "Instrumentation overhead on small" "fsbench overhead --workload small --blocks 10 --steps-per-block 6"
-  $FS overhead --workload small --blocks 10 --steps-per-block 6
+  section "Instrumentation overhead on small" "fsbench overhead --workload small --blocks 22 --steps-per-block 6"
+  $FS overhead --workload small --blocks 22 --steps-per-block 6
   echo '```'
 } > results/measurement_cpu.md
 
