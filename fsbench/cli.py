@@ -8,6 +8,7 @@ and marked so.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections import defaultdict
 
@@ -40,12 +41,18 @@ def build_workload(args: argparse.Namespace) -> WorkloadConfig:
 
     workload = get_workload(args.workload)
     sets, _ = parse_sets(args.set)
-    if args.steps is not None:
-        sets.append(("steps", str(args.steps)))
-    if args.warmup is not None:
-        sets.append(("warmup", str(args.warmup)))
     for key, value in sets:
         workload = override(workload, key, value)
+    if sets:
+        # A changed workload is a different workload: its name says how, so that stored
+        # runs of `small` and of `small+lengths=yelp` are never grouped together.
+        name = f"{args.workload}+" + ",".join(f"{k}={v}" for k, v in sets)
+        workload = dataclasses.replace(workload, name=name)
+    # Step counts change how long a run is measured, not what a step does: same name.
+    if args.steps is not None:
+        workload = override(workload, "steps", str(args.steps))
+    if args.warmup is not None:
+        workload = override(workload, "warmup", str(args.warmup))
     return workload
 
 

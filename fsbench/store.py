@@ -19,6 +19,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import secrets
 import socket
 import subprocess
@@ -72,7 +73,10 @@ def read_json(path: str | os.PathLike) -> dict:
 
 def new_run_id(run: RunConfig) -> str:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return f"{stamp}-{run.workload.name}-{run.trainer}-n{run.world_size}-{secrets.token_hex(3)}"
+    # Workload names of overridden presets carry their --set values (paths, '=', ':').
+    workload = re.sub(r"[^A-Za-z0-9.+-]+", "_", run.workload.name)[:48]
+    trainer = re.sub(r"[^A-Za-z0-9.+-]+", "_", run.trainer)[:32]
+    return f"{stamp}-{workload}-{trainer}-n{run.world_size}-{secrets.token_hex(3)}"
 
 
 def git_sha() -> str | None:

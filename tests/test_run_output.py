@@ -50,3 +50,13 @@ def test_sweep_prints_one_row_per_trainer_and_world_size_with_ratio(tmp_path, ca
     assert all(r[ratio] == "1.00x" for r in rows[2:])
     assert len([d for d in tmp_path.iterdir() if d.is_dir()]) == 2
     assert (tmp_path / "runs.parquet").exists() and (tmp_path / "runs.csv").exists()
+
+
+def test_overridden_workloads_are_named_apart_from_their_preset(tmp_path, capsys):
+    assert main(["run", "--workload", "tiny", "--steps", "3", "--set", "lengths=fixed:4",
+                 "--out", str(tmp_path)]) == 0
+    (run_dir,) = [d for d in tmp_path.iterdir() if d.is_dir()]
+    manifest = read_json(run_dir / "manifest.json")
+    assert manifest["workload"] == "tiny+lengths=fixed:4"
+    assert manifest["config"]["workload"]["steps"] == 3
+    assert "-tiny+lengths_fixed_4-ddp-n1-" in run_dir.name
