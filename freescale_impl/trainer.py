@@ -1,6 +1,7 @@
 """FreeScaleTrainer: FreeScale's techniques as switches (`--set freescale.<key>=value`).
 
-Implemented here: (1) load-balanced input samples (`balance`). Every rank computes the
+Implemented here: (1) load-balanced input samples (`balance`), optionally also across
+`micro_batches` of gradient accumulation inside each rank. Every rank computes the
 same plan from the global batch's lengths (the data is replicated, so no communication
 is needed), trains its planned subset, and normalizes its loss by the global target
 count, so the summed gradient equals the unbalanced run's on the same global batch.
@@ -38,7 +39,7 @@ class FreeScaleTrainer(DataParallelTrainer):
     # kk by default: it meets the 5 ms planning target at 256 ranks (best_of runs KK and
     # LPT, ~7 ms there) and beats LPT on most real-shaped batches (benchmarks/).
     options = {"balance": "on", "partitioner": "kk", "cost": "auto", "window": "1",
-               "max_tokens": "0"}
+               "max_tokens": "0", "micro_batches": "1"}
 
     @staticmethod
     def validate_options(opts: dict[str, str]) -> None:
@@ -46,7 +47,7 @@ class FreeScaleTrainer(DataParallelTrainer):
             if opts[key] not in allowed:
                 raise ConfigError(f"freescale.{key}={opts[key]!r} is not allowed; choose one "
                                   f"of: {', '.join(allowed)}")
-        for key, minimum in (("window", 1), ("max_tokens", 0)):
+        for key, minimum in (("window", 1), ("max_tokens", 0), ("micro_batches", 1)):
             if not opts[key].isdigit() or int(opts[key]) < minimum:
                 raise ConfigError(f"freescale.{key}={opts[key]!r} must be an integer >= {minimum}")
 
@@ -57,6 +58,7 @@ class FreeScaleTrainer(DataParallelTrainer):
         self.partitioner = PARTITIONERS[opts["partitioner"]]
         self.window = int(opts["window"])
         self.max_tokens = int(opts["max_tokens"]) or None
+        self.micro_batches = int(opts["micro_batches"])
         # Calibrations live in the results store that holds this run.
         store_dir = Path(ctx.run_dir).parent if ctx.run_dir else None
         self.cost = cost_model(run.workload, store_dir, run.device, opts["cost"])
@@ -114,6 +116,19 @@ class FreeScaleTrainer(DataParallelTrainer):
             plan = self._plan(batch.lengths.numpy())
             self._record(plan)
             return batch.select(plan.assignment[self.ctx.rank])
+
+    def local_microbatches(self, batch: JaggedBatch) -> list[JaggedBatch]:
+        """This rank's planned samples, split into `micro_batches` of balanced cost for
+        gradient accumulation (memory: a micro-batch holds ~1/M of the rank's work)."""
+        local = self.local_samples(batch)
+        if self.micro_batches == 1:
+            return [local]
+        with span("plan", kind="data"):
+            costs = self.cost(local.lengths.numpy())
+            plan = partition.balance_microbatches(costs, np.arange(local.batch_size),
+                                                  self.micro_batches, self.partitioner)
+            micro = [local.select(idx) for idx in plan.assignment if len(idx)]
+        return micro or [local]
 
     def step(self, batch: JaggedBatch) -> StepStats:
         stats = super().step(batch)

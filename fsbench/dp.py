@@ -7,6 +7,8 @@ trainers compute the same function on the same global batch by construction.
 """
 from __future__ import annotations
 
+import contextlib
+
 from torch.nn.parallel import DistributedDataParallel
 
 from fsbench.config import RunConfig
@@ -36,23 +38,33 @@ class DataParallelTrainer:
         """This rank's share of the global batch (subclasses decide)."""
         raise NotImplementedError
 
+    def local_microbatches(self, batch: JaggedBatch) -> list[JaggedBatch]:
+        """This rank's share as gradient-accumulation micro-batches (default: one)."""
+        return [self.local_samples(batch)]
+
     def step(self, batch: JaggedBatch) -> StepStats:
-        local = self.local_samples(batch).to(self.ctx.device)
-        with span("forward"):
-            loss = self.model(local)
-        with span("backward"):
-            # The loss is already normalized by the global target count; DDP *averages*
-            # gradients over ranks, so scale by N to make the reduced gradient the sum over
-            # ranks, i.e. exactly the single-process gradient of the global batch.
-            # DDP's all-reduce runs inside this span (bucketed, overlapped with backward);
-            # its wait shows as wall time without thread CPU time.
-            (loss * self.ctx.world_size).backward()
+        micro = [m.to(self.ctx.device) for m in self.local_microbatches(batch)]
+        loss_sum = 0.0
+        for i, local in enumerate(micro):
+            # Gradients accumulate locally; DDP all-reduces only with the last micro-batch.
+            sync = contextlib.nullcontext() if i == len(micro) - 1 else self.model.no_sync()
+            with sync:
+                with span("forward"):
+                    loss = self.model(local)
+                with span("backward"):
+                    # The loss is already normalized by the global target count; DDP
+                    # *averages* gradients over ranks, so scale by N to make the reduced
+                    # gradient the sum over ranks, i.e. exactly the single-process gradient
+                    # of the global batch. DDP's all-reduce runs inside this span (bucketed,
+                    # overlapped with backward); its wait shows as wall time without CPU time.
+                    (loss * self.ctx.world_size).backward()
+            # note: on CUDA this is a CPU-GPU sync point, after the micro-batch is queued
+            loss_sum += loss.item()
         with span("optimizer"):
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        # note: on CUDA this is a CPU-GPU sync point, after the step's work is queued
-        return StepStats(loss=loss.item(), num_samples=local.batch_size,
-                         num_targets=local.num_targets)
+        return StepStats(loss=loss_sum, num_samples=sum(m.batch_size for m in micro),
+                         num_targets=sum(m.num_targets for m in micro))
 
     def close(self) -> None:
         pass

@@ -8,6 +8,7 @@ import torch
 from fsbench.config import RunConfig
 from fsbench.models import build_model
 from fsbench.runner import read_step_stats, run_once
+from fsbench.timeline import read_timelines
 from fsbench.workloads import make_batch_source
 from fsbench.workloads.presets import tiny
 
@@ -31,6 +32,8 @@ TRAINERS = {
     "freescale_balanced": ("trainers_for_tests:GradDumpFreeScale", {"balance": "on"}),
     "freescale_balanced_lpt": ("trainers_for_tests:GradDumpFreeScale",
                                {"balance": "on", "partitioner": "lpt"}),
+    "freescale_balanced_3_microbatches": ("trainers_for_tests:GradDumpFreeScale",
+                                          {"balance": "on", "micro_batches": "3"}),
 }
 
 
@@ -50,6 +53,10 @@ def test_loss_and_gradients_equal_single_process(name, tmp_path, monkeypatch, ra
     step0 = stats[stats["step"] == 0]
     assert len(step0) == world_size and step0["num_samples"].sum() == workload.global_batch_size
     assert abs(step0["loss"].sum() - ref_loss) <= 1e-5 * abs(ref_loss)
+    if "micro_batches" in options:  # every rank really accumulated over that many passes
+        spans = read_timelines(run_dir)
+        forwards = spans[(spans["step"] == 0) & (spans["name"] == "forward")]
+        assert (forwards.groupby("rank").size() == int(options["micro_batches"])).all()
     if "freescale" in name:  # the balanced plan must really differ from the contiguous split
         batch = make_batch_source(workload, 7).global_batch(0)
         contiguous = [batch.contiguous_slice(r, world_size).num_targets for r in range(world_size)]
