@@ -2,8 +2,9 @@
 
 Implemented here: (1) load-balanced input samples (`balance`), optionally also across
 `micro_batches` of gradient accumulation inside each rank. Every rank computes the
-same plan from the global batch's lengths (the data is replicated, so no communication
-is needed), trains its planned subset, and normalizes its loss by the global target
+same plan from the global batch's lengths (with `data=replicated` every rank holds them,
+so no communication is needed; with `data=sharded` each rank holds its shard and one
+all-gather of lengths precedes the plan), trains its planned subset, and normalizes its loss by the global target
 count, so the summed gradient equals the unbalanced run's on the same global batch.
 
 With `window=K > 1` the samples of K consecutive global batches are re-packed so that
@@ -16,6 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
+import torch.distributed as dist
 
 from fsbench.config import ConfigError, RunConfig
 from fsbench.dist import RankContext
@@ -23,7 +26,7 @@ from fsbench.dp import DataParallelTrainer
 from fsbench.timeline import span
 from fsbench.trainer import StepStats
 from fsbench.workloads import make_batch_source
-from fsbench.workloads.batch import JaggedBatch, concat_batches
+from fsbench.workloads.batch import JaggedBatch, concat_batches, contiguous_split
 from freescale_impl import partition
 from freescale_impl.balance import cost_model
 
@@ -32,6 +35,7 @@ CHOICES = {
     "balance": ("on", "off"),
     "partitioner": tuple(PARTITIONERS),
     "cost": ("auto", "calibrated", "analytical"),
+    "data": ("replicated", "sharded"),
 }
 
 
@@ -39,7 +43,7 @@ class FreeScaleTrainer(DataParallelTrainer):
     # kk by default: it meets the 5 ms planning target at 256 ranks (best_of runs KK and
     # LPT, ~7 ms there) and beats LPT on most real-shaped batches (benchmarks/).
     options = {"balance": "on", "partitioner": "kk", "cost": "auto", "window": "1",
-               "max_tokens": "0", "micro_batches": "1"}
+               "max_tokens": "0", "micro_batches": "1", "data": "replicated"}
 
     @staticmethod
     def validate_options(opts: dict[str, str]) -> None:
@@ -50,6 +54,9 @@ class FreeScaleTrainer(DataParallelTrainer):
         for key, minimum in (("window", 1), ("max_tokens", 0), ("micro_batches", 1)):
             if not opts[key].isdigit() or int(opts[key]) < minimum:
                 raise ConfigError(f"freescale.{key}={opts[key]!r} must be an integer >= {minimum}")
+        if opts["data"] == "sharded" and opts["window"] != "1":
+            raise ConfigError("freescale.window > 1 needs freescale.data=replicated (a window "
+                              "reads future batches, which a rank's shard does not hold)")
 
     def setup(self, ctx: RankContext, run: RunConfig) -> None:
         super().setup(ctx, run)
@@ -59,6 +66,7 @@ class FreeScaleTrainer(DataParallelTrainer):
         self.window = int(opts["window"])
         self.max_tokens = int(opts["max_tokens"]) or None
         self.micro_batches = int(opts["micro_batches"])
+        self.sharded = opts["data"] == "sharded"
         # Calibrations live in the results store that holds this run.
         store_dir = Path(ctx.run_dir).parent if ctx.run_dir else None
         self.cost = cost_model(run.workload, store_dir, run.device, opts["cost"])
@@ -108,12 +116,28 @@ class FreeScaleTrainer(DataParallelTrainer):
         step_targets = sum(int(self._window_batches[off].lengths[idx]) for off, idx in ws.samples)
         return concat_batches(parts, batch.negative_ids, step_targets, step)
 
+    def _gather_lengths(self, batch: JaggedBatch) -> np.ndarray:
+        """Sharded data: this rank's loader holds only its contiguous shard, so the plan
+        needs one all-gather of every shard's lengths (the only communication balancing
+        costs). The planned samples are then read by index from the (random-access)
+        source: here the generator, a pure function of (seed, step)."""
+        n, rank = self.ctx.world_size, self.ctx.rank
+        shards = contiguous_split(batch.batch_size, n)
+        width = max(len(s) for s in shards)
+        mine = torch.zeros(width, dtype=torch.int64)
+        mine[:len(shards[rank])] = batch.lengths[shards[rank]]
+        parts = [torch.empty_like(mine) for _ in range(n)]
+        with span("all_gather", kind="comm"):
+            dist.all_gather(parts, mine.to(self.ctx.device), group=self.ctx.group)
+        return torch.cat([p[:len(s)].cpu() for p, s in zip(parts, shards)]).numpy()
+
     def local_samples(self, batch: JaggedBatch) -> JaggedBatch:
+        lengths = self._gather_lengths(batch) if self.sharded else batch.lengths.numpy()
         # Planning is input preparation on every rank (no communication): a `data` span.
         with span("plan", kind="data"):
             if self.window > 1 and self.balance:
                 return self._windowed_samples(batch)
-            plan = self._plan(batch.lengths.numpy())
+            plan = self._plan(lengths)
             self._record(plan)
             return batch.select(plan.assignment[self.ctx.rank])
 

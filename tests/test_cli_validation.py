@@ -19,6 +19,14 @@ from fsbench.cli import main
     (["run", "--workload", "tiny", "--set", "ddp.bogus=1"], "--set ddp.bogus: unknown option of trainer 'ddp'"),
     (["run", "--workload", "tiny", "--world-size", "9"], "world_size=9 exceeds global_batch_size=8"),
     (["run", "--workload", "tiny", "--warmup", "4"], "warmup=4 must be >= 0 and < steps=4"),
+    (["run", "--workload", "tiny", "--trainer", "freescale", "--set", "freescale.partitioner=greedy"],
+     "freescale.partitioner='greedy' is not allowed; choose one of: kk, lpt, best"),
+    (["run", "--workload", "tiny", "--trainer", "freescale", "--set", "freescale.window=0"],
+     "freescale.window='0' must be an integer >= 1"),
+    (["run", "--workload", "tiny", "--trainer", "freescale", "--set", "freescale.data=sharded",
+      "--set", "freescale.window=2"], "freescale.window > 1 needs freescale.data=replicated"),
+    (["run", "--workload", "tiny", "--trainer", "deepspeed", "--set", "deepspeed.zero_stage=5"],
+     "deepspeed.zero_stage='5' is not allowed"),
 ])
 def test_bad_input_gets_one_line_and_exit_code_2(argv, expected, capsys, tmp_path):
     code = main(argv + ["--out", str(tmp_path)])

@@ -34,6 +34,8 @@ TRAINERS = {
                                {"balance": "on", "partitioner": "lpt"}),
     "freescale_balanced_3_microbatches": ("trainers_for_tests:GradDumpFreeScale",
                                           {"balance": "on", "micro_batches": "3"}),
+    "freescale_balanced_sharded_data": ("trainers_for_tests:GradDumpFreeScale",
+                                        {"balance": "on", "data": "sharded"}),
 }
 
 
@@ -57,6 +59,10 @@ def test_loss_and_gradients_equal_single_process(name, tmp_path, monkeypatch, ra
         spans = read_timelines(run_dir)
         forwards = spans[(spans["step"] == 0) & (spans["name"] == "forward")]
         assert (forwards.groupby("rank").size() == int(options["micro_batches"])).all()
+    if options.get("data") == "sharded":  # the plan's lengths came through an all-gather
+        spans = read_timelines(run_dir)
+        assert (spans[spans["name"] == "all_gather"]["kind"] == "comm").all()
+        assert set(spans[spans["name"] == "all_gather"]["rank"]) == set(range(world_size))
     if "freescale" in name:  # the balanced plan must really differ from the contiguous split
         batch = make_batch_source(workload, 7).global_batch(0)
         contiguous = [batch.contiguous_slice(r, world_size).num_targets for r in range(world_size)]
