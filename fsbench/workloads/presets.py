@@ -65,10 +65,6 @@ WORKLOADS: dict[str, Callable[[], WorkloadConfig]] = {
 }
 
 
-def workload_names() -> list[str]:
-    return list(WORKLOADS)
-
-
 def get_workload(name: str) -> WorkloadConfig:
     if name not in WORKLOADS:
         raise ConfigError(f"workload={name!r} is unknown; choose one of: {', '.join(WORKLOADS)}")
