@@ -2,7 +2,7 @@
 
 Usage in a rank's worker::
 
-    monitor = RankMonitor(device, interval_s=0.05)   # construct before warm-up
+    monitor = RankMonitor(device, interval_s=0.1)    # construct before warm-up
     ...warm-up steps...
     monitor.start()                                   # at the first measured step
     ...measured steps...
@@ -48,8 +48,10 @@ MIB = 1024 * 1024
 
 # NVML's GPM docs: "the interval between two nvmlGpmSampleGet() calls must be greater
 # than 100 ms due to the internal sample refresh rate"; shorter windows give zeros or
-# stale values. The monitor's tick can be shorter (0.05 s), so GPM metrics are computed
+# stale values. With a tick shorter than that (interval_s < 0.1), GPM metrics are computed
 # only on ticks at least this far from the previous GPM sample; other rows hold None.
+# The default tick is 0.1 s: each tick takes the GIL, and a Python-bound training thread
+# (e.g. the ground-truth spin) then loses that time; at 0.05 s it cost ~1% of wall time.
 GPM_MIN_WINDOW_NS = 100_000_000
 
 SAMPLE_KEYS = ("time_ns", "cpu_util_percent", "rss_mib", "gpu_util_percent",
@@ -272,7 +274,7 @@ class RankMonitor:
     None of these raise on sampling failures; see `errors`.
     """
 
-    def __init__(self, device: Any = None, interval_s: float = 0.05) -> None:
+    def __init__(self, device: Any = None, interval_s: float = 0.1) -> None:
         import torch
 
         if not interval_s > 0:
