@@ -216,8 +216,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     table = report_table(runs, baseline)
     print(f"workload={args.workload} steps={make(baseline, 1).workload.steps} "
           f"repeats={args.repeats} (medians over measured steps, then over repeats)")
+    spread = ["samples_per_s_spread"] if args.repeats > 1 else []
     print(format_table(table, ["trainer", "world_size", "repeats"] + RUN_COLUMNS[2:-2]
-                       + [f"throughput_vs_{baseline}", "oversubscribed"]))
+                       + [f"throughput_vs_{baseline}"] + spread + ["oversubscribed"]))
     if table["oversubscribed"].any():
         print("oversub=yes: more busy threads than cores; step time, bubble and throughput "
               "measure time-sharing there, load imbalance stays valid.")

@@ -79,6 +79,8 @@ def report_table(runs: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     g = runs.groupby(KEYS, sort=False)
     table = g[MEDIANS].median()
     table["repeats"] = g.size()
+    # Spread of throughput over repeats, (max - min) / median: how far to trust a ratio.
+    table["samples_per_s_spread"] = (g["samples_per_s"].max() - g["samples_per_s"].min()) / table["samples_per_s"]
     table["oversubscribed"] = g["oversubscribed"].any()
     table = table.reset_index()
     table["scaling_efficiency"] = table["samples_per_s"] / (
@@ -90,8 +92,8 @@ def report_table(runs: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     wl = {w: i for i, w in enumerate(dict.fromkeys(table["workload"]))}
     table = table.assign(_w=table["workload"].map(wl), _t=table["trainer"].map(order))
     table = table.sort_values(["_w", "simulated", "_t", "world_size"], kind="stable")
-    cols = KEYS + ["repeats"] + MEDIANS + ["scaling_efficiency", f"throughput_vs_{baseline}",
-                                           "oversubscribed"]
+    cols = KEYS + ["repeats"] + MEDIANS + ["samples_per_s_spread", "scaling_efficiency",
+                                           f"throughput_vs_{baseline}", "oversubscribed"]
     return table[cols].reset_index(drop=True)
 
 

@@ -14,6 +14,7 @@ COLUMNS: dict[str, tuple[str, object]] = {
     "repeats": ("repeats", str),
     "step_time_ms_median": ("step ms", lambda v: f"{v:.1f}"),
     "samples_per_s": ("samples/s", lambda v: f"{v:.1f}"),
+    "samples_per_s_spread": ("samples/s spread %", _pct),
     "tokens_per_s": ("tokens/s", lambda v: f"{v:.0f}"),
     "bubble_ratio": ("bubble %", _pct),
     "straggler_bubble_ratio": ("straggler %", _pct),

@@ -58,6 +58,7 @@ def test_report_table_medians_scaling_and_baseline_ratios(runs):
     assert (d1["repeats"], d1["samples_per_s"], d1["step_time_ms_median"]) == (3, 110.0, 11.0)
     assert d1["bubble_ratio"] == pytest.approx(0.2) and d1["tokens_per_s"] == 1100.0
     assert d1["scaling_efficiency"] == 1.0 and d1["throughput_vs_ddp"] == 1.0
+    assert d1["samples_per_s_spread"] == pytest.approx((120 - 100) / 110)  # over repeats
     d2 = _row(table, "ddp", 2)
     assert d2["samples_per_s"] == 190.0 and d2["step_time_ms_median"] == 21.0
     assert d2["scaling_efficiency"] == pytest.approx(190 / (2 * 110))
