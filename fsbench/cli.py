@@ -59,6 +59,11 @@ def build_workload(args: argparse.Namespace) -> WorkloadConfig:
 def make_run_factory(args: argparse.Namespace, trainers: list[str]):
     """Validate everything up front (before any rank starts), then return a factory."""
     workload = build_workload(args)
+    if args.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no CUDA device is visible "
+                              "(torch.cuda.is_available() is False); use --device cpu")
     _, trainer_sets = parse_sets(args.set)
     for name in trainer_sets:
         if name not in trainers:

@@ -4,7 +4,12 @@ import pytest
 from fsbench.cli import main
 
 
+NO_CUDA = not __import__("torch").cuda.is_available()
+
+
 @pytest.mark.parametrize("argv, expected", [
+    pytest.param(["run", "--workload", "tiny", "--device", "cuda"], "--device cuda: no CUDA device",
+                 marks=pytest.mark.skipif(not NO_CUDA, reason="a CUDA device is visible")),
     (["run", "--workload", "huge"], "workload='huge' is unknown; choose one of: tiny, small"),
     (["run", "--workload", "tiny", "--trainer", "magic"], "trainer='magic' is unknown; choose one of: ddp, torchrec, deepspeed, freescale"),
     (["run", "--workload", "tiny", "--world-size", "0"], "--world-size=0 must be >= 1"),
