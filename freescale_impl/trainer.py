@@ -40,8 +40,9 @@ CHOICES = {
 
 
 class FreeScaleTrainer(DataParallelTrainer):
-    # kk by default: it meets the 5 ms planning target at 256 ranks (best_of runs KK and
-    # LPT, ~7 ms there) and beats LPT on most real-shaped batches (benchmarks/).
+    # kk by default: it beats LPT on most real-shaped batches and plans 8k samples onto
+    # 256 ranks in ~3-6 ms, about the 5 ms target (best_of runs both, ~6-9 ms; lpt is the
+    # fastest, ~3.5 ms): see benchmarks/bench_partition.py.
     options = {"balance": "on", "partitioner": "kk", "cost": "auto", "window": "1",
                "max_tokens": "0", "micro_batches": "1", "data": "replicated"}
 
