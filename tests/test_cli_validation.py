@@ -55,3 +55,20 @@ def test_list_names_workloads_length_presets_and_trainers(capsys):
     out = capsys.readouterr().out
     for name in ["tiny", "small", "medium", "large", "amazon-beauty", "kuairand-1k", "ddp"]:
         assert name in out
+
+
+@pytest.mark.parametrize("trainer, module", [("deepspeed", "deepspeed"), ("torchrec", "torchrec"),
+                                             ("torchrec", "fbgemm_gpu")])
+def test_missing_framework_names_the_extra_to_install(trainer, module, tmp_path):
+    """A trainer whose framework is not installed: one line naming the extra, exit 2."""
+    import subprocess
+    import sys
+
+    code = (f"import sys; sys.modules[{module!r}] = None\n"  # as if it were not installed
+            "from fsbench.cli import main\n"
+            f"sys.exit(main(['run', '--workload', 'tiny', '--trainer', {trainer!r}, "
+            f"'--out', {str(tmp_path)!r}]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and f"pip install -e '.[{trainer}]'" in err[0], err
