@@ -201,7 +201,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from fsbench.report import report_table
     from fsbench.runner import sweep
-    from fsbench.table import format_table
+    from fsbench.table import format_table, progress
 
     if args.repeats < 1:
         raise ConfigError(f"--repeats={args.repeats} must be >= 1")
@@ -209,14 +209,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError("--world-sizes is empty; give e.g. 1,2")
     make = make_run_factory(args, args.trainers)
 
-    def progress(plan):
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            return plan
-        return tqdm(plan, desc="runs", unit="run", file=sys.stderr, leave=False)
-
-    runs = sweep(make, args.trainers, args.world_sizes, args.repeats, args.out, progress)
+    runs = sweep(make, args.trainers, args.world_sizes, args.repeats, args.out,
+                 lambda plan: progress(plan, "runs", "run"))
     baseline = args.trainers[0]
     table = report_table(runs, baseline)
     print(f"workload={args.workload} steps={make(baseline, 1).workload.steps} "
@@ -272,6 +266,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from fsbench.calibrate import calibrate, fit_path
+    from fsbench.table import progress
 
     args.steps = args.warmup = None
     workload = build_workload(args)
@@ -280,11 +275,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     import torch
     torch.set_num_threads(1)  # the per-rank setting: costs must match what ranks see
 
-    def progress(lengths):
-        from tqdm import tqdm
-        return tqdm(lengths, desc="lengths", file=sys.stderr, leave=False)
-
-    fit = calibrate(workload, args.out, device=args.device, repeats=args.repeats, progress=progress)
+    fit = calibrate(workload, args.out, device=args.device, repeats=args.repeats,
+                    progress=lambda lengths: progress(lengths, "lengths", "length"))
     print(f"cost(L) = {fit.a:.4g} L^2 + {fit.b:.4g} L + {fit.c:.4g} ms   R^2 = {fit.r2:.4f}   "
           f"({fit.model} on {fit.device})")
     print("| L | measured ms/sample | fit ms/sample |\n|--:|--:|--:|")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from fsbench.config import RunConfig
@@ -44,7 +45,7 @@ class DataParallelTrainer:
 
     def step(self, batch: JaggedBatch) -> StepStats:
         micro = [m.to(self.ctx.device) for m in self.local_microbatches(batch)]
-        loss_sum = 0.0
+        losses = []
         for i, local in enumerate(micro):
             # Gradients accumulate locally; DDP all-reduces only with the last micro-batch.
             sync = contextlib.nullcontext() if i == len(micro) - 1 else self.model.no_sync()
@@ -58,11 +59,12 @@ class DataParallelTrainer:
                     # of the global batch. DDP's all-reduce runs inside this span (bucketed,
                     # overlapped with backward); its wait shows as wall time without CPU time.
                     (loss * self.ctx.world_size).backward()
-            # note: on CUDA this is a CPU-GPU sync point, after the micro-batch is queued
-            loss_sum += loss.item()
+            losses.append(loss.detach())
         with span("optimizer"):
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+        # note: on CUDA this is the step's one CPU-GPU sync point, after all work is queued
+        loss_sum = float(torch.stack(losses).sum())
         return StepStats(loss=loss_sum, num_samples=sum(m.batch_size for m in micro),
                          num_targets=sum(m.num_targets for m in micro))
 

@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import html
 import os
-import sys
 from pathlib import Path
-from typing import Iterable
 
 import pandas as pd
 
 from fsbench import metrics, store
 from fsbench.config import ConfigError
-from fsbench.table import formatted, markdown
+from fsbench.table import formatted, markdown, progress
 
 FORMATS = {"md": "md", "latex": "tex", "csv": "csv", "html": "html"}
 KEYS = ["workload", "trainer", "world_size", "simulated"]
@@ -162,16 +160,6 @@ def render(table: pd.DataFrame, fmt: str) -> str:
 
 # ---------------------------------------------------------------------------- selection
 
-def _progress(items: list, desc: str) -> Iterable:
-    if len(items) < PROGRESS_MIN_RUNS:
-        return items
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return items
-    return tqdm(items, desc=desc, unit="run", file=sys.stderr, leave=False)
-
-
 def select_runs(run_dirs: list[str], runs_root: str | os.PathLike, workload: str | None = None,
                 trainers: list[str] | None = None) -> pd.DataFrame:
     """Explicit run dirs (each must be a complete run), or every complete run under
@@ -187,7 +175,7 @@ def select_runs(run_dirs: list[str], runs_root: str | os.PathLike, workload: str
             raise ConfigError(f"--runs {root}: no such directory")
         dirs = sorted(d for d in root.iterdir() if d.is_dir())
     rows = []
-    for d in _progress(dirs, "reading runs"):
+    for d in progress(dirs, "reading runs", "run", min_items=PROGRESS_MIN_RUNS):
         row = store.run_row(d)
         if row is None and run_dirs:
             raise ConfigError(f"{d} is not a run directory (unreadable manifest.json)")

@@ -1,7 +1,9 @@
-"""Plain-text tables for the terminal (markdown-compatible), with units in the headers."""
+"""Terminal output: plain-text tables (markdown-compatible, units in the headers) and
+progress bars on stderr."""
 from __future__ import annotations
 
 import math
+import sys
 
 import pandas as pd
 
@@ -64,3 +66,16 @@ def markdown(cells: pd.DataFrame) -> str:
 def format_table(df: pd.DataFrame, columns: list[str] | None = None) -> str:
     """Markdown pipe table of `columns` (those present in df, in that order)."""
     return markdown(formatted(df, columns))
+
+
+def progress(items, desc: str, unit: str = "it", min_items: int = 1):
+    """`items`, wrapped in a tqdm bar on stderr when there are at least `min_items` of
+    them (and tqdm is installed); stdout stays clean for tables."""
+    items = list(items)
+    if len(items) < min_items:
+        return items
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc=desc, unit=unit, file=sys.stderr, leave=False)
