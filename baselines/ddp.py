@@ -7,9 +7,10 @@ gradients during backward.
 from __future__ import annotations
 
 from fsbench.dp import DataParallelTrainer
-from fsbench.workloads.batch import JaggedBatch
+from fsbench.inputs import ContiguousShare
+from fsbench.trainer import Preparer
 
 
 class DDPTrainer(DataParallelTrainer):
-    def local_samples(self, batch: JaggedBatch) -> JaggedBatch:
-        return batch.contiguous_slice(self.ctx.rank, self.ctx.world_size)
+    def make_preparer(self) -> Preparer:
+        return ContiguousShare(self.source, self.ctx.rank, self.ctx.world_size)

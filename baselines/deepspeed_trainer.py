@@ -81,14 +81,22 @@ warnings.filterwarnings(
     "ignore", category=FutureWarning,
     message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")
 
+from dataclasses import dataclass
+from typing import Literal
+
 from fsbench.config import ConfigError, RunConfig
 from fsbench.dist import RankContext
+from fsbench.inputs import ContiguousShare
 from fsbench.models import build_model
+from fsbench.options import TrainerOptions
 from fsbench.timeline import span
-from fsbench.trainer import StepStats
-from fsbench.workloads.batch import JaggedBatch
+from fsbench.trainer import Preparer, StepStats
 
-ZERO_STAGES = ("0", "1", "2", "3")
+
+@dataclass(frozen=True, kw_only=True)
+class DeepSpeedOptions(TrainerOptions):
+    zero_stage: Literal["0", "1", "2", "3"] = "2"
+    """ZeRO stage: 0 plain data parallel, 1 optimizer state, 2 + gradients, 3 + parameters."""
 
 
 def ds_config(run: RunConfig, world_size: int, zero_stage: int) -> dict:
@@ -141,7 +149,8 @@ def ds_config(run: RunConfig, world_size: int, zero_stage: int) -> dict:
 class DeepSpeedTrainer:
     """DeepSpeed engine over the shared model; ZeRO stage via `--set deepspeed.zero_stage`."""
 
-    options: dict[str, str] = {"zero_stage": "2"}
+    Options = DeepSpeedOptions
+    options: DeepSpeedOptions
 
     # Checked by counting torch.distributed calls per span (2 ranks, gloo, DeepSpeed
     # 0.19.8 defaults; the `small` model is 1.68M parameters in one bucket).
@@ -162,16 +171,8 @@ class DeepSpeedTrainer:
         "1e5 elements) and a scalar all-reduce."
     )
 
-    @staticmethod
-    def validate_options(opts: dict[str, str]) -> None:
-        stage = opts.get("zero_stage", "2")
-        if stage not in ZERO_STAGES:
-            raise ConfigError(f"deepspeed.zero_stage={stage!r} is not allowed; "
-                              f"choose one of: {', '.join(ZERO_STAGES)}")
-
-    def setup(self, ctx: RankContext, run: RunConfig) -> None:
-        self.validate_options(self.options)
-        self.ctx, self.run = ctx, run
+    def setup(self, ctx: RankContext, run: RunConfig, source) -> None:
+        self.ctx, self.run, self.source = ctx, run, source
         accel = get_accelerator().device_name()
         if accel != ctx.device.type:
             raise ConfigError(f"device={ctx.device.type!r} but DeepSpeed's accelerator is "
@@ -183,7 +184,7 @@ class DeepSpeedTrainer:
         deepspeed.init_distributed(dist_backend=ctx.backend, verbose=False)
         if dist.group.WORLD is not world_before or ds_comm.get_world_size() != ctx.world_size:
             raise RuntimeError("deepspeed.init_distributed did not reuse fsbench's process group")
-        self.zero_stage = int(self.options["zero_stage"])
+        self.zero_stage = int(self.options.zero_stage)
         self.config = ds_config(run, ctx.world_size, self.zero_stage)
         model = build_model(run.workload, seed=run.seed).to(ctx.device)
         # initialize broadcasts rank 0's weights (as DDP does); build_model is seeded, so
@@ -206,8 +207,12 @@ class DeepSpeedTrainer:
         that tests override to prove a wrong scale is caught)."""
         return float(dp_world_size)
 
-    def step(self, batch: JaggedBatch) -> StepStats:
-        local = batch.contiguous_slice(self.ctx.rank, self.ctx.world_size).to(self.ctx.device)
+    def make_preparer(self) -> Preparer:
+        return ContiguousShare(self.source, self.ctx.rank, self.ctx.world_size)
+
+    def step(self, inputs) -> StepStats:
+        prepared = next(inputs)
+        (local,) = prepared.batches
         with span("forward"):
             loss = self.engine(local)
         with span("backward"):
@@ -216,7 +221,7 @@ class DeepSpeedTrainer:
             # Updates (this rank's partition of) the parameters and zeroes the gradients.
             self.engine.step()
         return StepStats(loss=loss.item(), num_samples=local.batch_size,
-                         num_targets=local.num_targets)
+                         num_targets=local.num_targets, step=prepared.step)
 
     def close(self) -> None:
         engine = getattr(self, "engine", None)

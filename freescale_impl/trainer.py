@@ -1,20 +1,30 @@
 """FreeScaleTrainer: FreeScale's techniques as switches (`--set freescale.<key>=value`).
 
 Implemented here: (1) load-balanced input samples (`balance`), optionally also across
-`micro_batches` of gradient accumulation inside each rank. Every rank computes the
-same plan from the global batch's lengths (with `data=replicated` every rank holds them,
-so no communication is needed; with `data=sharded` each rank holds its shard and one
-all-gather of lengths precedes the plan), trains its planned subset, and normalizes its loss by the global target
+`micro_batches` of gradient accumulation inside each rank. The plan is input preparation:
+`BalancedShare` computes it from the global batch's lengths inside the harness's input
+pipeline (a loader worker, ahead of the step), the same on every rank, so with
+`data=replicated` no communication is needed and no planning sits on the step's critical
+path. Each rank trains its planned subset and normalizes its loss by the global target
 count, so the summed gradient equals the unbalanced run's on the same global batch.
 
 With `window=K > 1` the samples of K consecutive global batches are re-packed so that
 each step is balanced even when single samples ("whales") exceed a rank's fair share:
 every sample is still trained exactly once per window, but a step's samples then come
-from any batch of its window (the documented deviation from the original batches).
+from any batch of its window (the documented deviation from the original batches). Only
+whole windows are measured (`step_alignment`).
+
+With `data=sharded` each rank's loader holds only its contiguous shard: the lengths of
+all shards are all-gathered inside the step (a `comm` span) and the plan and the read of
+the planned samples follow there (an `input` span: the step waits for them). The read
+is by index from the batch source, which stands in for random-access storage; moving
+the samples themselves between ranks is not built yet.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -23,139 +33,166 @@ import torch.distributed as dist
 from fsbench.config import ConfigError, RunConfig
 from fsbench.dist import RankContext
 from fsbench.dp import DataParallelTrainer
+from fsbench.options import TrainerOptions
 from fsbench.timeline import span
-from fsbench.trainer import StepStats
-from fsbench.workloads import make_batch_source
+from fsbench.trainer import Preparer, StepInput, StepStats, measured_steps
 from fsbench.workloads.batch import JaggedBatch, concat_batches, contiguous_split
 from freescale_impl import partition
-from freescale_impl.balance import cost_model
+from freescale_impl.balance import CostModel, cost_model
 
 PARTITIONERS = {"kk": partition.karmarkar_karp, "lpt": partition.lpt, "best": partition.best_of}
-CHOICES = {
-    "balance": ("on", "off"),
-    "partitioner": tuple(PARTITIONERS),
-    "cost": ("auto", "calibrated", "analytical"),
-    "data": ("replicated", "sharded"),
-}
+
+
+@dataclass(frozen=True, kw_only=True)
+class FreeScaleOptions(TrainerOptions):
+    balance: Literal["on", "off"] = "on"
+    """Cost-balanced samples per rank, or the baselines' contiguous split."""
+    # kk by default: it beats LPT on most real-shaped batches and plans 8k samples onto
+    # 256 ranks in ~3-6 ms (best runs both, ~6-9 ms; lpt is the fastest, ~3.5 ms):
+    # see benchmarks/bench_partition.py.
+    partitioner: Literal["kk", "lpt", "best"] = "kk"
+    cost: Literal["auto", "calibrated", "analytical"] = "auto"
+    window: int = field(default=1, metadata={"min": 1})
+    """Re-pack K consecutive batches so whales share a step."""
+    max_tokens: int = field(default=0, metadata={"min": 0})
+    """Per-rank token cap (0: none)."""
+    micro_batches: int = field(default=1, metadata={"min": 1})
+    data: Literal["replicated", "sharded"] = "replicated"
+
+    def check(self, prefix: str) -> None:
+        if self.data == "sharded" and self.window != 1:
+            raise ConfigError(f"{prefix}.window > 1 needs {prefix}.data=replicated (a window "
+                              "reads future batches, which a rank's shard does not hold)")
+
+
+class BalancedShare:
+    """FreeScale's input stage for one rank: step -> this rank's planned micro-batches.
+    Pure in the step (a window's plan is cached, and recomputed on a miss), picklable."""
+
+    def __init__(self, source, rank: int, world_size: int, cost: CostModel,
+                 opts: FreeScaleOptions, steps: int) -> None:
+        self.source, self.rank, self.world_size = source, rank, world_size
+        self.cost, self.opts, self.steps = cost, opts, steps
+        self.partitioner = PARTITIONERS[opts.partitioner]
+        self._window: tuple[int, list[JaggedBatch], dict[int, partition.WindowStep]] | None = None
+
+    def __call__(self, step: int) -> StepInput:
+        if self.opts.window > 1 and self.opts.balance == "on":
+            local, plan = self._windowed(step)
+        else:
+            batch = self.source.global_batch(step)
+            plan = self.plan(batch.lengths.numpy())
+            local = batch.select(plan.assignment[self.rank])
+        return StepInput(step, self.micro(local), local.batch_size, local.num_targets,
+                         self.plan_stats(plan))
+
+    def plan(self, lengths: np.ndarray) -> partition.Plan:
+        costs, n = self.cost(lengths), self.world_size
+        if self.opts.balance == "off":
+            return partition.contiguous(costs, n)
+        if self.opts.max_tokens:
+            return partition.lpt(costs, n, tokens=lengths, max_tokens_per_rank=self.opts.max_tokens)
+        return self.partitioner(costs, n)
+
+    def plan_stats(self, plan: partition.Plan) -> dict:
+        return {"predicted_cost": float(plan.loads[self.rank]), "plan_max": plan.max_load,
+                "plan_mean": plan.mean_load, "plan_lower_bound": plan.lower_bound,
+                "cost_unit": self.cost.unit}
+
+    def micro(self, local: JaggedBatch) -> list[JaggedBatch]:
+        """The rank's samples as `micro_batches` of balanced cost for gradient
+        accumulation (memory: a micro-batch holds ~1/M of the rank's work)."""
+        if self.opts.micro_batches == 1:
+            return [local]
+        plan = partition.balance_microbatches(self.cost(local.lengths.numpy()),
+                                              np.arange(local.batch_size),
+                                              self.opts.micro_batches, self.partitioner)
+        return [local.select(idx) for idx in plan.assignment if len(idx)] or [local]
+
+    def _windowed(self, step: int) -> tuple[JaggedBatch, partition.Plan]:
+        k = self.opts.window
+        start = step - step % k
+        if self._window is None or self._window[0] != start:
+            batches = [self.source.global_batch(s) for s in range(start, min(start + k, self.steps))]
+            plans = partition.lookahead_window([self.cost(b.lengths.numpy()) for b in batches],
+                                               self.world_size, k, partitioner=self.partitioner)
+            self._window = (start, batches, {start + i: p for i, p in enumerate(plans)})
+        _, batches, steps = self._window
+        ws = steps[step]
+        by_batch: dict[int, list[int]] = {}
+        for off, idx in (ws.samples[i] for i in ws.plan.assignment[self.rank]):
+            by_batch.setdefault(off, []).append(idx)  # one select per source batch
+        parts = [batches[off].select(idx) for off, idx in sorted(by_batch.items())]
+        step_targets = sum(int(batches[off].lengths[idx]) for off, idx in ws.samples)
+        return concat_batches(parts, batches[step - start].negative_ids, step_targets, step), ws.plan
+
+
+class ShardLengths:
+    """The input stage of `data=sharded`: this rank's shard of step k (its lengths are all
+    this rank's loader knows before the step's all-gather)."""
+
+    def __init__(self, source, rank: int, world_size: int) -> None:
+        self.source, self.rank, self.world_size = source, rank, world_size
+
+    def __call__(self, step: int) -> StepInput:
+        batch = self.source.global_batch(step)
+        shard = contiguous_split(batch.batch_size, self.world_size)[self.rank]
+        return StepInput(step, [], 0, 0, {"shard_lengths": batch.lengths[shard].tolist()})
 
 
 class FreeScaleTrainer(DataParallelTrainer):
-    # kk by default: it beats LPT on most real-shaped batches and plans 8k samples onto
-    # 256 ranks in ~3-6 ms, about the 5 ms target (best_of runs both, ~6-9 ms; lpt is the
-    # fastest, ~3.5 ms): see benchmarks/bench_partition.py.
-    options = {"balance": "on", "partitioner": "kk", "cost": "auto", "window": "1",
-               "max_tokens": "0", "micro_batches": "1", "data": "replicated"}
+    Options = FreeScaleOptions
+    options: FreeScaleOptions
 
-    @staticmethod
-    def validate_options(opts: dict[str, str]) -> None:
-        for key, allowed in CHOICES.items():
-            if opts[key] not in allowed:
-                raise ConfigError(f"freescale.{key}={opts[key]!r} is not allowed; choose one "
-                                  f"of: {', '.join(allowed)}")
-        for key, minimum in (("window", 1), ("max_tokens", 0), ("micro_batches", 1)):
-            if not opts[key].isdigit() or int(opts[key]) < minimum:
-                raise ConfigError(f"freescale.{key}={opts[key]!r} must be an integer >= {minimum}")
-        if opts["data"] == "sharded" and opts["window"] != "1":
-            raise ConfigError("freescale.window > 1 needs freescale.data=replicated (a window "
-                              "reads future batches, which a rank's shard does not hold)")
+    @classmethod
+    def check_run(cls, run: RunConfig) -> None:
+        """Before any rank starts: a window needs whole windows to measure."""
+        opts = cls.Options.parse(run.trainer_options, prefix="freescale")
+        measured_steps(run.workload.warmup, run.workload.steps, opts.window)
 
-    def setup(self, ctx: RankContext, run: RunConfig) -> None:
-        super().setup(ctx, run)
+    def setup(self, ctx: RankContext, run: RunConfig, source) -> None:
+        super().setup(ctx, run, source)
         opts = self.options
-        self.balance = opts["balance"] == "on"
-        self.partitioner = PARTITIONERS[opts["partitioner"]]
-        self.window = int(opts["window"])
-        self.max_tokens = int(opts["max_tokens"]) or None
-        self.micro_batches = int(opts["micro_batches"])
-        self.sharded = opts["data"] == "sharded"
+        self.step_alignment = opts.window
         # Calibrations live in the results store that holds this run.
         store_dir = Path(ctx.run_dir).parent if ctx.run_dir else None
-        self.cost = cost_model(run.workload, store_dir, run.device, opts["cost"])
+        self.cost = cost_model(run.workload, store_dir, run.device, opts.cost)
         if ctx.is_main:
-            print(f"freescale: balance={opts['balance']} partitioner={opts['partitioner']} "
-                  f"window={self.window} cost model: {self.cost.source}", flush=True)
-        self._source = make_batch_source(run.workload, run.seed) if self.window > 1 else None
-        self._window_steps: dict[int, partition.WindowStep] = {}
-        self._plan_stats: dict = {}
+            print(f"freescale: balance={opts.balance} partitioner={opts.partitioner} "
+                  f"window={opts.window} data={opts.data} cost model: {self.cost.source}",
+                  flush=True)
+        self.balanced = BalancedShare(source, ctx.rank, ctx.world_size, self.cost, opts,
+                                      run.workload.steps)
 
-    # -- planning ----------------------------------------------------------------
+    def make_preparer(self) -> Preparer:
+        if self.options.data == "sharded":
+            return ShardLengths(self.source, self.ctx.rank, self.ctx.world_size)
+        return self.balanced
 
-    def _plan(self, lengths: np.ndarray) -> partition.Plan:
-        costs = self.cost(lengths)
-        if not self.balance:
-            return partition.contiguous(costs, self.ctx.world_size)
-        if self.max_tokens:
-            return partition.lpt(costs, self.ctx.world_size, tokens=lengths,
-                                 max_tokens_per_rank=self.max_tokens)
-        return self.partitioner(costs, self.ctx.world_size)
+    def step(self, inputs) -> StepStats:
+        if self.options.data == "sharded":
+            inputs = iter([self._sharded_input(next(inputs))])
+        return super().step(inputs)
 
-    def _record(self, plan: partition.Plan) -> None:
-        self._plan_stats = {
-            "predicted_cost": float(plan.loads[self.ctx.rank]),
-            "plan_max": plan.max_load, "plan_mean": plan.mean_load,
-            "plan_lower_bound": plan.lower_bound, "cost_unit": self.cost.unit,
-        }
+    def _sharded_input(self, shard: StepInput) -> StepInput:
+        """All-gather every shard's lengths (the only communication balancing costs), then
+        plan and read the planned samples: the step waits for both."""
+        lengths = self._gather_lengths(shard.extra["shard_lengths"])
+        with span("plan_and_read", kind="input"):
+            plan = self.balanced.plan(lengths)
+            batch = self.source.global_batch(shard.step)  # random-access read stand-in
+            local = batch.select(plan.assignment[self.ctx.rank])
+            prepared = StepInput(shard.step, self.balanced.micro(local), local.batch_size,
+                                 local.num_targets, self.balanced.plan_stats(plan))
+        return prepared.to(self.ctx.device)
 
-    def _windowed_samples(self, batch: JaggedBatch) -> JaggedBatch:
-        step, k = batch.step, self.window
-        if step not in self._window_steps:
-            start = step - step % k
-            end = min(start + k, self.run.workload.steps)
-            batches = [self._source.global_batch(s) for s in range(start, end)]
-            self._window_batches = batches
-            plans = partition.lookahead_window(
-                [self.cost(b.lengths.numpy()) for b in batches], self.ctx.world_size, k,
-                partitioner=self.partitioner)
-            self._window_steps = {start + i: p for i, p in enumerate(plans)}
-        ws = self._window_steps[step]
-        self._record(ws.plan)
-        mine = [ws.samples[i] for i in ws.plan.assignment[self.ctx.rank]]
-        by_batch: dict[int, list[int]] = {}
-        for off, idx in mine:  # one select per source batch, not per sample
-            by_batch.setdefault(off, []).append(idx)
-        parts = [self._window_batches[off].select(idx) for off, idx in sorted(by_batch.items())]
-        step_targets = sum(int(self._window_batches[off].lengths[idx]) for off, idx in ws.samples)
-        return concat_batches(parts, batch.negative_ids, step_targets, step)
-
-    def _gather_lengths(self, batch: JaggedBatch) -> np.ndarray:
-        """Sharded data: this rank's loader holds only its contiguous shard, so the plan
-        needs one all-gather of every shard's lengths (the only communication balancing
-        costs). The planned samples are then read by index from the (random-access)
-        source: here the generator, a pure function of (seed, step)."""
-        n, rank = self.ctx.world_size, self.ctx.rank
-        shards = contiguous_split(batch.batch_size, n)
+    def _gather_lengths(self, mine_list: list[int]) -> np.ndarray:
+        n = self.ctx.world_size
+        shards = contiguous_split(self.run.workload.global_batch_size, n)
         width = max(len(s) for s in shards)
         mine = torch.zeros(width, dtype=torch.int64)
-        mine[:len(shards[rank])] = batch.lengths[shards[rank]]
+        mine[:len(mine_list)] = torch.tensor(mine_list, dtype=torch.int64)
         parts = [torch.empty_like(mine) for _ in range(n)]
         with span("all_gather", kind="comm"):
             dist.all_gather(parts, mine.to(self.ctx.device), group=self.ctx.group)
         return torch.cat([p[:len(s)].cpu() for p, s in zip(parts, shards)]).numpy()
-
-    def local_samples(self, batch: JaggedBatch) -> JaggedBatch:
-        lengths = self._gather_lengths(batch) if self.sharded else batch.lengths.numpy()
-        # Planning is input preparation on every rank (no communication): a `data` span.
-        with span("plan", kind="data"):
-            if self.window > 1 and self.balance:
-                return self._windowed_samples(batch)
-            plan = self._plan(lengths)
-            self._record(plan)
-            return batch.select(plan.assignment[self.ctx.rank])
-
-    def local_microbatches(self, batch: JaggedBatch) -> list[JaggedBatch]:
-        """This rank's planned samples, split into `micro_batches` of balanced cost for
-        gradient accumulation (memory: a micro-batch holds ~1/M of the rank's work)."""
-        local = self.local_samples(batch)
-        if self.micro_batches == 1:
-            return [local]
-        with span("plan", kind="data"):
-            costs = self.cost(local.lengths.numpy())
-            plan = partition.balance_microbatches(costs, np.arange(local.batch_size),
-                                                  self.micro_batches, self.partitioner)
-            micro = [local.select(idx) for idx in plan.assignment if len(idx)]
-        return micro or [local]
-
-    def step(self, batch: JaggedBatch) -> StepStats:
-        stats = super().step(batch)
-        stats.extra = dict(self._plan_stats)
-        return stats

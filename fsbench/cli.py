@@ -12,13 +12,12 @@ import dataclasses
 import sys
 from collections import defaultdict
 
+from fsbench.columns import FLAGS, RUN_VIEW
 from fsbench.config import ConfigError, RunConfig, WorkloadConfig, override
-from fsbench.trainer import TRAINERS, trainer_names, trainer_options
+from fsbench.trainer import TRAINERS, resolve_trainer_class, trainer_names, trainer_options
 
 DEFAULT_OUT = "runs"
-RUN_COLUMNS = ["trainer", "world_size", "step_time_ms_median", "samples_per_s", "tokens_per_s",
-               "bubble_ratio", "straggler_bubble_ratio", "exposed_comm_ratio",
-               "load_imbalance", "sm_occupancy", "oversubscribed"]
+RUN_COLUMNS = ["trainer", "world_size", *RUN_VIEW, *FLAGS]
 
 
 def parse_sets(pairs: list[str]) -> tuple[list[tuple[str, str]], dict[str, dict[str, str]]]:
@@ -74,11 +73,14 @@ def make_run_factory(args: argparse.Namespace, trainers: list[str]):
     def make(trainer: str, world_size: int) -> RunConfig:
         return RunConfig(workload=workload, trainer=trainer, world_size=world_size,
                          seed=args.seed, device=args.device, threads_per_rank=args.threads,
-                         trainer_options=options[trainer])
+                         trainer_options=options[trainer], input_workers=args.input_workers)
 
     for t in trainers:  # RunConfig's own checks (world size vs batch, ...) fail here, early
+        check_run = getattr(resolve_trainer_class(t), "check_run", None)
         for n in args.world_sizes:
-            make(t, n)
+            run = make(t, n)
+            if check_run:
+                check_run(run)
     return make
 
 
@@ -95,6 +97,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a workload field (e.g. lengths=yelp, model.dim=32, "
                         "lengths=hist:PATH) or a trainer switch (<trainer>.<key>=value)")
+    p.add_argument("--input-workers", type=int, default=1,
+                   help="data-loader worker processes per rank preparing inputs ahead "
+                        "(0: prepare inline, all of it input stall); default: %(default)s")
 
 
 def _csv(kind):
@@ -184,6 +189,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_writable_dir(path: str) -> None:
+    try:  # TEMP
+        from fsbench.store import check_writable_dir as check
+    except ImportError:
+        return
+
+    check(path)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -192,6 +206,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     args.world_sizes = [args.world_size]
     make = make_run_factory(args, [args.trainer])
+    check_writable_dir(args.out)
     run_dir, summary = run_once(make(args.trainer, args.world_size), args.out)
     print(format_table(pd.DataFrame([summary]), RUN_COLUMNS))
     print(f"run stored in {run_dir}")
@@ -208,6 +223,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not args.world_sizes:
         raise ConfigError("--world-sizes is empty; give e.g. 1,2")
     make = make_run_factory(args, args.trainers)
+    check_writable_dir(args.out)
 
     runs = sweep(make, args.trainers, args.world_sizes, args.repeats, args.out,
                  lambda plan: progress(plan, "runs", "run"))
@@ -216,11 +232,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(f"workload={args.workload} steps={make(baseline, 1).workload.steps} "
           f"repeats={args.repeats} (medians over measured steps, then over repeats)")
     spread = ["samples_per_s_spread"] if args.repeats > 1 else []
-    print(format_table(table, ["trainer", "world_size", "repeats"] + RUN_COLUMNS[2:-2]
-                       + [f"throughput_vs_{baseline}"] + spread + ["oversubscribed"]))
+    print(format_table(table, ["trainer", "world_size", "repeats", *RUN_VIEW,
+                               f"throughput_vs_{baseline}", *spread, *FLAGS]))
     if table["oversubscribed"].any():
         print("oversub=yes: more busy threads than cores; step time, bubble and throughput "
               "measure time-sharing there, load imbalance stays valid.")
+    if table["contended"].any():
+        print("contended=yes: another process took CPU time during the run (cpu wait); "
+              "wall-clock columns measure it too. Rerun on a quiet machine.")
     print(f"runs stored in {args.out}/")
     return 0
 
@@ -237,6 +256,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from fsbench.report import check_format, render, select_runs, write_report
 
     check_format(args.format)  # before reading any run
+    check_writable_dir(args.out)
     runs = select_runs(args.run_dirs, args.runs, args.workload, args.trainers)
     table, written = write_report(runs, args.baseline, args.format, args.out, args.step_run,
                                   plots=not args.no_plots)

@@ -25,6 +25,11 @@ class RankContext:
     device: torch.device
     backend: str
     group: dist.ProcessGroup | None  # the default (world) group
+    barrier_group: dist.ProcessGroup | None = None
+    """The harness's start-of-step barrier only. Collectives on one gloo group run in
+    order, so a barrier on the trainer's group would wait for communication the trainer
+    issued in step k for step k+1 and hide it outside the timed step; its own group
+    cannot. (gloo also on CUDA: a CPU barrier, no device stream involved.)"""
     run_dir: Path | None = None
     """Where this run's files go (its parent is the results store)."""
 
@@ -33,7 +38,7 @@ class RankContext:
         return self.rank == 0
 
     def barrier(self) -> None:
-        dist.barrier(group=self.group)
+        dist.barrier(group=self.barrier_group or self.group)
 
 
 def env_rank() -> tuple[int, int, int]:
@@ -63,8 +68,9 @@ def init_distributed(backend: str, device: str, timeout_s: float = 300.0) -> Ran
         backend=backend, rank=rank, world_size=world,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
+    barrier_group = dist.new_group(backend="gloo")  # collective: every rank creates it
     return RankContext(rank=rank, world_size=world, local_rank=local, device=dev,
-                       backend=backend, group=dist.group.WORLD)
+                       backend=backend, group=dist.group.WORLD, barrier_group=barrier_group)
 
 
 def shutdown() -> None:

@@ -1,8 +1,8 @@
 """A data-parallel trainer skeleton: replicated model, gradients all-reduced by DDP.
 
 Trainers that differ only in *which samples each rank takes* subclass it and override
-`local_samples`: the naive baseline takes a contiguous slice, FreeScale a cost-balanced
-plan. Everything else (model, loss normalization, optimizer, spans) is shared, so such
+`make_preparer` (the input stage the harness runs ahead of each step): the naive baseline
+takes a contiguous slice, FreeScale a cost-balanced plan. Everything else (model, loss normalization, optimizer, spans) is shared, so such
 trainers compute the same function on the same global batch by construction.
 """
 from __future__ import annotations
@@ -17,17 +17,17 @@ from fsbench.dist import RankContext
 from fsbench.models import build_model
 from fsbench.optim import make_optimizer
 from fsbench.timeline import span
-from fsbench.trainer import StepStats
-from fsbench.workloads.batch import JaggedBatch
+from fsbench.trainer import Preparer, StepInput, StepStats
 
 
 class DataParallelTrainer:
-    options: dict[str, str] = {}
+    options: object = None
+    step_alignment = 1  # steps per unit of measurement (fsbench.trainer.measured_steps)
     notes = ("DDP's gradient all-reduce runs inside the backward span (bucketed, overlapped "
              "with backward); its wait shows as wall time without thread CPU time.")
 
-    def setup(self, ctx: RankContext, run: RunConfig) -> None:
-        self.ctx, self.run = ctx, run
+    def setup(self, ctx: RankContext, run: RunConfig, source) -> None:
+        self.ctx, self.run, self.source = ctx, run, source
         model = build_model(run.workload, seed=run.seed).to(ctx.device)
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         # DDP broadcasts rank 0's weights at construction; build_model is seeded, so the
@@ -35,16 +35,13 @@ class DataParallelTrainer:
         self.model = DistributedDataParallel(model, device_ids=device_ids)
         self.optimizer = make_optimizer(self.model.parameters(), run.workload)
 
-    def local_samples(self, batch: JaggedBatch) -> JaggedBatch:
-        """This rank's share of the global batch (subclasses decide)."""
+    def make_preparer(self) -> Preparer:
+        """This rank's input stage: step -> its micro-batches (subclasses decide)."""
         raise NotImplementedError
 
-    def local_microbatches(self, batch: JaggedBatch) -> list[JaggedBatch]:
-        """This rank's share as gradient-accumulation micro-batches (default: one)."""
-        return [self.local_samples(batch)]
-
-    def step(self, batch: JaggedBatch) -> StepStats:
-        micro = [m.to(self.ctx.device) for m in self.local_microbatches(batch)]
+    def step(self, inputs) -> StepStats:
+        prepared: StepInput = next(inputs)
+        micro = prepared.batches
         losses = []
         for i, local in enumerate(micro):
             # Gradients accumulate locally; DDP all-reduces only with the last micro-batch.
@@ -65,8 +62,9 @@ class DataParallelTrainer:
             self.optimizer.zero_grad(set_to_none=True)
         # note: on CUDA this is the step's one CPU-GPU sync point, after all work is queued
         loss_sum = float(torch.stack(losses).sum())
-        return StepStats(loss=loss_sum, num_samples=sum(m.batch_size for m in micro),
-                         num_targets=sum(m.num_targets for m in micro))
+        return StepStats(loss=loss_sum, num_samples=prepared.num_samples,
+                         num_targets=prepared.num_targets, extra=prepared.extra or None,
+                         step=prepared.step)
 
     def close(self) -> None:
         pass

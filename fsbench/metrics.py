@@ -1,76 +1,143 @@
 """Metrics: pure functions from timeline DataFrames to tables, as ARCHITECTURE.md defines them.
 
-Input: one row per span (rank, step, warmup, name, kind, start_ns, dur_ns, cpu_ns), as
-`fsbench.timeline.read_timelines` returns, plus per-rank step stats (rank, step,
-num_samples, num_targets, loss). Nothing here reads files or clocks.
+Input: one row per span (rank, step, warmup, name, kind, start_ns, dur_ns, cpu_ns,
+runq_ns[, gpu_ns]), as `fsbench.timeline.read_timelines` returns, plus per-rank step
+stats (rank, step, num_samples, num_targets, loss). Nothing here reads files or clocks.
 
 For step k on N ranks:
   T          = last rank's end of its `step` span - first rank's start of it
                (every rank starts the span right after the step's start barrier)
-  busy_r     = thread CPU time of rank r's compute spans in step k (on CUDA runs: their
-               compute-stream time from CUDA events, `gpu_ns`)
-  bubble     = sum_r (T - busy_r) / (N T)
-  straggler  = sum_r (max_j busy_j - busy_r) / (N T)
-  exposed    = bubble - straggler
+  busy_r     = thread CPU time of rank r's compute spans in step k (CUDA runs: the union
+               of its compute kernels from the profiler, else CUDA-event time, `gpu_ns`)
+  idle_r     = T - busy_r;  bubble = sum_r idle_r / (N T)
+  idle_r splits into four causes that sum to it exactly (`rank_causes`):
+    straggler_r = max_j busy_j - busy_r                 (idle caused by imbalance)
+    exposed_r   = communication waits not hidden by compute: comm/wait spans, and time
+                  a compute span was blocked (wall - CPU - run-queue wait: a collective
+                  waited on inside backward), less the straggler share found there
+    input_r     = waiting for the step's input (`input` spans)
+    other_r     = the rest: time outside the rank's step span (barrier release skew, end
+                  skew), Python between spans, run-queue waits (a busy neighbour)
+  The straggler share is taken out of the waits it shows up in, in this order: a faster
+  rank waits for the slowest at its next collective (comm), else at the step's end
+  (other), else for input. Each cause's ratio is sum_r cause_r / (N T).
   imbalance  = sum_r (max_j busy_j - busy_r) / (N max_j busy_j)
   skew       = max_j busy_j / median_r busy_r
+  cpu_wait   = sum_r run-queue wait in the step span / sum_r step span wall time
+
+Summaries are totals over measured steps: sum of each cause over sum of N T, samples
+and tokens over summed T; per-step p10/p50/p90 beside them.
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-STEP_COLUMNS = [
-    "step", "step_time_ms", "busy_max_ms", "busy_mean_ms", "bubble_ratio",
-    "straggler_bubble_ratio", "exposed_comm_ratio", "load_imbalance",
-]
+CAUSES = ("straggler", "exposed_comm", "input_stall", "other_idle")
+# A run is `contended` when its ranks' compute threads waited for a CPU for more than
+# this share of their step time (Linux run-queue wait): a neighbour process took cores.
+# Quiet runs on the 2-core CI machine measure 0.1-2% (gloo's threads, the loader worker,
+# the monitor); one extra busy process measures 15-40% (results/measurement_cpu.md).
+CONTENDED_CPU_WAIT = 0.05
+
+
+def rank_step_table(spans: pd.DataFrame, gpu_busy: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per (step, rank): the step span's start/end, busy time and the raw waits
+    (ns) of the spans inside the step span: comm_wait_ns, input_wait_ns, runq_ns.
+
+    gpu_busy (CUDA runs, optional): per (step, rank) `busy_ns` from the profiler's kernel
+    record (fsbench.kineto), with `comm_ns` and `comm_overlap_ns`; it replaces every
+    other busy measure, and its exposed communication kernel time is the comm wait."""
+    if "runq_ns" not in spans:  # timelines written before run-queue waits were recorded
+        spans = spans.assign(runq_ns=0)
+    steps = spans[spans["kind"] == "step"]
+    bounds = steps.groupby(["step", "rank"]).agg(
+        start_ns=("start_ns", "min"), dur_ns=("dur_ns", "max"), warmup=("warmup", "first"),
+        step_runq_ns=("runq_ns", "sum"))
+    bounds["end_ns"] = bounds["start_ns"] + bounds["dur_ns"]
+    window = bounds[["start_ns", "end_ns"]].rename(columns=lambda c: f"{c}_step")
+    inner = spans[spans["kind"] != "step"].join(window, on=["step", "rank"])
+    # Only spans inside the timed step count (the start barrier precedes it).
+    inner = inner[(inner["start_ns"] >= inner["start_ns_step"])
+                  & (inner["start_ns"] + inner["dur_ns"] <= inner["end_ns_step"])]
+    runq = inner["runq_ns"].fillna(0)
+    compute = inner["kind"] == "compute"
+    use_events = "gpu_ns" in inner and inner.loc[compute, "gpu_ns"].notna().any()
+    busy_col = "gpu_ns" if use_events else "cpu_ns"
+    blocked = (inner["dur_ns"] - inner["cpu_ns"] - runq).clip(lower=0)
+    inner = inner.assign(
+        busy=np.where(compute, inner[busy_col].fillna(0), 0),
+        comm=np.where(inner["kind"].isin(["comm", "wait"]), inner["dur_ns"],
+                      np.where(compute & ~use_events, blocked, 0)),
+        input=np.where(inner["kind"] == "input", inner["dur_ns"], 0))
+    sums = inner.groupby(["step", "rank"])[["busy", "comm", "input"]].sum()
+    out = bounds.join(sums, how="left").fillna({"busy": 0, "comm": 0, "input": 0})
+    out = out.rename(columns={"busy": "busy_ns", "comm": "comm_wait_ns", "input": "input_wait_ns",
+                              "step_runq_ns": "runq_ns", "dur_ns": "span_ns"})
+    if gpu_busy is not None and len(gpu_busy):
+        g = gpu_busy.set_index(["step", "rank"])
+        out["busy_ns"] = g["busy_ns"].reindex(out.index).fillna(0)
+        out["comm_wait_ns"] = (g["comm_ns"] - g["comm_overlap_ns"]).reindex(out.index).fillna(0)
+    for col in ("busy_ns", "comm_wait_ns", "input_wait_ns", "runq_ns"):
+        out[col] = out[col].astype("int64")
+    return out.reset_index()
 
 
 def rank_step_busy(spans: pd.DataFrame) -> pd.DataFrame:
     """One row per (step, rank): step span start/end and busy time (ns)."""
-    steps = spans[spans["kind"] == "step"]
-    bounds = steps.groupby(["step", "rank"]).agg(
-        start_ns=("start_ns", "min"),
-        end_ns=("start_ns", "max"),
-        dur_ns=("dur_ns", "max"),
-        warmup=("warmup", "first"),
-    )
-    bounds["end_ns"] = bounds["end_ns"] + bounds["dur_ns"]
-    compute = spans[spans["kind"] == "compute"]
-    # CUDA runs: compute-stream time from CUDA events (gpu_ns) is busy time; on CPU runs
-    # the column is empty and thread CPU time is.
-    col = "gpu_ns" if "gpu_ns" in compute and compute["gpu_ns"].notna().any() else "cpu_ns"
-    busy = compute.groupby(["step", "rank"])[col].sum()
-    out = bounds.drop(columns="dur_ns").join(busy.rename("busy_ns"), how="left")
-    out["busy_ns"] = out["busy_ns"].fillna(0).astype("int64")
-    return out.reset_index()
+    return rank_step_table(spans)[["step", "rank", "start_ns", "end_ns", "warmup", "busy_ns"]]
 
 
-def step_metrics(spans: pd.DataFrame) -> pd.DataFrame:
-    """One row per step with the definitions above (warm-up steps included, flagged)."""
-    per_rank = rank_step_busy(spans)
+def rank_causes(t: float, busy: np.ndarray, comm: np.ndarray, inp: np.ndarray) -> dict[str, np.ndarray]:
+    """Each rank's idle time T - busy_r split into the four causes (module docstring);
+    they sum to it exactly, rank by rank."""
+    idle = t - busy
+    straggler = busy.max() - busy
+    room = np.maximum(idle, 0.0)
+    # Waits cannot exceed the idle time (they can by clock granularity, or where a GPU's
+    # record and a CPU's spans disagree): clip, and let `other` hold the rest.
+    input_stall = np.minimum(inp, room)
+    comm = np.minimum(comm, room - input_stall)
+    other = idle - comm - input_stall
+    rest = straggler.copy()
+    for part in ("comm", "other", "input"):
+        pool = {"comm": comm, "other": other, "input": input_stall}[part]
+        take = np.clip(np.minimum(rest, pool), 0.0, None)
+        pool -= take
+        rest -= take
+    other -= rest  # only where T < max busy (granularity): keeps the sum exact
+    return {"idle": idle, "straggler": straggler, "exposed_comm": comm,
+            "input_stall": input_stall, "other_idle": other}
+
+
+def step_metrics(spans: pd.DataFrame, gpu_busy: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per step with the definitions above (unmeasured steps included, flagged),
+    plus the sums (ns) that summaries total: idle_ns, <cause>_ns, capacity_ns = N T."""
+    per_rank = rank_step_table(spans, gpu_busy)
     rows = []
     for step, g in per_rank.groupby("step"):
         t = float(g["end_ns"].max() - g["start_ns"].min())
         busy = g["busy_ns"].to_numpy(dtype=float)
-        n, bmax = len(busy), busy.max()
-        bubble = float(np.sum(t - busy) / (n * t)) if t > 0 else 0.0
-        straggler = float(np.sum(bmax - busy) / (n * t)) if t > 0 else 0.0
-        rows.append({
-            "step": int(step),
-            "warmup": bool(g["warmup"].iloc[0]),
-            "num_ranks": n,
-            "step_time_ms": t / 1e6,
-            "busy_max_ms": bmax / 1e6,
-            "busy_mean_ms": float(busy.mean()) / 1e6,
-            # Clip at 0: a rank's thread CPU time can exceed wall time by clock granularity.
-            "bubble_ratio": max(bubble, 0.0),
-            "straggler_bubble_ratio": straggler,
-            "exposed_comm_ratio": max(bubble, 0.0) - straggler,
+        parts = rank_causes(t, busy, g["comm_wait_ns"].to_numpy(dtype=float),
+                            g["input_wait_ns"].to_numpy(dtype=float))
+        n, bmax, cap = len(busy), busy.max(), len(busy) * t
+        row = {
+            "step": int(step), "warmup": bool(g["warmup"].iloc[0]), "num_ranks": n,
+            "step_time_ms": t / 1e6, "busy_max_ms": bmax / 1e6,
+            "busy_mean_ms": float(busy.mean()) / 1e6, "capacity_ns": cap,
             "load_imbalance": float(np.sum(bmax - busy) / (n * bmax)) if bmax > 0 else 0.0,
             # Per-rank skew: the slowest rank against the typical one (1.0 = no skew).
             "busy_skew": float(bmax / np.median(busy)) if np.median(busy) > 0 else 1.0,
-        })
+            "runq_ns": float(g["runq_ns"].sum()), "span_ns": float(g["span_ns"].sum()),
+        }
+        for name, values in parts.items():
+            row[f"{name}_ns"] = float(values.sum())
+        row["bubble_ratio"] = row["idle_ns"] / cap if cap > 0 else 0.0
+        for name in CAUSES:
+            key = "straggler_bubble_ratio" if name == "straggler" else f"{name}_ratio"
+            row[key] = row[f"{name}_ns"] / cap if cap > 0 else 0.0
+        row["cpu_wait_ratio"] = row["runq_ns"] / row["span_ns"] if row["span_ns"] > 0 else 0.0
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -84,33 +151,50 @@ def throughput(step_table: pd.DataFrame, stats: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def summarize(spans: pd.DataFrame, stats: pd.DataFrame) -> dict:
-    """Medians over measured (non-warm-up) steps, plus the global loss per step."""
-    table = throughput(step_metrics(spans), stats)
-    measured = table[~table["warmup"]]
-    if measured.empty:
+RATIO_KEYS = ("bubble_ratio", "straggler_bubble_ratio", "exposed_comm_ratio",
+              "input_stall_ratio", "other_idle_ratio")
+
+
+def summarize(spans: pd.DataFrame, stats: pd.DataFrame,
+              gpu_busy: pd.DataFrame | None = None) -> dict:
+    """Totals over measured (non-warm-up) steps, per-step quantiles beside them, and the
+    global loss per step."""
+    table = throughput(step_metrics(spans, gpu_busy), stats)
+    m = table[~table["warmup"]]
+    if m.empty:
         raise ValueError("no measured steps: every step is a warm-up step")
-    med = measured.median(numeric_only=True)
+    cap, secs = m["capacity_ns"].sum(), m["step_time_ms"].sum() / 1e3
     losses = stats.groupby("step")["loss"].sum().sort_index()
-    return {
-        "steps_measured": int(len(measured)),
-        "step_time_ms_median": float(med["step_time_ms"]),
-        "step_time_ms_p10": float(measured["step_time_ms"].quantile(0.1)),
-        "step_time_ms_p90": float(measured["step_time_ms"].quantile(0.9)),
-        "samples_per_s": float(med["samples_per_s"]),
-        "tokens_per_s": float(med["tokens_per_s"]),
-        "bubble_ratio": float(med["bubble_ratio"]),
-        "straggler_bubble_ratio": float(med["straggler_bubble_ratio"]),
-        "exposed_comm_ratio": float(med["exposed_comm_ratio"]),
-        "load_imbalance": float(med["load_imbalance"]),
-        "busy_max_ms_median": float(med["busy_max_ms"]),
-        "busy_skew": float(med["busy_skew"]),
-        "bubble_ratio_p10": float(measured["bubble_ratio"].quantile(0.1)),
-        "bubble_ratio_p90": float(measured["bubble_ratio"].quantile(0.9)),
+    q = lambda col, p: float(m[col].quantile(p))  # noqa: E731
+    out = {
+        "steps_measured": int(len(m)),
+        "measured_first_step": int(m["step"].min()),
+        "step_time_ms_mean": float(m["step_time_ms"].mean()),
+        "step_time_ms_median": q("step_time_ms", 0.5),
+        "step_time_ms_p10": q("step_time_ms", 0.1),
+        "step_time_ms_p90": q("step_time_ms", 0.9),
+        "samples_per_s": float(m["num_samples"].sum() / secs),
+        "tokens_per_s": float(m["num_targets"].sum() / secs),
+        "bubble_ratio": float(m["idle_ns"].sum() / cap),
+        "straggler_bubble_ratio": float(m["straggler_ns"].sum() / cap),
+        "exposed_comm_ratio": float(m["exposed_comm_ns"].sum() / cap),
+        "input_stall_ratio": float(m["input_stall_ns"].sum() / cap),
+        "other_idle_ratio": float(m["other_idle_ns"].sum() / cap),
+        # Busy-time ratios: total imbalance over the measured steps' max-busy capacity.
+        "load_imbalance": float((m["load_imbalance"] * m["num_ranks"] * m["busy_max_ms"]).sum()
+                                / (m["num_ranks"] * m["busy_max_ms"]).sum())
+        if (m["busy_max_ms"] > 0).any() else 0.0,
+        "busy_max_ms_median": q("busy_max_ms", 0.5),
+        "busy_skew": q("busy_skew", 0.5),
+        "cpu_wait_ratio": float(m["runq_ns"].sum() / m["span_ns"].sum()) if m["span_ns"].sum() > 0 else 0.0,
         "loss_first": float(losses.iloc[0]),
         "loss_last": float(losses.iloc[-1]),
         "losses": [float(x) for x in losses],
     }
+    out["contended"] = out["cpu_wait_ratio"] > CONTENDED_CPU_WAIT
+    for key in RATIO_KEYS:
+        out[f"{key}_p10"], out[f"{key}_p50"], out[f"{key}_p90"] = (q(key, p) for p in (0.1, 0.5, 0.9))
+    return out
 
 
 def plan_accuracy(spans: pd.DataFrame, stats: pd.DataFrame) -> dict:

@@ -18,18 +18,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from fsbench import metrics, store
+from fsbench import columns, metrics, store
 from fsbench.config import ConfigError
 from fsbench.table import formatted, markdown, progress
 
 FORMATS = {"md": "md", "latex": "tex", "csv": "csv", "html": "html"}
 KEYS = ["workload", "trainer", "world_size", "simulated"]
-MEDIANS = ["step_time_ms_median", "samples_per_s", "tokens_per_s", "bubble_ratio",
-           "straggler_bubble_ratio", "exposed_comm_ratio", "load_imbalance", "sm_occupancy"]
-# Columns whose values depend on wall-clock time (T is in every one of them, the straggler
-# bubble included, via its denominator); load imbalance and SM occupancy do not.
-WALL_CLOCK = ("step_time_ms_median", "samples_per_s", "tokens_per_s", "bubble_ratio",
-              "straggler_bubble_ratio", "exposed_comm_ratio", "scaling_efficiency")
+# Medians over repeats of every numeric metric; wall-clock columns (T is in every one of
+# them, the straggler bubble included, via its denominator) are marked in flagged rows.
+MEDIANS = list(columns.MEDIANS)
+WALL_CLOCK = columns.WALL_CLOCK
 PROGRESS_MIN_RUNS = 20  # below this, reading runs is instant and a bar is only noise
 PLOTS = ("bubble_vs_world_size.png", "throughput_vs_world_size.png", "rank_busy_idle.png")
 
@@ -46,7 +44,7 @@ def _normalized(runs: pd.DataFrame) -> pd.DataFrame:
     runs = runs.copy()
     if "status" in runs:
         runs = runs[runs["status"] == "complete"]
-    for col, default in (("simulated", False), ("oversubscribed", False)):
+    for col, default in (("simulated", False), *((f, False) for f in columns.FLAGS)):
         runs[col] = runs[col].fillna(default).astype(bool) if col in runs else default
     for col in MEDIANS:
         runs[col] = pd.to_numeric(runs[col], errors="coerce") if col in runs else float("nan")
@@ -79,7 +77,8 @@ def report_table(runs: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     table["repeats"] = g.size()
     # Spread of throughput over repeats, (max - min) / median: how far to trust a ratio.
     table["samples_per_s_spread"] = (g["samples_per_s"].max() - g["samples_per_s"].min()) / table["samples_per_s"]
-    table["oversubscribed"] = g["oversubscribed"].any()
+    for flag in columns.FLAGS:  # a row is flagged when any of its repeats is
+        table[flag] = g[flag].any()
     table = table.reset_index()
     table["scaling_efficiency"] = table["samples_per_s"] / (
         table["world_size"] * _lookup(table, table["world_size"] == 1, ["workload", "trainer", "simulated"]))
@@ -91,7 +90,7 @@ def report_table(runs: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     table = table.assign(_w=table["workload"].map(wl), _t=table["trainer"].map(order))
     table = table.sort_values(["_w", "simulated", "_t", "world_size"], kind="stable")
     cols = KEYS + ["repeats"] + MEDIANS + ["samples_per_s_spread", "scaling_efficiency",
-                                           f"throughput_vs_{baseline}", "oversubscribed"]
+                                           f"throughput_vs_{baseline}", *columns.FLAGS]
     return table[cols].reset_index(drop=True)
 
 
@@ -112,6 +111,10 @@ def footnotes(table: pd.DataFrame) -> list[str]:
         notes.append("† oversubscribed (ranks x threads > cores): step time, throughput, bubble, "
                      "straggler, exposed comm and the ratios built on them measure time-sharing, "
                      "not training; load imbalance (busy time only) stays valid.")
+    if table["contended"].any():
+        notes.append(f"‡ contended (ranks waited for a CPU > {metrics.CONTENDED_CPU_WAIT:.0%} of "
+                     "their step time: another process took cores): wall-clock cells measure "
+                     "that neighbour too; load imbalance stays valid.")
     if table["simulated"].any():
         notes.append("simulated = yes: projected by the cost model, not measured; kept apart "
                      "from measured rows.")
@@ -120,22 +123,24 @@ def footnotes(table: pd.DataFrame) -> list[str]:
 
 def _cells(table: pd.DataFrame, dagger: str, escape=lambda s: s) -> pd.DataFrame:
     """Display strings, escaped for the target format, with `dagger` on the wall-clock
-    cells of oversubscribed rows."""
+    cells of oversubscribed rows and a double dagger on those of contended rows."""
     cells = formatted(table).map(escape)
     cells.columns = [escape(c) for c in cells.columns]
     flagged = [i for i, c in enumerate(table.columns)
                if c in WALL_CLOCK or c.startswith("throughput_vs_")]
-    for row in table.index[table["oversubscribed"]]:
-        for i in flagged:
-            if cells.iat[row, i] != "n/a":
-                cells.iat[row, i] += dagger
+    marks = {"oversubscribed": dagger, "contended": dagger.replace("dag", "ddag").replace("†", "‡")}
+    for flag, mark in marks.items():
+        for row in table.index[table[flag]]:
+            for i in flagged:
+                if cells.iat[row, i] != "n/a":
+                    cells.iat[row, i] += mark
     return cells
 
 
 def _latex_escape(text: str) -> str:
     special = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
                "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
-               "^": r"\textasciicircum{}", "†": r"\dag{}"}
+               "^": r"\textasciicircum{}", "†": r"\dag{}", "‡": r"\ddag{}"}
     return "".join(special.get(ch, ch) for ch in text)
 
 

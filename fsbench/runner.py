@@ -14,17 +14,14 @@ from typing import Callable, Iterable
 import pandas as pd
 
 from fsbench import metrics, store
+from fsbench.columns import SUMMARY_KEYS  # noqa: F401  (re-exported: the keys every summary has)
 from fsbench.config import RunConfig
+try:  # TEMP until fsbench.kineto lands
+    from fsbench.kineto import read_run_gpu_busy
+except ImportError:
+    read_run_gpu_busy = lambda d: None  # noqa: E731
 from fsbench.launch.local import launch_local
 from fsbench.timeline import read_timelines
-
-# Summary columns every run reports (ratios are fractions in [0, 1]).
-SUMMARY_KEYS = (
-    "trainer", "workload", "world_size", "steps", "step_time_ms_median", "samples_per_s",
-    "tokens_per_s", "bubble_ratio", "straggler_bubble_ratio", "exposed_comm_ratio",
-    "load_imbalance", "sm_occupancy", "oversubscribed",
-)
-
 
 def read_step_stats(run_dir: Path) -> pd.DataFrame:
     rows = []
@@ -77,7 +74,11 @@ def summarize_run(run_dir: Path) -> dict:
         "oversubscribed": manifest["oversubscribed"],
     }
     spans, stats = read_timelines(run_dir), read_step_stats(run_dir)
-    summary.update(metrics.summarize(spans, stats))
+    # CUDA runs: busy time from the profiler's kernel record, when the ranks wrote one.
+    gpu_busy = read_run_gpu_busy(run_dir)
+    summary["busy_source"] = "kineto" if gpu_busy is not None else (
+        "cuda_events" if spans["gpu_ns"].notna().any() else "thread_cpu_time")
+    summary.update(metrics.summarize(spans, stats, gpu_busy))
     summary.update(metrics.plan_accuracy(spans, stats))
     summary.update(merge_monitors(run_dir))
     return summary

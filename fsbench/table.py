@@ -7,41 +7,21 @@ import sys
 
 import pandas as pd
 
-# column -> (header, formatter). Ratios are stored as fractions and shown as percentages.
-_pct = lambda v: f"{100 * v:.1f}"  # noqa: E731
-COLUMNS: dict[str, tuple[str, object]] = {
-    "workload": ("workload", str),
-    "trainer": ("trainer", str),
-    "world_size": ("ranks", str),
-    "repeats": ("repeats", str),
-    "step_time_ms_median": ("step ms", lambda v: f"{v:.1f}"),
-    "samples_per_s": ("samples/s", lambda v: f"{v:.1f}"),
-    "samples_per_s_spread": ("samples/s spread %", _pct),
-    "tokens_per_s": ("tokens/s", lambda v: f"{v:.0f}"),
-    "bubble_ratio": ("bubble %", _pct),
-    "straggler_bubble_ratio": ("straggler %", _pct),
-    "exposed_comm_ratio": ("exposed comm %", _pct),
-    "load_imbalance": ("imbalance %", _pct),
-    "sm_occupancy": ("SM occ %", _pct),
-    "scaling_efficiency": ("scaling eff %", _pct),
-    "simulated": ("simulated", lambda v: "yes" if v else "no"),
-    "oversubscribed": ("oversub", lambda v: "yes" if v else "no"),
-}
-
+from fsbench.columns import BY_KEY
 
 def cell(col: str, value: object) -> str:
     """One value as shown in tables; missing values (None, NaN) read "n/a"."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
-    if col in COLUMNS:
-        return COLUMNS[col][1](value)
+    if col in BY_KEY:
+        return BY_KEY[col].fmt(value)
     if col.startswith(("throughput_vs_", "ratio_")):
         return f"{value:.2f}x"
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def header(col: str) -> str:
-    return COLUMNS[col][0] if col in COLUMNS else col.replace("_", " ")
+    return BY_KEY[col].header if col in BY_KEY else col.replace("_", " ")
 
 
 def formatted(df: pd.DataFrame, columns: list[str] | None = None) -> pd.DataFrame:

@@ -1,6 +1,6 @@
 """Per-rank timelines: `with span("forward"):` appends one JSON line per span.
 
-A record is {rank, step, warmup, name, kind, start_ns, dur_ns, cpu_ns}:
+A record is {rank, step, warmup, name, kind, start_ns, dur_ns, cpu_ns, runq_ns}:
 - `start_ns`/`dur_ns` come from CLOCK_MONOTONIC (`time.monotonic_ns`), which is shared
   by all processes of one host, so spans of different ranks on one machine line up.
   (Ranks on different hosts are compared by durations only.)
@@ -8,9 +8,15 @@ A record is {rank, step, warmup, name, kind, start_ns, dur_ns, cpu_ns}:
   With one intra-op thread per rank this is the rank's compute time even when ranks
   share cores, and it excludes time blocked in a collective (a blocked thread burns
   no CPU; gloo's own worker threads are not counted).
+- `runq_ns` is the time the calling thread waited for a CPU during the span (runnable,
+  not running: Linux `/proc/thread-self/schedstat`, second field): a neighbour process
+  or oversubscription taking the core. 0 where schedstat does not exist.
+- `warmup` is true for steps that are not measured: warm-up steps, and steps outside
+  whole look-ahead windows (fsbench.trainer.measured_steps).
 - `gpu_ns` (CUDA runs, compute spans only): the compute stream's time between two CUDA
   events recorded at the span's ends, read at the end of the step.
-- `kind` classifies the span for the metrics: compute | comm | wait | data | step.
+- `kind` classifies the span for the metrics: compute | comm | wait | input | step
+  (fsbench.trainer.Trainer says which spans belong where).
 
 Spans never synchronize a device. Lines are buffered in memory and written at the end
 of every step, so a crash loses at most the step in flight.
@@ -20,11 +26,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
 
-SPAN_KINDS = ("compute", "comm", "wait", "data", "step")
+SPAN_KINDS = ("compute", "comm", "wait", "input", "step")
 
 # Default kind of the span names trainers use; anything else must pass kind= explicitly.
 DEFAULT_KINDS = {
@@ -38,7 +45,7 @@ DEFAULT_KINDS = {
     "all_to_all": "comm",
     "wait": "wait",
     "barrier": "wait",
-    "data": "data",
+    "input": "input",
     "step": "step",
 }
 
@@ -73,15 +80,15 @@ class Timeline:
         if kind not in SPAN_KINDS:
             raise ValueError(f"span {name!r}: kind must be one of {SPAN_KINDS}, got {kind!r}")
         events = self._cuda_events() if self.cuda and kind == "compute" else None
-        cpu0, t0 = time.thread_time_ns(), time.monotonic_ns()
+        q0, cpu0, t0 = runqueue_wait_ns(), time.thread_time_ns(), time.monotonic_ns()
         try:
             yield
         finally:
-            t1, cpu1 = time.monotonic_ns(), time.thread_time_ns()
+            t1, cpu1, q1 = time.monotonic_ns(), time.thread_time_ns(), runqueue_wait_ns()
             rec = {
                 "rank": self.rank, "step": self.step, "warmup": self.warmup,
                 "name": name, "kind": kind,
-                "start_ns": t0, "dur_ns": t1 - t0, "cpu_ns": cpu1 - cpu0,
+                "start_ns": t0, "dur_ns": t1 - t0, "cpu_ns": cpu1 - cpu0, "runq_ns": q1 - q0,
             }
             if events:
                 events[1].record()
@@ -111,6 +118,28 @@ class Timeline:
             with open(self.path, "a") as f:
                 f.write("\n".join(json.dumps(r) for r in self._buffer) + "\n")
         self._buffer.clear()
+
+
+_SCHEDSTAT: dict[int, int] = {}  # native thread id -> open fd of its schedstat
+
+
+def runqueue_wait_ns() -> int:
+    """Nanoseconds the calling thread has spent runnable but waiting for a CPU (Linux
+    schedstat); 0 where that file does not exist. One pread of an open fd (~2 us)."""
+    tid = threading.get_native_id()
+    fd = _SCHEDSTAT.get(tid)
+    if fd is None:
+        try:
+            fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+        except OSError:
+            fd = -1
+        _SCHEDSTAT[tid] = fd
+    if fd < 0:
+        return 0
+    try:
+        return int(os.pread(fd, 128, 0).split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 # Trainers call `span(...)` without carrying a Timeline around; the worker installs the
@@ -146,5 +175,8 @@ def read_timelines(run_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
                         rows.append(json.loads(line))
                     except json.JSONDecodeError:
                         break  # a torn last line from a killed rank: keep what precedes it
-    cols = ["rank", "step", "warmup", "name", "kind", "start_ns", "dur_ns", "cpu_ns", "gpu_ns"]
-    return pd.DataFrame(rows, columns=cols)
+    cols = ["rank", "step", "warmup", "name", "kind", "start_ns", "dur_ns", "cpu_ns", "runq_ns",
+            "gpu_ns"]
+    df = pd.DataFrame(rows, columns=cols)
+    df["runq_ns"] = df["runq_ns"].fillna(0).astype("int64")  # absent in older runs
+    return df

@@ -35,7 +35,7 @@ def test_run_writes_manifest_timelines_and_summary(tmp_path, capsys):
         lines = (run_dir / f"rank-{rank}.jsonl").read_text().splitlines()
         spans = [json.loads(x) for x in lines]
         assert {s["step"] for s in spans} == {0, 1, 2, 3}
-        assert {"forward", "backward", "optimizer", "step", "data"} <= {s["name"] for s in spans}
+        assert {"forward", "backward", "optimizer", "step", "input"} <= {s["name"] for s in spans}
         assert any(s["warmup"] for s in spans) and not all(s["warmup"] for s in spans)
 
 

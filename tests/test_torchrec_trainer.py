@@ -411,7 +411,7 @@ def test_run_matches_ddp_loss_trajectory(sharding, pipeline, optimizer, ddp_loss
     stats = read_step_stats(run_dir)
     assert (stats.groupby("step")["num_samples"].sum() == wl.global_batch_size).all()
     names = set(read_timelines(run_dir)["name"])
-    assert {"forward", "backward", "optimizer", "data"} <= names
+    assert {"forward", "backward", "optimizer", "input", "to_kjt"} <= names
     assert ("input_dist" in names) == (pipeline == "sparse")
 
     losses, want = summary["losses"], ddp_losses(optimizer)

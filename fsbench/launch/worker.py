@@ -21,35 +21,45 @@ from fsbench.config import run_from_dict
 from fsbench.monitor import RankMonitor
 from fsbench.store import write_json_atomic
 from fsbench.timeline import Timeline, set_current
-from fsbench.trainer import resolve_trainer_class, trainer_options
+from fsbench.inputs import InputPipeline
+from fsbench.trainer import measured_steps, resolve_trainer_class, trainer_options
 from fsbench.workloads import make_batch_source
 
 
 def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
-    """The measured loop. Step k: make the global batch, barrier, then the timed step."""
+    """The measured loop. Step k: barrier, then the timed step, in which the trainer pulls
+    its prepared input from the pipeline (prepared ahead, in a loader worker) and trains."""
     ctx.run_dir = run_dir
     timeline = Timeline(run_dir / f"rank-{ctx.rank}.jsonl", rank=ctx.rank, device=ctx.device)
     set_current(timeline)
     source = make_batch_source(run.workload, run.seed)
-    trainer = resolve_trainer_class(run.trainer)()
-    trainer.options = trainer_options(run.trainer, run.trainer_options)
-    trainer.setup(ctx, run)
+    cls = resolve_trainer_class(run.trainer)
+    trainer = cls()
+    trainer.options = parse_options(cls, run.trainer, run.trainer_options)
+    trainer.setup(ctx, run, source)
+    measured = measured_steps(run.workload.warmup, run.workload.steps,
+                              getattr(trainer, "step_alignment", 1))
+    inputs = InputPipeline(trainer.make_preparer(), run.workload.steps, ctx.device,
+                           workers=run.input_workers)
     # Samples SM occupancy (GPU) or CPU utilization and RSS during measured steps only.
     monitor = RankMonitor(ctx.device)
     try:
         with open(run_dir / f"steps-rank-{ctx.rank}.jsonl", "a") as stats_file:
             for step in range(run.workload.steps):
-                if step == run.workload.warmup:
+                if step == measured.start:
                     monitor.start()
-                timeline.begin_step(step, warmup=step < run.workload.warmup)
-                with timeline.span("data"):
-                    batch = source.global_batch(step)
-                # The start barrier: every rank enters the timed step together, so step
-                # time measures the step and not the ranks' skew in reaching it.
+                if step == measured.stop:
+                    monitor.stop()
+                timeline.begin_step(step, warmup=step not in measured)
+                # The start barrier (its own group): every rank enters the timed step
+                # together, so step time measures the step and not the ranks' skew in
+                # reaching it.
                 with timeline.span("barrier"):
                     ctx.barrier()
                 with timeline.span("step"):
-                    stats = trainer.step(batch)
+                    stats = trainer.step(inputs)
+                if stats.step is not None and stats.step != step:
+                    raise RuntimeError(f"trainer trained step {stats.step} at harness step {step}")
                 stats_file.write(json.dumps({"rank": ctx.rank, "step": step, "loss": stats.loss,
                                              "num_samples": stats.num_samples,
                                              "num_targets": stats.num_targets,
@@ -62,7 +72,14 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
                            "errors": [str(e) for e in monitor.errors]})
     finally:
         monitor.stop()
+        inputs.close()
         trainer.close()
+
+
+def parse_options(cls: type, name: str, given: dict[str, str]):
+    """The trainer's switches as its typed Options (or the plain dict it declares)."""
+    merged = trainer_options(name, given)
+    return cls.Options.parse(merged, prefix=name) if hasattr(cls, "Options") else merged
 
 
 def main(argv: list[str] | None = None) -> int:

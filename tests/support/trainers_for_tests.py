@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from baselines.ddp import DDPTrainer
+from fsbench.inputs import ContiguousShare
 from fsbench.trainer import StepStats
 
 
@@ -16,13 +17,17 @@ class RaiseOnRank1:
 
     options: dict[str, str] = {}
 
-    def setup(self, ctx, run) -> None:
-        self.ctx = ctx
+    def setup(self, ctx, run, source) -> None:
+        self.ctx, self.source = ctx, source
 
-    def step(self, batch) -> StepStats:
-        if self.ctx.rank == 1 and batch.step == 1:
+    def make_preparer(self):
+        return ContiguousShare(self.source, self.ctx.rank, self.ctx.world_size)
+
+    def step(self, inputs) -> StepStats:
+        prepared = next(inputs)
+        if self.ctx.rank == 1 and prepared.step == 1:
             raise ValueError("injected failure on rank 1")
-        return StepStats(loss=0.0, num_samples=1, num_targets=1)
+        return StepStats(loss=0.0, num_samples=1, num_targets=1, step=prepared.step)
 
     def close(self) -> None:
         pass
@@ -51,8 +56,8 @@ def wrap_with_grad_dump(trainer_cls):
     $FSBENCH_TEST_DUMP/grads-rank-<r>.pt."""
 
     class GradDump(trainer_cls):
-        def setup(self, ctx, run) -> None:
-            super().setup(ctx, run)
+        def setup(self, ctx, run, source) -> None:
+            super().setup(ctx, run, source)
             path = Path(os.environ["FSBENCH_TEST_DUMP"]) / f"grads-rank-{ctx.rank}.pt"
             module = getattr(self.model, "module", self.model)
             self.optimizer = _GradDumpingOptimizer(self.optimizer, list(module.named_parameters()), path)

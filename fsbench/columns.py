@@ -1,0 +1,72 @@
+"""One registry of reported columns: name, header with unit, format, and how it behaves.
+
+Every place that shows or checks a metric derives from `COLUMNS`: the keys every run's
+summary must carry (`SUMMARY_KEYS`), the terminal and report tables' headers and
+formats (fsbench.table), which columns reports take the median of over repeats and which
+depend on wall-clock time (fsbench.report), and the run/sweep table (`RUN_VIEW`). A new
+metric is one entry here (plus the function in fsbench.metrics that computes it).
+Ratios are stored as fractions and shown as percentages.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:.1f}"
+
+
+def _yes(v: object) -> str:
+    return "yes" if v else "no"
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    key: str
+    header: str
+    fmt: Callable[[object], str] = str
+    summary: bool = False
+    """A key of every measured run's summary.json."""
+    median: bool = False
+    """Reports combine repeats by their median (numeric metrics)."""
+    wall_clock: bool = False
+    """Depends on wall-clock T: marked in oversubscribed or contended rows."""
+    flag: bool = False
+    """A per-run boolean that marks a report row when any of its repeats has it."""
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("workload", "workload", summary=True),
+    Column("trainer", "trainer", summary=True),
+    Column("world_size", "ranks", summary=True),
+    Column("repeats", "repeats"),
+    Column("steps", "steps", summary=True),
+    Column("step_time_ms_median", "step ms", lambda v: f"{v:.1f}", True, True, True),
+    Column("samples_per_s", "samples/s", lambda v: f"{v:.1f}", True, True, True),
+    Column("samples_per_s_spread", "samples/s spread %", _pct),
+    Column("tokens_per_s", "tokens/s", lambda v: f"{v:.0f}", True, True, True),
+    Column("bubble_ratio", "bubble %", _pct, True, True, True),
+    Column("straggler_bubble_ratio", "straggler %", _pct, True, True, True),
+    Column("exposed_comm_ratio", "exposed comm %", _pct, True, True, True),
+    Column("input_stall_ratio", "input stall %", _pct, True, True, True),
+    Column("other_idle_ratio", "other idle %", _pct, True, True, True),
+    Column("load_imbalance", "imbalance %", _pct, True, True),
+    Column("cpu_wait_ratio", "cpu wait %", _pct, True, True),
+    Column("sm_occupancy", "SM occ %", _pct, True, True),
+    Column("scaling_efficiency", "scaling eff %", _pct, wall_clock=True),
+    Column("simulated", "simulated", _yes),
+    Column("oversubscribed", "oversub", _yes, summary=True, flag=True),
+    Column("contended", "contended", _yes, summary=True, flag=True),
+)
+BY_KEY: dict[str, Column] = {c.key: c for c in COLUMNS}
+
+SUMMARY_KEYS: tuple[str, ...] = tuple(c.key for c in COLUMNS if c.summary)
+MEDIANS: tuple[str, ...] = tuple(c.key for c in COLUMNS if c.median)
+WALL_CLOCK: tuple[str, ...] = tuple(c.key for c in COLUMNS if c.wall_clock)
+FLAGS: tuple[str, ...] = tuple(c.key for c in COLUMNS if c.flag)
+# What `fsbench run` and `fsbench sweep` print.
+RUN_VIEW: tuple[str, ...] = (
+    "step_time_ms_median", "samples_per_s", "bubble_ratio", "straggler_bubble_ratio",
+    "exposed_comm_ratio", "input_stall_ratio", "other_idle_ratio", "load_imbalance",
+    "cpu_wait_ratio", "sm_occupancy")
