@@ -21,20 +21,21 @@ from fsbench.config import RunConfig, WorkloadConfig
 from fsbench.launch.local import free_port
 from fsbench.monitor import RankMonitor
 from fsbench.timeline import Timeline, set_current
-from fsbench.trainer import resolve_trainer_class, trainer_options
+from fsbench.launch.worker import parse_options
+from fsbench.trainer import resolve_trainer_class
 from fsbench.workloads import make_batch_source
 
 
-def _time_block(trainer, batches, timeline: Timeline, monitor: RankMonitor | None) -> list[float]:
+def _time_block(trainer, inputs, timeline: Timeline, monitor: RankMonitor | None) -> list[float]:
     set_current(timeline)
     if monitor:
         monitor.start()
     times = []
-    for batch in batches:
+    for prepared in inputs:
         t0 = time.perf_counter()
-        timeline.begin_step(batch.step, warmup=False)
+        timeline.begin_step(prepared.step, warmup=False)
         with timeline.span("step"):
-            trainer.step(batch)
+            trainer.step(iter([prepared]))
         timeline.flush()
         times.append(time.perf_counter() - t0)
     if monitor:
@@ -51,12 +52,14 @@ def measure_overhead(workload: WorkloadConfig, trainer_name: str = "ddp", blocks
     ctx = fsdist.init_distributed("gloo", "cpu")
     try:
         run = RunConfig(workload=workload, trainer=trainer_name, world_size=1, seed=seed)
-        trainer = resolve_trainer_class(trainer_name)()
-        trainer.options = trainer_options(trainer_name, {})
-        trainer.setup(ctx, run)
+        cls = resolve_trainer_class(trainer_name)
+        trainer = cls()
+        trainer.options = parse_options(cls, trainer_name, {})
         source = make_batch_source(workload, seed)
-        # The same batches in both modes: data generation is in neither measurement.
-        batches = [source.global_batch(s) for s in range(steps_per_block)]
+        trainer.setup(ctx, run, source)
+        # The same prepared inputs in both modes: input preparation is in neither.
+        prepare = trainer.make_preparer()
+        inputs = [prepare(s) for s in range(steps_per_block)]
         times: dict[str, list[float]] = {"bare": [], "instrumented": []}
         with tempfile.TemporaryDirectory() as tmp:
             for block in range(blocks):
@@ -65,7 +68,7 @@ def measure_overhead(workload: WorkloadConfig, trainer_name: str = "ddp", blocks
                 instrumented = mode == "instrumented"
                 timeline = Timeline(Path(tmp) / f"rank-0-{block}.jsonl", enabled=instrumented)
                 monitor = RankMonitor(ctx.device) if instrumented else None
-                block_times = _time_block(trainer, batches, timeline, monitor)
+                block_times = _time_block(trainer, inputs, timeline, monitor)
                 if block >= 2:  # the first two blocks (one of each mode) are warm-up
                     times[mode] += block_times
         trainer.close()

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from fsbench.groundtruth import CASES, TOLERANCE, expected_for_step, synthetic_workload, validate
-from fsbench.metrics import step_metrics
+from fsbench.metrics import CONTENDED_CPU_WAIT, step_metrics
 from fsbench.runner import run_once
 from fsbench.config import RunConfig
 from fsbench.timeline import read_timelines
@@ -14,9 +14,27 @@ from fsbench.timeline import read_timelines
 pytestmark = pytest.mark.dist
 
 
+TRIES = 3  # a contended run is retried this many times, then the test skips naming it
+
+
+def quiet_validation(tmp_path, case: str):
+    """The case's validation table from a run on a quiet machine; skips (naming the
+    measured CPU wait) when every try was contended: a timing truth cannot be judged
+    while a neighbour takes the cores, and must not flake either way."""
+    waits = []
+    for attempt in range(TRIES):
+        table = validate(tmp_path / str(attempt), world_size=2, cases={case: CASES[case]})
+        if not table["contended"].any():
+            return table
+        waits.append(float(table["cpu_wait_ratio"].max()))
+    pytest.skip(f"machine contended in all {TRIES} tries: ranks waited for a CPU "
+                f"{', '.join(f'{w:.1%}' for w in waits)} of their step time "
+                f"(threshold {CONTENDED_CPU_WAIT:.0%})")
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_reported_ratios_match_closed_form_at_2_ranks(case, tmp_path):
-    table = validate(tmp_path, world_size=2, cases={case: CASES[case]})
+    table = quiet_validation(tmp_path, case)
     assert not table["oversubscribed"].any()
     bad = table[table["abs_error"] > TOLERANCE]
     assert bad.empty, bad.to_string()
@@ -47,3 +65,8 @@ def test_expected_ratios_follow_the_definitions():
     assert out["straggler_bubble_ratio"] == pytest.approx(12 / 96)
     assert out["exposed_comm_ratio"] == pytest.approx(24 / 96)
     assert out["load_imbalance"] == pytest.approx(12 / 72)
+    # An inline input delay lengthens the step and is input stall, on every rank.
+    cfg = SyntheticComputeConfig(us_per_token=1000.0, input_delay_ms=16.0)
+    out = expected_ratios([24, 24], cfg)  # T = 16 + 24 ms
+    assert out["input_stall_ratio"] == pytest.approx(16 / 40)
+    assert out["bubble_ratio"] == pytest.approx(out["input_stall_ratio"])

@@ -68,18 +68,24 @@ class SpinModel(nn.Module):
         return out * (batch.num_targets / batch.global_num_targets)
 
 
-def expected_ratios(tokens_per_rank: list[int], cfg: SyntheticComputeConfig) -> dict[str, float]:
+def expected_ratios(tokens_per_rank: list[int], cfg: SyntheticComputeConfig,
+                    input_inline: bool = True) -> dict[str, float]:
     """Closed-form metrics of one step of the synthetic model with a final collective:
-    busy_r = c_r, T = max_r c_r + delay."""
+    busy_r = c_r, T = input delay + max_r c_r + comm delay. The input delay is on the
+    step's critical path when inputs are prepared inline (input_workers=0); a prefetching
+    worker hides it when it is shorter than the step."""
     busy = [rank_cost_ns(t, r, cfg) for r, t in enumerate(tokens_per_rank)]
     n, bmax = len(busy), max(busy)
-    t = bmax + cfg.comm_delay_ms * 1e6
+    input_ns = cfg.input_delay_ms * 1e6 if input_inline else 0.0
+    t = input_ns + bmax + cfg.comm_delay_ms * 1e6
     bubble = sum(t - b for b in busy) / (n * t)
     straggler = sum(bmax - b for b in busy) / (n * t)
     return {
         "step_time_ms": t / 1e6,
         "bubble_ratio": bubble,
         "straggler_bubble_ratio": straggler,
-        "exposed_comm_ratio": bubble - straggler,
+        "exposed_comm_ratio": cfg.comm_delay_ms * 1e6 / t,
+        "input_stall_ratio": input_ns / t,
+        "other_idle_ratio": 0.0,
         "load_imbalance": sum(bmax - b for b in busy) / (n * bmax),
     }
