@@ -1,6 +1,9 @@
 """Metrics on hand-made timelines whose answers are known exactly."""
+import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fsbench import metrics
 
@@ -59,3 +62,85 @@ def test_busy_is_gpu_stream_time_when_compute_spans_carry_it():
     row = metrics.step_metrics(pd.DataFrame(spans)).iloc[0]
     assert row["busy_max_ms"] == pytest.approx(90)
     assert row["straggler_bubble_ratio"] == pytest.approx(30 / 200)
+
+
+def _span(rank, step, name, kind, start_ms, dur_ms, cpu_ms=None, runq_ms=0.0):
+    return {"rank": rank, "step": step, "warmup": False, "name": name, "kind": kind,
+            "start_ns": int(start_ms * MS), "dur_ns": int(dur_ms * MS),
+            "cpu_ns": int((dur_ms if cpu_ms is None else cpu_ms) * MS),
+            "runq_ns": int(runq_ms * MS)}
+
+
+def test_the_bubble_splits_into_four_causes_that_sum_to_it():
+    """T = 100 ms. Rank 0: waits 10 ms for input, computes 60 (of which 5 ms blocked in a
+    collective inside backward), waits 20 in an explicit comm span, then 10 ms
+    uncovered. Rank 1 starts 4 ms late (barrier skew), computes 30, then waits 66 in comm
+    (the slow rank: 30 ms of that is the straggler gap)."""
+    spans = [
+        _span(0, 0, "step", "step", 0, 100), _span(0, 0, "input", "input", 0, 10),
+        _span(0, 0, "forward", "compute", 10, 25), _span(0, 0, "backward", "compute", 35, 35, 30),
+        _span(0, 0, "comm", "comm", 70, 20, 0),
+        _span(1, 0, "step", "step", 4, 96), _span(1, 0, "forward", "compute", 4, 30),
+        _span(1, 0, "comm", "comm", 34, 66, 0),
+    ]
+    row = metrics.step_metrics(pd.DataFrame(spans)).iloc[0]
+    cap = 200.0
+    busy0, busy1 = 55.0, 30.0
+    assert row["bubble_ratio"] == pytest.approx((100 - busy0 + 100 - busy1) / cap)
+    assert row["straggler_bubble_ratio"] == pytest.approx((busy0 - busy1) / cap)
+    # rank 0: comm 5 (blocked) + 20; rank 1: comm 66 - 25 (straggler taken from comm)
+    assert row["exposed_comm_ratio"] == pytest.approx((25 + 41) / cap)
+    assert row["input_stall_ratio"] == pytest.approx(10 / cap)
+    # rank 0: 10 ms uncovered; rank 1: 4 ms before its step span
+    assert row["other_idle_ratio"] == pytest.approx((10 + 4) / cap)
+    parts = sum(row[k] for k in ("straggler_bubble_ratio", "exposed_comm_ratio",
+                                 "input_stall_ratio", "other_idle_ratio"))
+    assert parts == pytest.approx(row["bubble_ratio"], abs=1e-12)
+
+
+def test_run_queue_wait_inside_compute_is_not_communication():
+    spans = [_span(0, 0, "step", "step", 0, 100, runq_ms=20),
+             _span(0, 0, "forward", "compute", 0, 100, cpu_ms=80, runq_ms=20)]
+    row = metrics.step_metrics(pd.DataFrame(spans)).iloc[0]
+    assert row["exposed_comm_ratio"] == pytest.approx(0.0)
+    assert row["other_idle_ratio"] == pytest.approx(0.2)
+    assert row["cpu_wait_ratio"] == pytest.approx(0.2)
+
+
+def test_spans_outside_the_step_span_are_not_counted():
+    spans = [_span(0, 0, "barrier", "wait", 0, 50, 0), _span(0, 0, "step", "step", 50, 100),
+             _span(0, 0, "forward", "compute", 50, 100)]
+    row = metrics.step_metrics(pd.DataFrame(spans)).iloc[0]
+    assert row["bubble_ratio"] == pytest.approx(0.0)
+    assert row["exposed_comm_ratio"] == pytest.approx(0.0)
+
+
+def test_summary_ratios_are_totals_not_medians_of_ratios():
+    """Two light steps without bubble and one heavy step with a large one: the median of
+    per-step ratios says 0, the total says what the ranks really lost."""
+    spans = []
+    for step, (t, busy1) in enumerate([(100, 100), (100, 100), (1000, 200)]):
+        spans += [_span(0, step, "step", "step", step * 2000, t),
+                  _span(0, step, "forward", "compute", step * 2000, t),
+                  _span(1, step, "step", "step", step * 2000, t),
+                  _span(1, step, "forward", "compute", step * 2000, busy1),
+                  _span(1, step, "comm", "comm", step * 2000 + busy1, t - busy1, 0)]
+    stats = pd.DataFrame([{"rank": r, "step": s, "loss": 0.1, "num_samples": 4, "num_targets": 10}
+                          for s in range(3) for r in range(2)])
+    out = metrics.summarize(pd.DataFrame(spans), stats)
+    assert out["bubble_ratio_p50"] == pytest.approx(0.0)
+    assert out["bubble_ratio"] == pytest.approx(800 / (2 * 1200))
+    assert out["straggler_bubble_ratio"] == pytest.approx(800 / 2400)
+    assert out["samples_per_s"] == pytest.approx(24 / 1.2)
+
+
+@given(st.lists(st.tuples(st.floats(0, 100), st.floats(0, 100), st.floats(0, 100)),
+                min_size=1, max_size=8), st.floats(0, 50))
+def test_causes_sum_to_each_ranks_idle_time(ranks, extra):
+    busy = np.array([r[0] for r in ranks])
+    t = float(busy.max() + extra)
+    parts = metrics.rank_causes(t, busy, np.array([r[1] for r in ranks]), np.array([r[2] for r in ranks]))
+    total = parts["straggler"] + parts["exposed_comm"] + parts["input_stall"] + parts["other_idle"]
+    np.testing.assert_allclose(total, t - busy, atol=1e-9)
+    for key in ("exposed_comm", "input_stall"):
+        assert (parts[key] >= -1e-12).all()

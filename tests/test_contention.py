@@ -1,0 +1,50 @@
+"""CPU contention is measured, not suffered: a run beside a busy process says so."""
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from fsbench.config import RunConfig
+from fsbench.groundtruth import synthetic_workload
+from fsbench.metrics import CONTENDED_CPU_WAIT
+from fsbench.runner import run_once
+
+pytestmark = pytest.mark.dist
+
+# ~100 ms steps of pure CPU spin on both ranks: the two cores are full, so any other
+# runnable process must take time from them.
+WORKLOAD = dataclasses.replace(synthetic_workload(), steps=8, warmup=2,
+                               synthetic=dataclasses.replace(synthetic_workload().synthetic,
+                                                             us_per_token=1500.0))
+
+
+def _run(tmp_path) -> dict:
+    _, summary = run_once(RunConfig(workload=WORKLOAD, trainer="ddp", world_size=2), tmp_path,
+                          timeout_s=120)
+    return summary
+
+
+def test_a_run_beside_a_busy_process_is_flagged_contended_with_its_wait(tmp_path):
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        summary = _run(tmp_path)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert summary["contended"] is True
+    assert summary["cpu_wait_ratio"] > CONTENDED_CPU_WAIT
+    # The stolen time is idle time the run reports, in the "other" cause.
+    assert summary["other_idle_ratio"] > CONTENDED_CPU_WAIT / 2
+
+
+def test_a_quiet_run_is_not_flagged(tmp_path):
+    waits = []
+    for attempt in range(3):
+        summary = _run(tmp_path / str(attempt))
+        if not summary["contended"]:
+            assert summary["cpu_wait_ratio"] <= CONTENDED_CPU_WAIT
+            return
+        waits.append(summary["cpu_wait_ratio"])
+    pytest.skip("the machine was busy in 3 tries (CPU wait "
+                + ", ".join(f"{w:.1%}" for w in waits) + "): cannot show a quiet run here")
