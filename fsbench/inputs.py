@@ -18,6 +18,7 @@ memory, as the inputs are not pinned yet): NOT YET RUN ON A GPU.
 """
 from __future__ import annotations
 
+import time
 from typing import Iterator
 
 import torch
@@ -117,6 +118,26 @@ class InputPipeline:
         """Stop the loader's workers (they also exit on their own when this rank dies)."""
         self._it = iter(())
         self._loader = None
+
+
+class MeteredSource:
+    """The workload's batch source as the harness hands it to a trainer.
+
+    It counts the global batches generated in *this* process: the loader worker works on
+    its own (forked) copy, so a rank whose count stays 0 provably generated no data in
+    its training process, inside its steps or anywhere else (`batches_generated_in_rank`
+    in each summary). It also applies `synthetic.input_delay_ms`, a data source that
+    slow (sleeping), which the input-stall ground truth uses."""
+
+    def __init__(self, source, input_delay_ms: float = 0.0) -> None:
+        self.source, self.input_delay_s = source, input_delay_ms / 1e3
+        self.generated = 0
+
+    def global_batch(self, step: int) -> JaggedBatch:
+        if self.input_delay_s > 0:
+            time.sleep(self.input_delay_s)
+        self.generated += 1
+        return self.source.global_batch(step)
 
 
 class ContiguousShare:

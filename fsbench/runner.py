@@ -81,6 +81,10 @@ def summarize_run(run_dir: Path) -> dict:
     summary.update(metrics.summarize(spans, stats, gpu_busy))
     summary.update(metrics.plan_accuracy(spans, stats))
     summary.update(merge_monitors(run_dir))
+    inputs = [store.read_json(p) for p in sorted(run_dir.glob("input-rank-*.json"))]
+    if inputs:  # 0 on every rank: no trainer generated data in its training process
+        summary["batches_generated_in_rank"] = max(i["batches_generated_in_rank"] for i in inputs)
+        summary["input_workers"] = inputs[0]["input_workers"]
     return summary
 
 

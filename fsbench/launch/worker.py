@@ -21,7 +21,7 @@ from fsbench.config import run_from_dict
 from fsbench.monitor import RankMonitor
 from fsbench.store import write_json_atomic
 from fsbench.timeline import Timeline, set_current
-from fsbench.inputs import InputPipeline
+from fsbench.inputs import InputPipeline, MeteredSource
 from fsbench.trainer import measured_steps, resolve_trainer_class, trainer_options
 from fsbench.workloads import make_batch_source
 
@@ -32,7 +32,8 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
     ctx.run_dir = run_dir
     timeline = Timeline(run_dir / f"rank-{ctx.rank}.jsonl", rank=ctx.rank, device=ctx.device)
     set_current(timeline)
-    source = make_batch_source(run.workload, run.seed)
+    source = MeteredSource(make_batch_source(run.workload, run.seed),
+                           run.workload.synthetic.input_delay_ms)
     cls = resolve_trainer_class(run.trainer)
     trainer = cls()
     trainer.options = parse_options(cls, run.trainer, run.trainer_options)
@@ -67,6 +68,9 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
                 stats_file.flush()
                 timeline.flush()
         monitor.stop()
+        write_json_atomic(run_dir / f"input-rank-{ctx.rank}.json",
+                          {"input_workers": run.input_workers,
+                           "batches_generated_in_rank": source.generated})
         write_json_atomic(run_dir / f"monitor-rank-{ctx.rank}.json",
                           {"summary": monitor.summary(), "samples": monitor.samples(),
                            "errors": [str(e) for e in monitor.errors]})

@@ -1,0 +1,96 @@
+"""Trainers pull prepared input: the input stage runs ahead, in a loader worker, for every
+trainer alike; the step's wait for it is measured; no trainer generates data in its step."""
+import dataclasses
+import importlib.util
+
+import pytest
+import torch
+
+from fsbench.cli import main
+from fsbench.config import RunConfig
+from fsbench.groundtruth import synthetic_workload
+from fsbench.inputs import InputPipeline
+from fsbench.metrics import CONTENDED_CPU_WAIT
+from fsbench.runner import run_once
+from fsbench.timeline import read_timelines
+from fsbench.trainer import StepInput, measured_steps
+from fsbench.workloads.presets import tiny
+
+
+class Square:
+    """A picklable preparer: step k -> a StepInput carrying k*k."""
+
+    def __call__(self, step: int) -> StepInput:
+        return StepInput(step, [], step * step, 0)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_pipeline_yields_every_step_once_in_order_then_stops(workers):
+    pipe = InputPipeline(Square(), 5, torch.device("cpu"), workers=workers)
+    got = [(x.step, x.num_samples) for x in pipe]
+    assert got == [(k, k * k) for k in range(5)]
+    with pytest.raises(StopIteration):
+        next(pipe)
+    pipe.close()
+
+
+def test_measured_steps_cover_whole_windows_after_warmup():
+    assert measured_steps(3, 14, 4) == range(4, 12)
+    assert measured_steps(2, 10, 1) == range(2, 10)
+    with pytest.raises(ValueError, match="no whole window"):
+        measured_steps(2, 6, 4)
+
+
+def test_a_window_that_cannot_be_measured_is_refused_before_any_rank_starts(tmp_path, capsys):
+    code = main(["run", "--workload", "tiny", "--trainer", "freescale", "--steps", "6",
+                 "--warmup", "2", "--set", "freescale.window=4", "--out", str(tmp_path)])
+    assert code == 2
+    assert "no whole window of 4 steps" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+TRAINERS = ["ddp", "freescale"] + [t for t, pkg in (("torchrec", "torchrec"),
+                                                     ("deepspeed", "deepspeed"))
+                                   if importlib.util.find_spec(pkg)]
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_no_trainer_generates_data_in_its_training_process(trainer, tmp_path):
+    workload = dataclasses.replace(tiny(), steps=5, warmup=1)
+    run_dir, summary = run_once(RunConfig(workload=workload, trainer=trainer, world_size=2),
+                                tmp_path, timeout_s=240)
+    assert summary["batches_generated_in_rank"] == 0
+    spans = read_timelines(run_dir)
+    assert set(spans["kind"]) <= {"compute", "comm", "wait", "input", "step"}
+    pulls = spans[spans["name"] == "input"].groupby("rank").size()
+    # Each step's input pulled once; a read-ahead pipeline (TorchRec's) also tries one
+    # pull past the last step, which ends its iteration.
+    assert pulls.between(workload.steps, workload.steps + 1).all()
+    causes = sum(summary[k] for k in ("straggler_bubble_ratio", "exposed_comm_ratio",
+                                      "input_stall_ratio", "other_idle_ratio"))
+    assert causes == pytest.approx(summary["bubble_ratio"], abs=1e-9)
+
+
+@pytest.mark.dist
+def test_prefetching_hides_a_slow_source_that_inline_input_exposes(tmp_path):
+    """A source taking 40 ms per batch, steps of ~150 ms: the loader worker prepares step
+    k+1 while step k trains, so the step barely waits; inline, every step waits 40 ms."""
+    base = synthetic_workload(input_delay_ms=40.0)
+    workload = dataclasses.replace(base, synthetic=dataclasses.replace(base.synthetic,
+                                                                       us_per_token=18000.0))
+    waits = []
+    for attempt in range(3):
+        out = {}
+        for workers in (1, 0):
+            _, out[workers] = run_once(RunConfig(workload=workload, trainer="ddp", world_size=2,
+                                                 input_workers=workers), tmp_path / str(attempt))
+        if not any(s["contended"] for s in out.values()):
+            break
+        waits.append(max(s["cpu_wait_ratio"] for s in out.values()))
+    else:
+        pytest.skip(f"machine contended in 3 tries (CPU wait {waits}, threshold "
+                    f"{CONTENDED_CPU_WAIT:.0%})")
+    t_inline = out[0]["step_time_ms_mean"]
+    assert out[0]["input_stall_ratio"] == pytest.approx(40.0 / t_inline, abs=0.03)
+    assert out[1]["input_stall_ratio"] < 0.03
