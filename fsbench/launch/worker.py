@@ -8,6 +8,7 @@ fsbench.launch.worker RUN_DIR`) with RUN_DIR on shared storage, holding the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -44,20 +45,23 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
                            workers=run.input_workers)
     # Samples SM occupancy (GPU) or CPU utilization and RSS during measured steps only.
     monitor = RankMonitor(ctx.device)
+    profiler = GpuKernelRecord(ctx, run_dir)
     try:
         with open(run_dir / f"steps-rank-{ctx.rank}.jsonl", "a") as stats_file:
             for step in range(run.workload.steps):
                 if step == measured.start:
                     monitor.start()
+                    profiler.start()
                 if step == measured.stop:
                     monitor.stop()
+                    profiler.stop()
                 timeline.begin_step(step, warmup=step not in measured)
                 # The start barrier (its own group): every rank enters the timed step
                 # together, so step time measures the step and not the ranks' skew in
                 # reaching it.
                 with timeline.span("barrier"):
                     ctx.barrier()
-                with timeline.span("step"):
+                with timeline.span("step"), profiler.step(step):
                     stats = trainer.step(inputs)
                 if stats.step is not None and stats.step != step:
                     raise RuntimeError(f"trainer trained step {stats.step} at harness step {step}")
@@ -68,6 +72,7 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
                 stats_file.flush()
                 timeline.flush()
         monitor.stop()
+        profiler.stop()
         write_json_atomic(run_dir / f"input-rank-{ctx.rank}.json",
                           {"input_workers": run.input_workers,
                            "batches_generated_in_rank": source.generated})
@@ -78,6 +83,37 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
         monitor.stop()
         inputs.close()
         trainer.close()
+
+
+class GpuKernelRecord:
+    """CUDA runs: the profiler's (Kineto) record of the measured steps, each step inside a
+    `fsbench.step.<k>` annotation, exported as kineto-rank-<r>.json.gz; busy time is then
+    the union of the rank's compute kernels per step (fsbench.kineto). A no-op on CPU.
+    NOT YET RUN ON A GPU."""
+
+    def __init__(self, ctx: fsdist.RankContext, run_dir: Path) -> None:
+        self.on = ctx.device.type == "cuda"
+        self.path = run_dir / f"kineto-rank-{ctx.rank}.json.gz"
+        self.prof = None
+
+    def start(self) -> None:
+        if self.on and self.prof is None:
+            from torch.profiler import ProfilerActivity, profile
+
+            # CPU activity too: the step annotations are CPU-side user annotations.
+            self.prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            self.prof.__enter__()
+
+    def step(self, k: int):
+        if self.prof is None:
+            return contextlib.nullcontext()
+        return torch.profiler.record_function(f"fsbench.step.{k}")
+
+    def stop(self) -> None:
+        if self.prof is not None:
+            prof, self.prof = self.prof, None
+            prof.__exit__(None, None, None)
+            prof.export_chrome_trace(str(self.path))
 
 
 def parse_options(cls: type, name: str, given: dict[str, str]):
