@@ -15,9 +15,12 @@ pull): on the 2-core VM a loader process per rank competes with the two spinning
 for the cores (~1.7% run-queue wait, counted as other idle), which the closed form does
 not model; inline, the input stage is exactly the (sleeping) input delay plus ~0.3 ms.
 
-A run is only evidence when the machine was quiet: each case reports its `cpu_wait_ratio`
-and `contended` flag (fsbench.metrics.CONTENDED_CPU_WAIT), and callers retry or refuse
-contended results rather than compare them.
+A run is only evidence when the machine was quiet: each case reports its `cpu_wait_ratio`.
+Time a rank waits for a CPU is idle time the closed form does not know (it lands in other
+idle), and the measured bubble error tracks it one for one: 0.011-0.029 at 0.6-1.4% CPU
+wait, 0.033 at 3.5% (a neighbour compiling). So a case is judged only when its ranks
+waited at most `TRUTH_MAX_CPU_WAIT` of their step time; callers retry a louder run and
+then refuse to judge it, naming the wait, rather than compare it with the tolerance.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from fsbench.workloads.presets import tiny
 RATIOS = ("bubble_ratio", "straggler_bubble_ratio", "exposed_comm_ratio", "input_stall_ratio",
           "other_idle_ratio", "load_imbalance")
 TOLERANCE = 0.03
+TRUTH_MAX_CPU_WAIT = 0.02  # above it, CPU wait alone can use up most of the tolerance
 
 
 def synthetic_workload(lengths: str = "fixed:8", batch: int = 8, **synthetic) -> WorkloadConfig:
