@@ -307,12 +307,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from fsbench.groundtruth import TOLERANCE, validate
+    from fsbench.groundtruth import TOLERANCE, TRUTH_MAX_CPU_WAIT, validate
 
     table = validate(args.out, world_size=args.world_size)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     worst = table["abs_error"].max()
     print(f"worst absolute error {worst:.4f} (tolerance {TOLERANCE})")
+    loud = table[table["cpu_wait_ratio"] > TRUTH_MAX_CPU_WAIT]["case"].unique()
+    if len(loud):
+        print(f"warning: ranks waited for a CPU more than {TRUTH_MAX_CPU_WAIT:.0%} of their step "
+              f"time in {', '.join(loud)}: another process was busy; errors there include it")
     return 0 if table["ok"].all() else 1
 
 
