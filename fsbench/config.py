@@ -9,9 +9,8 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 
-
-class ConfigError(ValueError):
-    """Bad user input: one line naming the field and what is allowed."""
+from fsbench import specs
+from fsbench.errors import ConfigError  # re-exported: `from fsbench.config import ConfigError`
 
 
 def _require(cond: bool, msg: str) -> None:
@@ -66,6 +65,8 @@ class SyntheticComputeConfig:
     """The slow rank's cost is (1 + slow_factor) times its tokens' cost."""
     comm_delay_ms: float = 0.0
     """Every rank waits this long (sleeping, no CPU) before its gradient collective."""
+    input_delay_ms: float = 0.0
+    """Producing each global batch takes this long (sleeping): a slow data source."""
 
     def __post_init__(self) -> None:
         _require(self.us_per_token > 0, f"synthetic.us_per_token={self.us_per_token} must be > 0")
@@ -73,6 +74,8 @@ class SyntheticComputeConfig:
         _require(self.slow_factor >= 0, f"synthetic.slow_factor={self.slow_factor} must be >= 0")
         _require(self.comm_delay_ms >= 0,
                  f"synthetic.comm_delay_ms={self.comm_delay_ms} must be >= 0")
+        _require(self.input_delay_ms >= 0,
+                 f"synthetic.input_delay_ms={self.input_delay_ms} must be >= 0")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -129,11 +132,10 @@ class WorkloadConfig:
         _require(self.lr > 0, f"lr={self.lr} must be > 0")
         _one_of("compute", self.compute, COMPUTE_MODES)
         # Parse the distribution and data specs now, so a typo fails before any rank starts.
-        from fsbench.workloads import distributions, popularity, realdata
-
-        distributions.parse_length_spec(self.lengths)
-        popularity.parse_popularity_spec(self.popularity)
-        realdata.parse_data_spec(self.data)
+        # fsbench.specs is standard library only: no numpy, no torch, no fsbench.workloads.
+        specs.parse_lengths(self.lengths)
+        specs.parse_popularity(self.popularity)
+        specs.parse_data(self.data)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -152,12 +154,16 @@ class RunConfig:
     """OMP/intra-op threads per rank; 1 keeps thread CPU time an honest busy measure."""
     trainer_options: dict[str, str] = field(default_factory=dict)
     """Trainer-specific switches from `--set <trainer>.<key>=value`."""
+    input_workers: int = 1
+    """Data-loader worker processes per rank preparing inputs ahead (0: prepare inline,
+    at the step's pull, all of it input stall)."""
 
     def __post_init__(self) -> None:
         _positive("world_size", self.world_size)
         _one_of("backend", self.backend, ("auto", "gloo", "nccl"))
         _one_of("device", self.device, ("cpu", "cuda"))
         _positive("threads_per_rank", self.threads_per_rank)
+        _positive("input_workers", self.input_workers, 0)
         _require(self.workload.global_batch_size >= self.world_size,
                  f"world_size={self.world_size} exceeds global_batch_size="
                  f"{self.workload.global_batch_size}: every rank needs at least one sample")

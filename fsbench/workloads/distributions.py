@@ -11,25 +11,21 @@ presets reproduce the real median and p90, not only the mean.
 
 Item popularity (`zipf:S`) lives in `popularity.py`.
 
-Specs are parsed on every config construction, so parsing is cheap: presets are
-prebuilt and histogram files are cached by (path, mtime, size).
+Parsing and checking a spec, and the presets' numbers, live in `fsbench.specs` (standard
+library only, so building a config never imports numpy or torch); this module turns a
+parsed spec into the object that samples. Specs are parsed on every config construction,
+so both steps are cheap: presets are prebuilt and histogram files are cached by
+(path, mtime, size).
 """
 from __future__ import annotations
 
-import csv
 import functools
-import math
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from fsbench.config import ConfigError
-
-_KINDS = ("fixed:L", "uniform:LO-HI",
-          "lognormal:mu=..,sigma=..[,shift=..,min=..,max=..,mode=truncate|clip]",
-          "powerlaw:alpha=..,xmin=..", "hist:PATH (a length_bin,count CSV)")
+from fsbench import specs
 
 
 def _finish(values: np.ndarray, max_len: int) -> np.ndarray:
@@ -67,10 +63,6 @@ class UniformLength:
         return f"uniform integer length in [{self.lo}, {self.hi}]"
 
 
-def _normal_cdf(x: float) -> float:
-    return 0.5 * math.erfc(-x / math.sqrt(2.0))
-
-
 @dataclass(frozen=True, slots=True)
 class LogNormalLength:
     """round(shift + LogNormal(mu, sigma)), optionally bounded to [min, max].
@@ -88,22 +80,13 @@ class LogNormalLength:
     mode: str = "truncate"
 
     def _z_bounds(self) -> tuple[float, float]:
-        """Standard-normal interval whose rounded image lies in [min, max]. round(v) >= m
-        exactly when v >= m - 0.5 (ties have probability zero)."""
-        def z_of(bound: float) -> float:
-            x = bound - self.shift
-            return -math.inf if x <= 0 else (math.log(x) - self.mu) / self.sigma
-        lo = -math.inf if self.min is None else z_of(self.min - 0.5)
-        hi = math.inf if self.max is None else z_of(self.max + 0.5)
-        return lo, hi
+        """Standard-normal interval whose rounded image lies in [min, max]."""
+        return specs.lognormal_z_bounds(self.mu, self.sigma, self.shift, self.min, self.max)
 
     def truncated_mass(self) -> float:
         """Probability of the [min, max] window under the untruncated distribution."""
-        lo, hi = self._z_bounds()
-        # Hazard: 1 - cdf loses all precision in the upper tail; use the mirrored side.
-        if lo > 0:
-            return _normal_cdf(-lo) - _normal_cdf(-hi)
-        return _normal_cdf(hi) - _normal_cdf(lo)
+        return specs.lognormal_window_mass(self.mu, self.sigma, self.shift, self.min,
+                                           self.max)
 
     def sample(self, rng: np.random.Generator, n: int, max_len: int) -> np.ndarray:
         if self.mode == "truncate" and (self.min is not None or self.max is not None):
@@ -122,7 +105,7 @@ class LogNormalLength:
         lo, hi = self._z_bounds()
         flip = lo > 0  # sample the mirrored interval so cdf values stay away from 1.0
         a, b = (-hi, -lo) if flip else (lo, hi)
-        u = rng.uniform(_normal_cdf(a), _normal_cdf(b), n)
+        u = rng.uniform(specs.normal_cdf(a), specs.normal_cdf(b), n)
         z = torch.special.ndtri(torch.from_numpy(u)).numpy()
         z = np.clip(z, a, b)  # ndtri(0) is -inf; keep draws inside the interval
         return -z if flip else z
@@ -199,208 +182,46 @@ class LengthPreset:
                 f"p90 {self.p90:g} ({self.source})")
 
 
-def _lognormal_quantile(z: float, mu: float, sigma: float, shift: float) -> float:
-    """shift + LogNormal(mu, sigma) at the standard-normal quantile z."""
-    return shift + math.exp(mu + sigma * z)
+def _lognormal(spec: specs.LogNormalLengthSpec) -> LogNormalLength:
+    return LogNormalLength(mu=spec.mu, sigma=spec.sigma, shift=spec.shift, min=spec.min,
+                           max=spec.max, mode=spec.mode)
 
 
-_Z90 = 1.2815515655446004  # standard-normal 90th percentile
-
-LENGTH_PRESETS: dict[str, LengthPreset] = {p.name: p for p in (
-    # 22,363 users; lengths min 5, median 6, mean 8.88, p90 14, p99 43, max 204.
-    # Fit: 4 + round(LN(0.683, 1.232)) truncated below at 5, KS <= 0.006.
-    LengthPreset("amazon-beauty",
-                 LogNormalLength(mu=0.683, sigma=1.232, shift=4, min=5),
-                 median=6, p90=14, source="Amazon Beauty 5-core as preprocessed by ICLRec"),
-    # 30,431 users; min 5, median 7, mean 10.40, p90 19, p99 54, max 350.
-    # Fit: 4 + round(LN(0.944, 1.290)) truncated below at 5, KS <= 0.006.
-    LengthPreset("yelp",
-                 LogNormalLength(mu=0.944, sigma=1.290, shift=4, min=5),
-                 median=7, p90=19, source="Yelp 5-core as preprocessed by ICLRec"),
-    # 943 users; min 20, median 65, mean 106.0, p90 244.4, p99 442.5, max 737.
-    # Fit: round(LN(3.728, 1.218)) truncated below at 20, KS 0.063.
-    LengthPreset("movielens-100k",
-                 LogNormalLength(mu=3.728, sigma=1.218, min=20),
-                 median=65, p90=244.4, source="MovieLens-100K, RecBole example file"),
-    # LensKit's published fit: loc 17.7 + LogNormal(s=1.387, scale=67.25), mean 165.6,
-    # KL 0.134. MovieLens keeps users with >= 20 ratings, hence the floor.
-    LengthPreset("movielens-1m",
-                 LogNormalLength(mu=math.log(67.25), sigma=1.387, shift=17.7, min=20),
-                 median=round(17.7 + 67.25, 2),
-                 p90=round(_lognormal_quantile(_Z90, math.log(67.25), 1.387, 17.7), 1),
-                 source="LensKit's MovieLens-1M fit; targets are the fit's own analytical "
-                        "median and p90, as no raw quantiles are published"),
-    # LensKit's published fit: loc 19.1 + LogNormal(s=1.609, scale=43.09), mean 144.4,
-    # KL 0.036.
-    LengthPreset("movielens-20m",
-                 LogNormalLength(mu=math.log(43.09), sigma=1.609, shift=19.1, min=20),
-                 median=round(19.1 + 43.09, 2),
-                 p90=round(_lognormal_quantile(_Z90, math.log(43.09), 1.609, 19.1), 1),
-                 source="LensKit's MovieLens-20M fit; targets are the fit's own analytical "
-                        "median and p90, as no raw quantiles are published"),
-    # 12,899,779 sessions; min 2, median 6, mean 16.8, p75 15, p90 39, p95 68, max 500.
-    # Fit: LN(1.761, 1.483) clipped to [2, 500], max log residual 0.053 on the quantiles.
-    LengthPreset("otto-sessions",
-                 LogNormalLength(mu=1.761, sigma=1.483, min=2, max=500, mode="clip"),
-                 median=6, p90=39, source="OTTO train sessions, official dataset README"),
-    # 1,000 users; p10 1998, p25 4370, median 8327, mean 11,713, p75 14990, p90 24418,
-    # p99 62626, max 127,557. Fit: LN(8.934, 0.932), implied mean 11,710. The fit matches
-    # the mean and p90; its median (7,583) sits 9% below the real one.
-    LengthPreset("kuairand-1k",
-                 LogNormalLength(mu=8.934, sigma=0.932),
-                 median=8327, p90=24418,
-                 source="KuaiRand-1K users, official totals and third-party quantiles"),
-)}
-
-_ALLOWED = ("allowed: a preset (" + ", ".join(LENGTH_PRESETS) + ") or "
-            + ", ".join(_KINDS))
+# The numbers (and where they come from) are in fsbench.specs.LENGTH_PRESET_SPECS.
+LENGTH_PRESETS: dict[str, LengthPreset] = {
+    name: LengthPreset(name, _lognormal(p.distribution), median=p.median, p90=p.p90,
+                       source=p.source)
+    for name, p in specs.LENGTH_PRESET_SPECS.items()
+}
 
 
 # ---------------------------------------------------------------------------
-# Parsing.
-
-def _bad_length(spec: str, why: str) -> ConfigError:
-    return ConfigError(f"lengths={spec!r}: {why}; {_ALLOWED}")
-
-
-def _int(spec: str, name: str, text: str, minimum: int = 1) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise _bad_length(spec, f"{name}={text!r} is not an integer") from None
-    if value < minimum:
-        raise _bad_length(spec, f"{name}={value} must be >= {minimum}")
-    return value
-
-
-def _float(spec: str, name: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise _bad_length(spec, f"{name}={text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise _bad_length(spec, f"{name}={text!r} must be finite")
-    return value
-
-
-def _keyvals(spec: str, body: str, required: set[str], optional: set[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for part in body.split(","):
-        key, eq, value = part.partition("=")
-        key = key.strip()
-        if not eq or key not in required | optional:
-            raise _bad_length(spec, f"unexpected {part.strip()!r}")
-        if key in out:
-            raise _bad_length(spec, f"{key} given twice")
-        out[key] = value.strip()
-    missing = sorted(required - out.keys())
-    if missing:
-        raise _bad_length(spec, "missing " + ", ".join(missing))
-    return out
-
-
-def _parse_lognormal(spec: str, body: str) -> LogNormalLength:
-    kv = _keyvals(spec, body, {"mu", "sigma"}, {"shift", "min", "max", "mode"})
-    sigma = _float(spec, "sigma", kv["sigma"])
-    if sigma <= 0:
-        raise _bad_length(spec, f"sigma={sigma:g} must be > 0")
-    lo = _int(spec, "min", kv["min"]) if "min" in kv else None
-    hi = _int(spec, "max", kv["max"]) if "max" in kv else None
-    if lo is not None and hi is not None and lo > hi:
-        raise _bad_length(spec, f"min={lo} must be <= max={hi}")
-    mode = kv.get("mode", "truncate")
-    if mode not in ("truncate", "clip"):
-        raise _bad_length(spec, f"mode={mode!r} must be truncate or clip")
-    dist = LogNormalLength(mu=_float(spec, "mu", kv["mu"]), sigma=sigma,
-                           shift=_float(spec, "shift", kv.get("shift", "0")),
-                           min=lo, max=hi, mode=mode)
-    if mode == "truncate" and dist.truncated_mass() < 1e-12:
-        raise _bad_length(spec, "min/max leave no probability mass to truncate to")
-    return dist
-
-
-def _parse_powerlaw(spec: str, body: str) -> PowerLawLength:
-    kv = _keyvals(spec, body, {"alpha", "xmin"}, set())
-    alpha = _float(spec, "alpha", kv["alpha"])
-    if alpha <= 1:
-        raise _bad_length(spec, f"alpha={alpha:g} must be > 1")
-    return PowerLawLength(alpha=alpha, xmin=_int(spec, "xmin", kv["xmin"]))
-
-
-def _parse_uniform(spec: str, body: str) -> UniformLength:
-    lo_text, dash, hi_text = body.partition("-")
-    if not dash:
-        raise _bad_length(spec, "expected uniform:LO-HI")
-    lo, hi = _int(spec, "LO", lo_text), _int(spec, "HI", hi_text)
-    if lo > hi:
-        raise _bad_length(spec, f"LO={lo} must be <= HI={hi}")
-    return UniformLength(lo, hi)
-
+# Parsed spec -> distribution.
 
 @functools.lru_cache(maxsize=64)
-def _load_hist(path: str, _mtime_ns: int, _size: int) -> HistogramLength:
-    """Read a `length_bin,count` CSV; ValueError says what is wrong with it. The stat
-    fields are only cache keys, so an edited file is re-read."""
-    try:
-        with open(path, newline="") as f:
-            rows = list(csv.reader(f))
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(str(e)) from None
-    if not rows or [c.strip() for c in rows[0]] != ["length_bin", "count"]:
-        raise ValueError("the first line must be the header length_bin,count")
-    bins, counts = [], []
-    for line_no, row in enumerate(rows[1:], start=2):
-        if not "".join(row).strip():
-            continue
-        try:
-            if len(row) != 2:
-                raise ValueError
-            b, c = int(row[0]), float(row[1])
-        except ValueError:
-            raise ValueError(f"line {line_no} is not 'length_bin,count': "
-                             f"{','.join(row)!r}") from None
-        if b < 1 or not (c >= 0 and math.isfinite(c)):
-            raise ValueError(f"line {line_no}: length_bin must be >= 1 and count >= 0")
-        bins.append(b)
-        counts.append(c)
-    total = sum(counts)
-    if total <= 0:
-        raise ValueError("no bin has a positive count")
-    cdf = np.cumsum(np.asarray(counts)) / total
-    return HistogramLength(path, np.asarray(bins, dtype=np.int64), cdf)
+def _histogram(spec: specs.HistLengthSpec) -> HistogramLength:
+    """Cached, so an unchanged file gives the same object (specs caches the read)."""
+    cdf = np.cumsum(np.asarray(spec.counts)) / sum(spec.counts)
+    return HistogramLength(spec.path, np.asarray(spec.bins, dtype=np.int64), cdf)
 
 
-def _parse_hist(spec: str, path: str) -> HistogramLength:
-    if not path:
-        raise _bad_length(spec, "hist needs a path")
-    path = os.path.abspath(path)
-    try:
-        st = os.stat(path)
-        return _load_hist(path, st.st_mtime_ns, st.st_size)
-    except OSError as e:
-        why = e.strerror
-    except ValueError as e:
-        why = str(e)
-    raise ConfigError(f"lengths={spec!r}: cannot use {path}: {why}")
+def length_distribution(spec: specs.LengthSpec) -> LengthDistribution:
+    """The distribution that samples a parsed length spec."""
+    if isinstance(spec, specs.LengthPresetSpec):
+        return LENGTH_PRESETS[spec.name].distribution
+    if isinstance(spec, specs.FixedLengthSpec):
+        return FixedLength(spec.length)
+    if isinstance(spec, specs.UniformLengthSpec):
+        return UniformLength(spec.lo, spec.hi)
+    if isinstance(spec, specs.LogNormalLengthSpec):
+        return _lognormal(spec)
+    if isinstance(spec, specs.PowerLawLengthSpec):
+        return PowerLawLength(alpha=spec.alpha, xmin=spec.xmin)
+    if isinstance(spec, specs.HistLengthSpec):
+        return _histogram(spec)
+    raise TypeError(f"not a length spec: {spec!r}")
 
 
 def parse_length_spec(spec: str) -> LengthDistribution:
     """The length distribution a `lengths=` spec names; ConfigError (one line) if bad."""
-    if not isinstance(spec, str):
-        raise _bad_length(str(spec), "must be a string")
-    if spec in LENGTH_PRESETS:
-        return LENGTH_PRESETS[spec].distribution
-    kind, colon, body = spec.partition(":")
-    if not colon:
-        raise _bad_length(spec, "unknown preset or kind")
-    if kind == "fixed":
-        return FixedLength(_int(spec, "L", body))
-    if kind == "uniform":
-        return _parse_uniform(spec, body)
-    if kind == "lognormal":
-        return _parse_lognormal(spec, body)
-    if kind == "powerlaw":
-        return _parse_powerlaw(spec, body)
-    if kind == "hist":
-        return _parse_hist(spec, body)
-    raise _bad_length(spec, f"unknown kind {kind!r}")
+    return length_distribution(specs.parse_lengths(spec))

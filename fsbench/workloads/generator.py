@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fsbench.config import ConfigError, WorkloadConfig
+from fsbench.config import WorkloadConfig
+from fsbench.errors import ConfigError
 from fsbench.workloads.batch import JaggedBatch
 from fsbench.workloads.distributions import parse_length_spec
 from fsbench.workloads.popularity import parse_popularity_spec

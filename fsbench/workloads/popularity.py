@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fsbench.config import ConfigError
+from fsbench import specs
 
 _ZIPF_HEAD = 1 << 16
 """Ranks tabulated exactly. Beyond this the pmf k^-S is integrated over [k-1/2, k+1/2]
@@ -95,17 +95,4 @@ class ZipfPopularity:
 
 def parse_popularity_spec(spec: str) -> ZipfPopularity:
     """The popularity a `popularity=` spec names; ConfigError (one line) if bad."""
-    def bad(why: str) -> ConfigError:
-        return ConfigError(f"popularity={spec!r}: {why}; allowed: zipf:S with S > 0 "
-                           "(e.g. zipf:1.0)")
-
-    kind, colon, body = str(spec).partition(":")
-    if kind != "zipf" or not colon:
-        raise bad("unknown form")
-    try:
-        s = float(body)
-    except ValueError:
-        raise bad(f"S={body!r} is not a number") from None
-    if not (s > 0 and math.isfinite(s)):
-        raise bad(f"S={body} must be a finite number > 0")
-    return ZipfPopularity(s)
+    return ZipfPopularity(specs.parse_popularity(spec).s)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from fsbench.config import ConfigError, ModelConfig, WorkloadConfig
+from fsbench.config import ModelConfig, WorkloadConfig
+from fsbench.errors import ConfigError
 
 
 def tiny() -> WorkloadConfig:

@@ -16,41 +16,26 @@ build the global batch itself.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from fsbench.config import ConfigError, WorkloadConfig
+from fsbench.config import WorkloadConfig
+from fsbench.errors import ConfigError
+from fsbench.specs import DATA_ALLOWED as _ALLOWED
+from fsbench.specs import DATA_KINDS, DataSpec, parse_data
 from fsbench.workloads.batch import JaggedBatch
 from fsbench.workloads.generator import step_rng
 
-DATA_KINDS = ("sasrec", "recbole", "otto")
-_ALLOWED = "allowed: synthetic, sasrec:PATH, recbole:PATH, otto:PATH"
-
-
-@dataclass(frozen=True, slots=True)
-class DataSpec:
-    kind: str
-    """`synthetic` or one of DATA_KINDS."""
-    path: str | None = None
-
-    def __str__(self) -> str:
-        return self.kind if self.path is None else f"{self.kind}:{self.path}"
+__all__ = ["DATA_KINDS", "DataSpec", "Histories", "RealDataBatches", "context_ids_for_users",
+           "histories_from_events", "load_histories", "parse_data_spec"]
 
 
 def parse_data_spec(spec: str) -> DataSpec:
     """The data source a `data=` spec names; ConfigError (one line) if bad. Only checks
     that the file exists: reading it is load_histories' job."""
-    if spec == "synthetic":
-        return DataSpec("synthetic")
-    kind, colon, path = str(spec).partition(":")
-    if kind not in DATA_KINDS or not colon:
-        raise ConfigError(f"data={spec!r}: unknown kind {kind!r}; {_ALLOWED}")
-    if not os.path.isfile(path):
-        raise ConfigError(f"data={spec!r}: no such file {path!r}; {_ALLOWED}")
-    return DataSpec(kind, path)
+    return parse_data(spec)
 
 
 @dataclass(frozen=True, eq=False)
