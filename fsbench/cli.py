@@ -190,10 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_writable_dir(path: str) -> None:
-    try:  # TEMP
-        from fsbench.store import check_writable_dir as check
-    except ImportError:
-        return
+    from fsbench.store import check_writable_dir as check
 
     check(path)
 
@@ -256,7 +253,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     from fsbench.report import check_format, render, select_runs, write_report
 
     check_format(args.format)  # before reading any run
-    check_writable_dir(args.out)
     runs = select_runs(args.run_dirs, args.runs, args.workload, args.trainers)
     table, written = write_report(runs, args.baseline, args.format, args.out, args.step_run,
                                   plots=not args.no_plots)

@@ -169,11 +169,14 @@ def select_runs(run_dirs: list[str], runs_root: str | os.PathLike, workload: str
                 trainers: list[str] | None = None) -> pd.DataFrame:
     """Explicit run dirs (each must be a complete run), or every complete run under
     `runs_root`; then filtered by workload and trainers. Raises ConfigError if none."""
+    if len(run_dirs) == 1 and _is_store(Path(run_dirs[0])):
+        run_dirs, runs_root = [], run_dirs[0]  # a store given as RUN_DIR: report it
     if run_dirs:
         dirs = [Path(d) for d in run_dirs]
         for d in dirs:
             if not (d / "manifest.json").is_file():
-                raise ConfigError(f"{d} is not a run directory (no manifest.json)")
+                raise ConfigError(f"{d} is not a run directory (no manifest.json); to report "
+                                  "a store use --runs DIR")
     else:
         root = Path(runs_root)
         if not root.is_dir():
@@ -199,6 +202,12 @@ def select_runs(run_dirs: list[str], runs_root: str | os.PathLike, workload: str
                             ("trainers", ",".join(trainers or []))) if v)
         raise ConfigError(f"no complete runs matched in {where}" + (f" ({filters})" if filters else ""))
     return runs.reset_index(drop=True)
+
+
+def _is_store(path: Path) -> bool:
+    """A directory of run directories (not itself a run)."""
+    return (path.is_dir() and not (path / "manifest.json").exists()
+            and any((d / "manifest.json").is_file() for d in path.iterdir() if d.is_dir()))
 
 
 def choose_step_run(runs: pd.DataFrame, baseline: str) -> str | None:
@@ -308,8 +317,7 @@ def write_report(runs: pd.DataFrame, baseline: str | None, fmt: str, out_dir: st
     baseline = next(c for c in table.columns if c.startswith("throughput_vs_"))[len("throughput_vs_"):]
     if step_run is not None and not any(Path(step_run).glob("rank-*.jsonl")):
         raise ConfigError(f"--step-run {step_run} is not a run directory (no rank-*.jsonl timelines)")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = store.check_writable_dir(out_dir)  # after the input checks: bad input writes nothing
     written = [out_dir / f"report.{ext}"]
     written[0].write_text(render(table, fmt))
     if plots:

@@ -23,11 +23,12 @@ import re
 import secrets
 import socket
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable
 
-from fsbench.config import RunConfig, to_dict
+from fsbench.config import ConfigError, RunConfig, to_dict
 from fsbench.trainer import resolve_trainer_class
 
 SCHEMA_VERSION = 1
@@ -162,6 +163,21 @@ def create_run_dir(out_dir: str | os.PathLike, run: RunConfig) -> Path:
     return run_dir
 
 
+def check_writable_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """Create `path` if needed and prove it writable, or raise ConfigError in one line
+    naming it (before any rank starts, so nothing is lost later)."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".fsbench-write-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: cannot write there ({e.strerror or e}); "
+                          "choose another directory") from None
+    return path
+
+
 def update_manifest(run_dir: str | os.PathLike, **fields: object) -> dict:
     path = Path(run_dir) / "manifest.json"
     manifest = read_json(path) | fields
@@ -177,7 +193,29 @@ def update_manifest(run_dir: str | os.PathLike, **fields: object) -> dict:
 # regenerated and a crash mid-write leaves the previous table intact.
 
 TABLE_SCHEMA_VERSION = 1
-RUN_STATUSES = ("complete", "failed", "interrupted", "incomplete", "running")
+RUN_STATUSES = ("complete", "failed", "interrupted", "incomplete", "running", "corrupt")
+_REQUIRED = ("run_id", "trainer", "workload", "world_size", "seed")
+_warned: set[str] = set()
+
+
+def warn_skip(path: Path, why: str) -> None:
+    """One line on stderr per bad file per process (a sweep rescans the store after every
+    run; the same line once is enough)."""
+    if str(path) not in _warned:
+        _warned.add(str(path))
+        print(f"fsbench: warning: skipping {path}: {why}", file=sys.stderr)
+
+
+def _read_dict(path: Path) -> tuple[dict | None, str | None]:
+    """(content, None) or (None, why it is unusable): a store may hold anything."""
+    try:
+        with open(path) as f:
+            obj = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return None, f"not readable JSON ({type(e).__name__})"
+    if not isinstance(obj, dict):
+        return None, f"JSON {type(obj).__name__}, not an object"
+    return obj, None
 
 
 def _pid_alive(pid: int | None) -> bool:
@@ -204,10 +242,20 @@ def run_status(manifest: dict) -> str:
 
 
 def run_row(run_dir: Path) -> dict | None:
-    """One table row for a run directory, or None if it is not one (no manifest)."""
-    try:
-        manifest = read_json(run_dir / "manifest.json")
-    except (OSError, json.JSONDecodeError):
+    """One table row for a run directory, or None if it is not one. A directory without
+    manifest.json is not a run (e.g. `calibrations/`); one whose manifest or summary is
+    corrupt or foreign is skipped with one warning line (a summary: the row stays, status
+    `corrupt`, without metrics), never an exception."""
+    path = run_dir / "manifest.json"
+    if not path.exists():
+        return None
+    manifest, why = _read_dict(path)
+    missing = [k for k in _REQUIRED if k not in manifest] if manifest else []
+    if manifest and (missing or not isinstance(manifest.get("config"), dict)
+                     or not isinstance(manifest["config"].get("workload"), dict)):
+        why = f"not an fsbench manifest (missing {', '.join(missing) or 'config.workload'})"
+    if why:
+        warn_skip(path, why)
         return None
     row = {
         "schema_version": TABLE_SCHEMA_VERSION,
@@ -221,14 +269,19 @@ def run_row(run_dir: Path) -> dict | None:
         "world_size": manifest["world_size"],
         "seed": manifest["seed"],
         "git_sha": manifest.get("git_sha"),
-        "hostname": manifest.get("host", {}).get("hostname"),
+        "hostname": (manifest.get("host") or {}).get("hostname"),
         "oversubscribed": manifest.get("oversubscribed"),
         "simulated": False,
     }
     summary_path = run_dir / "summary.json"
     if row["status"] == "complete" and summary_path.exists():
-        summary = read_json(summary_path)
-        row.update({k: v for k, v in summary.items() if not isinstance(v, (list, dict)) and k not in row})
+        summary, why = _read_dict(summary_path)
+        if why:
+            warn_skip(summary_path, why)
+            row["status"] = "corrupt"
+        else:
+            row.update({k: v for k, v in summary.items()
+                        if not isinstance(v, (list, dict)) and k not in row})
     return row
 
 
@@ -236,6 +289,8 @@ def scan_runs(out_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
     """Every run under `out_dir` as a DataFrame (one row per run), newest last."""
     import pandas as pd
 
+    # Stray files (notes, other tools' output) and directories that are not runs are
+    # simply not rows; run_row warns about run directories it cannot read.
     rows = [r for d in sorted(Path(out_dir).iterdir()) if d.is_dir() and (r := run_row(d))]
     df = pd.DataFrame(rows)
     return df.sort_values("created", kind="stable").reset_index(drop=True) if len(df) else df
