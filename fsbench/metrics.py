@@ -51,6 +51,8 @@ def rank_step_table(spans: pd.DataFrame, gpu_busy: pd.DataFrame | None = None) -
     other busy measure, and its exposed communication kernel time is the comm wait."""
     if "runq_ns" not in spans:  # timelines written before run-queue waits were recorded
         spans = spans.assign(runq_ns=0)
+    # Timelines written before the input pipeline called input preparation `data`.
+    spans = spans.assign(kind=spans["kind"].replace({"data": "input"}))
     steps = spans[spans["kind"] == "step"]
     bounds = steps.groupby(["step", "rank"]).agg(
         start_ns=("start_ns", "min"), dur_ns=("dur_ns", "max"), warmup=("warmup", "first"),

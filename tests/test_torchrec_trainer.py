@@ -255,7 +255,7 @@ def _probe_rank(rank: int, port: int, out_dir: str) -> None:
     ctx = fsdist.init_distributed("gloo", "cpu")
     try:
         run = RunConfig(workload=sgd_workload(), trainer=TRAINER, world_size=WORLD, seed=SEED)
-        batch = make_batch_source(run.workload, SEED).global_batch(0)
+        source = make_batch_source(run.workload, SEED)
         cases = {"table_wise": ("table_wise", None), "row_wise": ("row_wise", None),
                  # deliberately wrong: loss not scaled by N, so DMP's averaging halves
                  # every gradient; the comparison below must catch it
@@ -263,11 +263,12 @@ def _probe_rank(rank: int, port: int, out_dir: str) -> None:
         record = {}
         for case, (sharding, wrong_scale) in cases.items():
             trainer = T.TorchRecTrainer()
-            trainer.options = {"sharding": sharding, "pipeline": "sparse"}
-            trainer.setup(ctx, run)
+            trainer.options = T.TorchRecOptions(sharding=sharding, pipeline="sparse")
+            trainer.setup(ctx, run, source)
             if wrong_scale is not None:
                 trainer.dmp.module.grad_scale = wrong_scale
-            stats = trainer.step(batch)
+            prepare = trainer.make_preparer()
+            stats = trainer.step(iter([prepare(0), prepare(1)]))  # the pipeline reads ahead
             shards = {key: [(list(s.metadata.shard_offsets), list(s.metadata.shard_sizes))
                             for s in value.local_shards()]
                       for key, value in trainer.dmp.module.state_dict().items()
