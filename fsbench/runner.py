@@ -16,10 +16,7 @@ import pandas as pd
 from fsbench import metrics, store
 from fsbench.columns import SUMMARY_KEYS  # noqa: F401  (re-exported: the keys every summary has)
 from fsbench.config import RunConfig
-try:  # TEMP until fsbench.kineto lands
-    from fsbench.kineto import read_run_gpu_busy
-except ImportError:
-    read_run_gpu_busy = lambda d: None  # noqa: E731
+from fsbench.kineto import read_run_gpu_busy
 from fsbench.launch.local import launch_local
 from fsbench.timeline import read_timelines
 

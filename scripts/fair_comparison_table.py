@@ -46,3 +46,11 @@ print("`reported_*`: what each version's own summary said (before: medians of pe
 print("```")
 print(t.to_string(index=False, formatters=fmt))
 print("```")
+after = load_runs(f"{out}/after")
+gap = (after[CAUSES].sum(axis=1) - after["bubble_ratio"]).abs().max()
+print(f"\nAfter, every run's summary: |sum of the four causes - bubble| <= {gap:.1e}; "
+      f"batches generated in a rank's training process: {int(after['batches_generated_in_rank'].max())} "
+      f"(max over runs); contended runs: {int(after['contended'].sum())} of {len(after)}.")
+spread = after.groupby(["workload", "trainer"])["samples_per_s"].agg(lambda x: (x.max() - x.min()) / x.median())
+print("\nThroughput spread over repeats, (max - min) / median, after: "
+      + ", ".join(f"{w.split('=')[-1]}/{t}: {v:.1%}" for (w, t), v in spread.items()) + ".")

@@ -1,0 +1,148 @@
+"""GPU busy time from the GPU's own record: the profiler's (Kineto) kernel intervals.
+
+On CUDA a rank's busy time is the union of its compute-kernel intervals during the step.
+CUDA events recorded around compute spans are not busy time: the interval between two
+events on the compute stream includes the stream's waits on communication (DDP's
+all-reduce at the end of backward, an embedding all-to-all) and the gaps where the CPU
+had not launched the next kernel yet, so they under-report exactly the bubbles fsbench
+exists to find. The profiler records when each kernel really ran.
+
+- Union, not sum: kernels on several streams overlap in time.
+- Communication kernels (NCCL: "nccl" in the name, any case) are not compute. Their union
+  and its overlap with the compute union give the exposed communication (not overlapped
+  by compute) and the share hidden under compute, as Holistic Trace Analysis defines
+  communication/computation overlap.
+- Memory copies and sets (`gpu_memcpy`, `gpu_memset`) are neither: kept apart.
+- Steps: the worker wraps each measured step in `record_function("fsbench.step.<k>")`,
+  a CPU-side `user_annotation` in the trace, and synchronizes the device at the end of
+  every step, so step k's kernels run inside that window; they are clipped to it anyway.
+- Clock hazard: Kineto's `ts` (microseconds) is the profiler's own clock. It is never
+  compared with fsbench's CLOCK_MONOTONIC timelines; only per-step durations leave here.
+
+Standard library, numpy and pandas only: the tests run it on CPU against trace fixtures.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+GPU_TRACE_GLOB = "kineto-rank-*.json*"
+_STEP = re.compile(r"^fsbench\.step\.(\d+)$")
+_RANK = re.compile(r"kineto-rank-(\d+)\.json(\.gz)?$")
+KINDS = {"kernel": "compute", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+
+
+def load_trace(path: str | Path) -> list[dict]:
+    """The trace's events (`.json` or `.json.gz`)."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        trace = json.load(f)
+    return trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+
+
+def kernel_intervals(events: list[dict], device: int | None = None) -> pd.DataFrame:
+    """GPU activity as rows: start_us, end_us, name, stream, device, kind (compute, comm,
+    memcpy, memset). `device` keeps one GPU's rows (None: all)."""
+    rows = []
+    for e in events:
+        kind = KINDS.get(e.get("cat", ""))
+        if kind is None or e.get("ph") != "X":
+            continue
+        args = e.get("args") or {}
+        if device is not None and args.get("device") not in (None, device):
+            continue
+        if kind == "compute" and "nccl" in e.get("name", "").lower():
+            kind = "comm"
+        ts = float(e["ts"])
+        rows.append({"start_us": ts, "end_us": ts + float(e.get("dur", 0.0)),
+                     "name": e.get("name", ""), "stream": args.get("stream"),
+                     "device": args.get("device"), "kind": kind})
+    return pd.DataFrame(rows, columns=["start_us", "end_us", "name", "stream", "device", "kind"])
+
+
+def merge(intervals: np.ndarray) -> np.ndarray:
+    """Disjoint, sorted intervals covering the same time as `intervals` ([n, 2])."""
+    if len(intervals) == 0:
+        return np.empty((0, 2))
+    iv = intervals[np.argsort(intervals[:, 0])]
+    out = [list(iv[0])]
+    for start, end in iv[1:]:
+        if start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return np.array(out)
+
+
+def union_length(intervals: np.ndarray) -> float:
+    """Length of the union of intervals ([n, 2])."""
+    m = merge(intervals)
+    return float((m[:, 1] - m[:, 0]).sum()) if len(m) else 0.0
+
+
+def overlap_length(a: np.ndarray, b: np.ndarray) -> float:
+    """Length of (union of a) intersected with (union of b)."""
+    a, b = merge(a), merge(b)
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i, 0], b[j, 0]), min(a[i, 1], b[j, 1])
+        total += max(0.0, hi - lo)
+        if a[i, 1] < b[j, 1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def step_windows(events: list[dict]) -> pd.DataFrame:
+    """step, window_start_us, window_end_us from the `fsbench.step.<k>` annotations."""
+    rows = [{"step": int(m.group(1)), "window_start_us": float(e["ts"]),
+             "window_end_us": float(e["ts"]) + float(e.get("dur", 0.0))}
+            for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"
+            and (m := _STEP.match(e.get("name", "")))]
+    if not rows:
+        raise ValueError("the trace has no fsbench.step.<k> annotations: was it written by "
+                         "the fsbench worker?")
+    return pd.DataFrame(rows).drop_duplicates("step").sort_values("step").reset_index(drop=True)
+
+
+def _clipped(k: pd.DataFrame, lo: float, hi: float) -> np.ndarray:
+    iv = np.column_stack([k["start_us"].clip(lo, hi), k["end_us"].clip(lo, hi)]) if len(k) else np.empty((0, 2))
+    return iv[iv[:, 1] > iv[:, 0]] if len(iv) else iv
+
+
+def gpu_step_busy(events: list[dict], device: int | None = None) -> pd.DataFrame:
+    """One row per annotated step: busy_ns (union of compute kernels), comm_ns (union of
+    communication kernels), comm_overlap_ns (their intersection), memcpy_ns (copies and
+    sets), all clipped to the step's window. Steps without kernels get zeros."""
+    kernels = kernel_intervals(events, device)
+    rows = []
+    for w in step_windows(events).itertuples():
+        lo, hi = w.window_start_us, w.window_end_us
+        part = {kind: _clipped(kernels[kernels["kind"].isin(kinds)], lo, hi)
+                for kind, kinds in (("compute", ["compute"]), ("comm", ["comm"]),
+                                    ("memcpy", ["memcpy", "memset"]))}
+        us_to_ns = 1e3
+        rows.append({"step": w.step, "window_start_us": lo, "window_end_us": hi,
+                     "busy_ns": int(round(union_length(part["compute"]) * us_to_ns)),
+                     "comm_ns": int(round(union_length(part["comm"]) * us_to_ns)),
+                     "comm_overlap_ns": int(round(overlap_length(part["comm"], part["compute"]) * us_to_ns)),
+                     "memcpy_ns": int(round(union_length(part["memcpy"]) * us_to_ns))})
+    return pd.DataFrame(rows)
+
+
+def read_run_gpu_busy(run_dir: str | Path) -> pd.DataFrame | None:
+    """gpu_step_busy of every rank's trace in a run directory (a `rank` column added);
+    None when the run wrote no trace (CPU runs)."""
+    frames = []
+    for path in sorted(Path(run_dir).glob(GPU_TRACE_GLOB)):
+        m = _RANK.search(path.name)
+        if m:
+            frames.append(gpu_step_busy(load_trace(path)).assign(rank=int(m.group(1))))
+    return pd.concat(frames, ignore_index=True) if frames else None
