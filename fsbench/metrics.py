@@ -35,7 +35,8 @@ import pandas as pd
 
 CAUSES = ("straggler", "exposed_comm", "input_stall", "other_idle")
 # A run is `contended` when its ranks' compute threads waited for a CPU (Linux run-queue
-# wait) for more than this share of their step time: a neighbour process took cores.
+# wait) for more than this share of their step time beyond what the run's own loader
+# workers used (`input_worker_cpu_ratio`): a neighbour process took cores.
 # Measured on the 2-core VM at 2 ranks: quiet runs 1.7% (synthetic ground truth) to 3.4%
 # (DDP on `small`: gloo's threads, the loader workers, the monitor); beside one busy
 # process 28% (`small`), and a ground-truth bubble of 0.37 where 0 is true.
@@ -159,9 +160,15 @@ RATIO_KEYS = ("bubble_ratio", "straggler_bubble_ratio", "exposed_comm_ratio",
 
 
 def summarize(spans: pd.DataFrame, stats: pd.DataFrame,
-              gpu_busy: pd.DataFrame | None = None) -> dict:
+              gpu_busy: pd.DataFrame | None = None,
+              input_cpu: pd.DataFrame | None = None) -> dict:
     """Totals over measured (non-warm-up) steps, per-step quantiles beside them, and the
-    global loss per step."""
+    global loss per step.
+
+    input_cpu (optional): per (rank, step) `cpu_ns` its loader worker spent preparing that
+    step's input. On a machine without a spare core that CPU time is taken from the
+    ranks, so it is run-queue wait the run inflicted on itself, not a neighbour's:
+    `contended` counts only the wait beyond it."""
     table = throughput(step_metrics(spans, gpu_busy), stats)
     m = table[~table["warmup"]]
     if m.empty:
@@ -194,7 +201,12 @@ def summarize(spans: pd.DataFrame, stats: pd.DataFrame,
         "loss_last": float(losses.iloc[-1]),
         "losses": [float(x) for x in losses],
     }
-    out["contended"] = out["cpu_wait_ratio"] > CONTENDED_CPU_WAIT
+    own = 0.0
+    if input_cpu is not None and len(input_cpu) and m["span_ns"].sum() > 0:
+        measured = input_cpu[input_cpu["step"].isin(m["step"])]
+        own = float(measured["cpu_ns"].sum() / m["span_ns"].sum())
+    out["input_worker_cpu_ratio"] = own
+    out["contended"] = out["cpu_wait_ratio"] - own > CONTENDED_CPU_WAIT
     for key in RATIO_KEYS:
         out[f"{key}_p10"], out[f"{key}_p50"], out[f"{key}_p90"] = (q(key, p) for p in (0.1, 0.5, 0.9))
     return out

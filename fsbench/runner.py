@@ -71,17 +71,21 @@ def summarize_run(run_dir: Path) -> dict:
         "oversubscribed": manifest["oversubscribed"],
     }
     spans, stats = read_timelines(run_dir), read_step_stats(run_dir)
+    inputs = [(int(p.stem.split("-")[-1]), store.read_json(p))
+              for p in sorted(run_dir.glob("input-rank-*.json"))]
+    input_cpu = pd.DataFrame([{"rank": r, "step": int(k), "cpu_ns": v} for r, i in inputs
+                              for k, v in i.get("worker_cpu_ns", {}).items()],
+                             columns=["rank", "step", "cpu_ns"])
     # CUDA runs: busy time from the profiler's kernel record, when the ranks wrote one.
     gpu_busy = read_run_gpu_busy(run_dir)
     summary["busy_source"] = "kineto" if gpu_busy is not None else (
         "cuda_events" if spans["gpu_ns"].notna().any() else "thread_cpu_time")
-    summary.update(metrics.summarize(spans, stats, gpu_busy))
+    summary.update(metrics.summarize(spans, stats, gpu_busy, input_cpu))
     summary.update(metrics.plan_accuracy(spans, stats))
     summary.update(merge_monitors(run_dir))
-    inputs = [store.read_json(p) for p in sorted(run_dir.glob("input-rank-*.json"))]
     if inputs:  # 0 on every rank: no trainer generated data in its training process
-        summary["batches_generated_in_rank"] = max(i["batches_generated_in_rank"] for i in inputs)
-        summary["input_workers"] = inputs[0]["input_workers"]
+        summary["batches_generated_in_rank"] = max(i["batches_generated_in_rank"] for _, i in inputs)
+        summary["input_workers"] = inputs[0][1]["input_workers"]
     return summary
 
 

@@ -75,7 +75,8 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
         profiler.stop()
         write_json_atomic(run_dir / f"input-rank-{ctx.rank}.json",
                           {"input_workers": run.input_workers,
-                           "batches_generated_in_rank": source.generated})
+                           "batches_generated_in_rank": source.generated,
+                           "worker_cpu_ns": inputs.worker_cpu_ns})
         write_json_atomic(run_dir / f"monitor-rank-{ctx.rank}.json",
                           {"summary": monitor.summary(), "samples": monitor.samples(),
                            "errors": [str(e) for e in monitor.errors]})
