@@ -54,6 +54,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("load_imbalance", "imbalance %", _pct, True, True),
     Column("cpu_wait_ratio", "cpu wait %", _pct, True, True),
     Column("input_worker_cpu_ratio", "loader cpu %", _pct, True, True),
+    Column("cpu_steal_ratio", "cpu steal %", _pct, True, True),
     Column("sm_occupancy", "SM occ %", _pct, True, True),
     Column("scaling_efficiency", "scaling eff %", _pct, wall_clock=True),
     Column("simulated", "simulated", _yes),

@@ -161,14 +161,19 @@ RATIO_KEYS = ("bubble_ratio", "straggler_bubble_ratio", "exposed_comm_ratio",
 
 def summarize(spans: pd.DataFrame, stats: pd.DataFrame,
               gpu_busy: pd.DataFrame | None = None,
-              input_cpu: pd.DataFrame | None = None) -> dict:
+              input_cpu: pd.DataFrame | None = None, steal_ticks: int = 0,
+              total_ticks: int = 0) -> dict:
     """Totals over measured (non-warm-up) steps, per-step quantiles beside them, and the
     global loss per step.
 
     input_cpu (optional): per (rank, step) `cpu_ns` its loader worker spent preparing that
     step's input. On a machine without a spare core that CPU time is taken from the
     ranks, so it is run-queue wait the run inflicted on itself, not a neighbour's:
-    `contended` counts only the wait beyond it."""
+    `contended` counts only the wait beyond it.
+
+    steal_ticks / total_ticks (optional): the machine's CPU steal over the measured steps
+    (/proc/stat): the hypervisor running something else on our virtual CPUs stretches
+    wall time without any run-queue wait, so it counts towards `contended` too."""
     table = throughput(step_metrics(spans, gpu_busy), stats)
     m = table[~table["warmup"]]
     if m.empty:
@@ -206,7 +211,8 @@ def summarize(spans: pd.DataFrame, stats: pd.DataFrame,
         measured = input_cpu[input_cpu["step"].isin(m["step"])]
         own = float(measured["cpu_ns"].sum() / m["span_ns"].sum())
     out["input_worker_cpu_ratio"] = own
-    out["contended"] = out["cpu_wait_ratio"] - own > CONTENDED_CPU_WAIT
+    out["cpu_steal_ratio"] = steal_ticks / total_ticks if total_ticks > 0 else 0.0
+    out["contended"] = out["cpu_wait_ratio"] - own + out["cpu_steal_ratio"] > CONTENDED_CPU_WAIT
     for key in RATIO_KEYS:
         out[f"{key}_p10"], out[f"{key}_p50"], out[f"{key}_p90"] = (q(key, p) for p in (0.1, 0.5, 0.9))
     return out

@@ -80,7 +80,10 @@ def summarize_run(run_dir: Path) -> dict:
     gpu_busy = read_run_gpu_busy(run_dir)
     summary["busy_source"] = "kineto" if gpu_busy is not None else (
         "cuda_events" if spans["gpu_ns"].notna().any() else "thread_cpu_time")
-    summary.update(metrics.summarize(spans, stats, gpu_busy, input_cpu))
+    steal = [store.read_json(p) for p in sorted(run_dir.glob("machine-rank-*.json"))]
+    summary.update(metrics.summarize(spans, stats, gpu_busy, input_cpu,
+                                     steal_ticks=max((s["steal_ticks"] for s in steal), default=0),
+                                     total_ticks=max((s["total_ticks"] for s in steal), default=0)))
     summary.update(metrics.plan_accuracy(spans, stats))
     summary.update(merge_monitors(run_dir))
     if inputs:  # 0 on every rank: no trainer generated data in its training process

@@ -142,6 +142,19 @@ def runqueue_wait_ns() -> int:
         return 0
 
 
+def cpu_steal_ticks() -> tuple[int, int]:
+    """(steal, total) clock ticks of the whole machine (Linux /proc/stat): time the
+    hypervisor ran something else on our virtual CPUs. Invisible to the run-queue wait
+    and to thread CPU time, it stretches wall time only. (0, 0) where unavailable."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    steal = fields[7] if len(fields) > 7 else 0
+    return steal, sum(fields[:8])
+
+
 # Trainers call `span(...)` without carrying a Timeline around; the worker installs the
 # rank's timeline here once. A process is one rank, so one current timeline suffices.
 _current: Timeline = Timeline(None)

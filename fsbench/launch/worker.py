@@ -21,7 +21,7 @@ from fsbench import dist as fsdist
 from fsbench.config import run_from_dict
 from fsbench.monitor import RankMonitor
 from fsbench.store import write_json_atomic
-from fsbench.timeline import Timeline, set_current
+from fsbench.timeline import Timeline, cpu_steal_ticks, set_current
 from fsbench.inputs import InputPipeline, MeteredSource
 from fsbench.trainer import measured_steps, resolve_trainer_class, trainer_options
 from fsbench.workloads import make_batch_source
@@ -46,15 +46,18 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
     # Samples SM occupancy (GPU) or CPU utilization and RSS during measured steps only.
     monitor = RankMonitor(ctx.device)
     profiler = GpuKernelRecord(ctx, run_dir)
+    steal0 = steal1 = None
     try:
         with open(run_dir / f"steps-rank-{ctx.rank}.jsonl", "a") as stats_file:
             for step in range(run.workload.steps):
                 if step == measured.start:
                     monitor.start()
                     profiler.start()
+                    steal0 = cpu_steal_ticks()
                 if step == measured.stop:
                     monitor.stop()
                     profiler.stop()
+                    steal1 = cpu_steal_ticks()
                 timeline.begin_step(step, warmup=step not in measured)
                 # The start barrier (its own group): every rank enters the timed step
                 # together, so step time measures the step and not the ranks' skew in
@@ -73,6 +76,9 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
                 timeline.flush()
         monitor.stop()
         profiler.stop()
+        steal1 = steal1 or cpu_steal_ticks()
+        write_json_atomic(run_dir / f"machine-rank-{ctx.rank}.json",
+                          {"steal_ticks": steal1[0] - steal0[0], "total_ticks": steal1[1] - steal0[1]})
         write_json_atomic(run_dir / f"input-rank-{ctx.rank}.json",
                           {"input_workers": run.input_workers,
                            "batches_generated_in_rank": source.generated,
