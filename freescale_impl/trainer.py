@@ -1,6 +1,12 @@
 """FreeScaleTrainer: FreeScale's techniques as switches (`--set freescale.<key>=value`).
 
-Implemented here: (1) load-balanced input samples (`balance`), optionally also across
+(2, 3) Sharded tables (`tables=sharded`, the default; `sharding=row|table`) with
+prioritized, chunked all-to-all overlapped with compute (`overlap`, `priority`,
+`chunks`) over a chosen transport (`transport=collective|sm_free`): see
+`freescale_impl.embedding_exchange`. Only the dense part is replicated under DDP (its
+gradients summed, since each rank's loss is its share of the global loss).
+
+(1) Load-balanced input samples (`balance`), optionally also across
 `micro_batches` of gradient accumulation inside each rank. The plan is input preparation:
 `BalancedShare` computes it from the global batch's lengths inside the harness's input
 pipeline (a loader worker, ahead of the step), the same on every rank, so with
@@ -39,6 +45,9 @@ from fsbench.trainer import Preparer, StepInput, StepStats, measured_steps
 from fsbench.workloads.batch import JaggedBatch, concat_batches, contiguous_split
 from freescale_impl import partition
 from freescale_impl.balance import CostModel, cost_model
+from freescale_impl.sharded_step import ShardedTableTrainer
+from freescale_impl.sharded_tables import SPARSE_OPTIMIZERS
+from freescale_impl.transport import sm_free_unavailable
 
 PARTITIONERS = {"kk": partition.karmarkar_karp, "lpt": partition.lpt, "best": partition.best_of}
 
@@ -58,8 +67,23 @@ class FreeScaleOptions(TrainerOptions):
     """Per-rank token cap (0: none)."""
     micro_batches: int = field(default=1, metadata={"min": 1})
     data: Literal["replicated", "sharded"] = "replicated"
+    tables: Literal["sharded", "replicated"] = "sharded"
+    """Embedding tables sharded over the ranks (all-to-all), or replicated under DDP."""
+    sharding: Literal["row", "table"] = "row"
+    overlap: Literal["on", "off"] = "on"
+    """Embedding communication overlapped with compute (off: the blocking version)."""
+    priority: Literal["on", "off"] = "on"
+    """Rows the next step needs that this step cannot change are sent during this step."""
+    chunks: int = field(default=4, metadata={"min": 1})
+    """Pieces each step's embedding exchange is cut into, in the model's reading order."""
+    transport: Literal["collective", "sm_free"] = "collective"
 
     def check(self, prefix: str) -> None:
+        if self.priority == "on" and self.overlap == "off":
+            raise ConfigError(f"{prefix}.priority=on needs {prefix}.overlap=on (set "
+                              f"{prefix}.priority=off for the blocking version)")
+        if self.tables == "sharded" and self.micro_batches != 1:
+            raise ConfigError(f"{prefix}.micro_batches > 1 needs {prefix}.tables=replicated")
         if self.data == "sharded" and self.window != 1:
             raise ConfigError(f"{prefix}.window > 1 needs {prefix}.data=replicated (a window "
                               "reads future batches, which a rank's shard does not hold)")
@@ -149,18 +173,38 @@ class FreeScaleTrainer(DataParallelTrainer):
         """Before any rank starts: a window needs whole windows to measure."""
         opts = cls.Options.parse(run.trainer_options, prefix="freescale")
         measured_steps(run.workload.warmup, run.workload.steps, opts.window)
+        if opts.tables == "sharded" and run.workload.compute == "model":
+            if run.workload.optimizer not in SPARSE_OPTIMIZERS:
+                raise ConfigError(
+                    f"optimizer={run.workload.optimizer!r} cannot train sharded tables exactly "
+                    f"(allowed: {', '.join(SPARSE_OPTIMIZERS)}); use --set optimizer=adagrad "
+                    "or --set freescale.tables=replicated")
+            if opts.transport == "sm_free":
+                why = sm_free_unavailable(run.device, run.world_size)
+                if why:
+                    raise ConfigError(f"freescale.transport=sm_free cannot run here: {why}; "
+                                      "use freescale.transport=collective")
 
     def setup(self, ctx: RankContext, run: RunConfig, source) -> None:
-        super().setup(ctx, run, source)
         opts = self.options
+        # The synthetic ground-truth model has no tables to shard.
+        self.sharded = opts.tables == "sharded" and run.workload.compute == "model"
+        if self.sharded:
+            self.ctx, self.run, self.source = ctx, run, source
+            self.tables = ShardedTableTrainer(ctx, run, opts)
+        else:
+            super().setup(ctx, run, source)
         self.step_alignment = opts.window
         # Calibrations live in the results store that holds this run.
         store_dir = Path(ctx.run_dir).parent if ctx.run_dir else None
         self.cost = cost_model(run.workload, store_dir, run.device, opts.cost)
         if ctx.is_main:
+            tables = (f"tables=sharded/{opts.sharding} overlap={opts.overlap} "
+                      f"priority={opts.priority} chunks={opts.chunks} transport={opts.transport}"
+                      if self.sharded else "tables=replicated")
             print(f"freescale: balance={opts.balance} partitioner={opts.partitioner} "
-                  f"window={opts.window} data={opts.data} cost model: {self.cost.source}",
-                  flush=True)
+                  f"window={opts.window} data={opts.data} {tables} cost model: "
+                  f"{self.cost.source}", flush=True)
         self.balanced = BalancedShare(source, ctx.rank, ctx.world_size, self.cost, opts,
                                       run.workload.steps)
 
@@ -169,9 +213,18 @@ class FreeScaleTrainer(DataParallelTrainer):
             return ShardLengths(self.source, self.ctx.rank, self.ctx.world_size)
         return self.balanced
 
+    def describe(self) -> dict:
+        """What really ran (stored in the manifest)."""
+        if not self.sharded:
+            return {"tables": "replicated"}
+        return {"tables": "sharded", "sharding": self.options.sharding,
+                "transport": self.tables.engine.transport.name}
+
     def step(self, inputs) -> StepStats:
         if self.options.data == "sharded":
-            inputs = iter([self._sharded_input(next(inputs))])
+            inputs = map(self._sharded_input, inputs)
+        if self.sharded:
+            return self.tables.step(inputs)
         return super().step(inputs)
 
     def _sharded_input(self, shard: StepInput) -> StepInput:

@@ -51,6 +51,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("exposed_comm_ratio", "exposed comm %", _pct, True, True, True),
     Column("input_stall_ratio", "input stall %", _pct, True, True, True),
     Column("other_idle_ratio", "other idle %", _pct, True, True, True),
+    # Share of collectives' flight time hidden under compute (HTA's comm/compute overlap);
+    # n/a for trainers whose collectives are not recorded as flights.
+    Column("comm_overlap_ratio", "comm hidden %", _pct, True, True),
     Column("load_imbalance", "imbalance %", _pct, True, True),
     Column("cpu_wait_ratio", "cpu wait %", _pct, True, True),
     Column("input_worker_cpu_ratio", "loader cpu %", _pct, True, True),
@@ -70,5 +73,6 @@ FLAGS: tuple[str, ...] = tuple(c.key for c in COLUMNS if c.flag)
 # What `fsbench run` and `fsbench sweep` print.
 RUN_VIEW: tuple[str, ...] = (
     "step_time_ms_median", "samples_per_s", "bubble_ratio", "straggler_bubble_ratio",
-    "exposed_comm_ratio", "input_stall_ratio", "other_idle_ratio", "load_imbalance",
+    "exposed_comm_ratio", "comm_overlap_ratio", "input_stall_ratio", "other_idle_ratio",
+    "load_imbalance",
     "cpu_wait_ratio", "sm_occupancy")

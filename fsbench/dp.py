@@ -10,14 +10,42 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from fsbench.config import RunConfig
 from fsbench.dist import RankContext
 from fsbench.models import build_model
 from fsbench.optim import make_optimizer
-from fsbench.timeline import span
+from fsbench.timeline import current, span
 from fsbench.trainer import Preparer, StepInput, StepStats
+
+
+def wrap_ddp(module: torch.nn.Module, ctx: RankContext, average: bool = True) -> DistributedDataParallel:
+    """DDP over `module`, its gradient all-reduce recorded as flights (fsbench.timeline:
+    issue to completion, for `comm_overlap_ratio`). average=True is DDP's own arithmetic
+    (divide by N, then sum); average=False sums, for trainers whose loss is already the
+    rank's share of the global loss."""
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    # DDP broadcasts rank 0's weights at construction; models are built seeded, so the
+    # replicas already agree and the broadcast only guards against drift.
+    ddp = DistributedDataParallel(module, device_ids=device_ids)
+    n = ctx.world_size
+
+    def timed_allreduce(group, bucket):
+        flight = current().in_flight("ddp.allreduce")
+        tensor = bucket.buffer()
+        if average:
+            tensor.div_(n)
+        fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+
+        def done(f):
+            flight.finish()
+            return f.value()[0]
+        return fut.then(done)
+
+    ddp.register_comm_hook(ctx.group, timed_allreduce)
+    return ddp
 
 
 class DataParallelTrainer:
@@ -28,11 +56,7 @@ class DataParallelTrainer:
 
     def setup(self, ctx: RankContext, run: RunConfig, source) -> None:
         self.ctx, self.run, self.source = ctx, run, source
-        model = build_model(run.workload, seed=run.seed).to(ctx.device)
-        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        # DDP broadcasts rank 0's weights at construction; build_model is seeded, so the
-        # replicas already agree and the broadcast only guards against drift.
-        self.model = DistributedDataParallel(model, device_ids=device_ids)
+        self.model = wrap_ddp(build_model(run.workload, seed=run.seed).to(ctx.device), ctx)
         self.optimizer = make_optimizer(self.model.parameters(), run.workload)
 
     def make_preparer(self) -> Preparer:

@@ -25,6 +25,12 @@ For step k on N ranks:
   skew       = max_j busy_j / median_r busy_r
   cpu_wait   = sum_r run-queue wait in the step span / sum_r step span wall time
 
+  comm_overlap = share of communication time hidden under compute (Holistic Trace
+               Analysis's definition): sum over collectives issued in measured steps of
+               their flight time (issue to completion, `flight` records) that overlaps the
+               issuing rank's compute spans, over their total flight time. None where a
+               trainer's collectives are not recorded as flights.
+
 Summaries are totals over measured steps: sum of each cause over sum of N T, samples
 and tokens over summed T; per-step p10/p50/p90 beside them.
 """
@@ -52,6 +58,8 @@ def rank_step_table(spans: pd.DataFrame, gpu_busy: pd.DataFrame | None = None) -
     other busy measure, and its exposed communication kernel time is the comm wait."""
     if "runq_ns" not in spans:  # timelines written before run-queue waits were recorded
         spans = spans.assign(runq_ns=0)
+    if "nested" in spans:  # inside another span, whose time already holds theirs
+        spans = spans[~spans["nested"].eq(True)]
     # Timelines written before the input pipeline called input preparation `data`.
     spans = spans.assign(kind=spans["kind"].replace({"data": "input"}))
     steps = spans[spans["kind"] == "step"]
@@ -211,11 +219,39 @@ def summarize(spans: pd.DataFrame, stats: pd.DataFrame,
         measured = input_cpu[input_cpu["step"].isin(m["step"])]
         own = float(measured["cpu_ns"].sum() / m["span_ns"].sum())
     out["input_worker_cpu_ratio"] = own
+    out["comm_overlap_ratio"] = comm_overlap_ratio(spans)
     out["cpu_steal_ratio"] = steal_ticks / total_ticks if total_ticks > 0 else 0.0
     out["contended"] = out["cpu_wait_ratio"] - own + out["cpu_steal_ratio"] > CONTENDED_CPU_WAIT
     for key in RATIO_KEYS:
         out[f"{key}_p10"], out[f"{key}_p50"], out[f"{key}_p90"] = (q(key, p) for p in (0.1, 0.5, 0.9))
     return out
+
+
+def comm_overlap_ratio(spans: pd.DataFrame) -> float | None:
+    """Hidden share of communication (module docstring); None without flights."""
+    flights = spans[(spans["kind"] == "flight") & ~spans["warmup"].astype(bool)]
+    if flights.empty:
+        return None
+    hidden = total = 0.0
+    for rank, fl in flights.groupby("rank"):
+        comp = spans[(spans["rank"] == rank) & (spans["kind"] == "compute")].sort_values("start_ns")
+        starts = comp["start_ns"].to_numpy(dtype=np.int64)
+        durs = comp["dur_ns"].to_numpy(dtype=np.int64)
+        before = np.concatenate([[0], np.cumsum(durs)])  # compute time before span i
+
+        def compute_until(t: np.ndarray) -> np.ndarray:
+            """Compute time in [-inf, t): spans of one rank's thread never overlap."""
+            i = np.searchsorted(starts, t, side="right") - 1
+            inside = np.where(i >= 0, np.clip(t - starts[np.maximum(i, 0)], 0,
+                                              durs[np.maximum(i, 0)] if len(durs) else 0), 0)
+            return np.where(i >= 0, before[np.maximum(i, 0)] + inside, 0)
+
+        s = fl["start_ns"].to_numpy(dtype=np.int64)
+        e = s + fl["dur_ns"].to_numpy(dtype=np.int64)
+        if len(starts):
+            hidden += float((compute_until(e) - compute_until(s)).sum())
+        total += float((e - s).sum())
+    return hidden / total if total > 0 else None
 
 
 def plan_accuracy(spans: pd.DataFrame, stats: pd.DataFrame) -> dict:

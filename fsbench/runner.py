@@ -99,7 +99,9 @@ def run_once(run: RunConfig, out_dir: str | Path, timeout_s: float | None = None
         launch_local(run_dir, run.world_size, run.threads_per_rank, timeout_s=timeout_s)
         summary = summarize_run(run_dir)
         store.write_json_atomic(run_dir / "summary.json", summary)
-        store.update_manifest(run_dir, status="complete")
+        ran = run_dir / "trainer-ran.json"
+        store.update_manifest(run_dir, status="complete",
+                              **({"trainer_ran": store.read_json(ran)} if ran.exists() else {}))
     except KeyboardInterrupt:
         store.update_manifest(run_dir, status="interrupted")
         raise

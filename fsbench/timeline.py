@@ -17,6 +17,10 @@ A record is {rank, step, warmup, name, kind, start_ns, dur_ns, cpu_ns, runq_ns}:
   events recorded at the span's ends, read at the end of the step.
 - `kind` classifies the span for the metrics: compute | comm | wait | input | step
   (fsbench.trainer.Trainer says which spans belong where).
+- kind `flight` is not a span of the calling thread but one collective's time in flight,
+  from its issue to its completion as the communication library's own thread saw it
+  (`Timeline.in_flight`): what `comm_overlap_ratio` measures against compute spans. Its
+  `step` is the step that issued it; it may end in a later step.
 
 Spans never synchronize a device. Lines are buffered in memory and written at the end
 of every step, so a crash loses at most the step in flight.
@@ -31,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-SPAN_KINDS = ("compute", "comm", "wait", "input", "step")
+SPAN_KINDS = ("compute", "comm", "wait", "input", "step", "flight")
 
 # Default kind of the span names trainers use; anything else must pass kind= explicitly.
 DEFAULT_KINDS = {
@@ -67,6 +71,13 @@ class Timeline:
         self.warmup = False
         self._pending: list[tuple[dict, object, object]] = []  # (record, start, end event)
         self._buffer: list[dict] = []
+        # Flights finish on the communication library's threads: appends and the flush's
+        # swap of the buffer take this lock.
+        self._lock = threading.Lock()
+        # Open spans other than `step`: a span opened inside one (a collective issued from
+        # an autograd hook inside `backward`) is recorded `nested` and left out of the
+        # step's partition (its time is already in the enclosing span), kept for traces.
+        self._open = 0
 
     def begin_step(self, step: int, warmup: bool) -> None:
         self.step, self.warmup = step, warmup
@@ -80,20 +91,34 @@ class Timeline:
         if kind not in SPAN_KINDS:
             raise ValueError(f"span {name!r}: kind must be one of {SPAN_KINDS}, got {kind!r}")
         events = self._cuda_events() if self.cuda and kind == "compute" else None
+        nested = self._open > 0
+        self._open += kind != "step"
         q0, cpu0, t0 = runqueue_wait_ns(), time.thread_time_ns(), time.monotonic_ns()
         try:
             yield
         finally:
             t1, cpu1, q1 = time.monotonic_ns(), time.thread_time_ns(), runqueue_wait_ns()
+            self._open -= kind != "step"
             rec = {
                 "rank": self.rank, "step": self.step, "warmup": self.warmup,
                 "name": name, "kind": kind,
                 "start_ns": t0, "dur_ns": t1 - t0, "cpu_ns": cpu1 - cpu0, "runq_ns": q1 - q0,
             }
+            if nested:
+                rec["nested"] = True
             if events:
                 events[1].record()
                 self._pending.append((rec, *events))
+            self._append(rec)
+
+    def _append(self, rec: dict) -> None:
+        with self._lock:
             self._buffer.append(rec)
+
+    def in_flight(self, name: str) -> "Flight":
+        """Start timing one collective's flight; call `.finish()` when it completes (from
+        any thread, e.g. a future's callback)."""
+        return Flight(self, name)
 
     @staticmethod
     def _cuda_events():
@@ -111,13 +136,32 @@ class Timeline:
             for rec, start, end in self._pending:
                 rec["gpu_ns"] = int(start.elapsed_time(end) * 1e6)
             self._pending.clear()
-        if self.path is not None and self._buffer:
+        with self._lock:
+            buffer, self._buffer = self._buffer, []
+        if self.path is not None and buffer:
             # No fsync: once write() returns the lines are in the kernel and survive a
             # SIGKILL of this process (only a machine crash could lose them), and an fsync
             # per step would cost milliseconds of step time on slow disks.
             with open(self.path, "a") as f:
-                f.write("\n".join(json.dumps(r) for r in self._buffer) + "\n")
-        self._buffer.clear()
+                f.write("\n".join(json.dumps(r) for r in buffer) + "\n")
+
+
+class Flight:
+    """One collective in flight (see `Timeline.in_flight`); a no-op when disabled."""
+
+    __slots__ = ("timeline", "rec")
+
+    def __init__(self, timeline: Timeline, name: str) -> None:
+        self.timeline = timeline
+        self.rec = None if not timeline.enabled else {
+            "rank": timeline.rank, "step": timeline.step, "warmup": timeline.warmup,
+            "name": name, "kind": "flight", "start_ns": time.monotonic_ns(), "dur_ns": 0,
+            "cpu_ns": 0, "runq_ns": 0}
+
+    def finish(self) -> None:
+        if self.rec is not None and not self.rec["dur_ns"]:
+            self.rec["dur_ns"] = max(time.monotonic_ns() - self.rec["start_ns"], 1)
+            self.timeline._append(self.rec)
 
 
 _SCHEDSTAT: dict[int, int] = {}  # native thread id -> open fd of its schedstat
@@ -189,7 +233,8 @@ def read_timelines(run_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
                     except json.JSONDecodeError:
                         break  # a torn last line from a killed rank: keep what precedes it
     cols = ["rank", "step", "warmup", "name", "kind", "start_ns", "dur_ns", "cpu_ns", "runq_ns",
-            "gpu_ns"]
+            "gpu_ns", "nested"]
     df = pd.DataFrame(rows, columns=cols)
     df["runq_ns"] = df["runq_ns"].fillna(0).astype("int64")  # absent in older runs
+    df["nested"] = df["nested"].eq(True)  # absent (NaN) in most records
     return df

@@ -27,15 +27,18 @@ def reference_loss_and_grads(workload, seed):
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+# FreeScale with replicated tables here: every gradient is on every rank to compare.
+# Sharded tables are proven equal in tests/test_sharded_embeddings.py.
+REPLICATED = {"tables": "replicated"}
 TRAINERS = {
     "ddp": ("trainers_for_tests:GradDumpDDP", {}),
-    "freescale_balanced": ("trainers_for_tests:GradDumpFreeScale", {"balance": "on"}),
+    "freescale_balanced": ("trainers_for_tests:GradDumpFreeScale", {"balance": "on", **REPLICATED}),
     "freescale_balanced_lpt": ("trainers_for_tests:GradDumpFreeScale",
-                               {"balance": "on", "partitioner": "lpt"}),
+                               {"balance": "on", "partitioner": "lpt", **REPLICATED}),
     "freescale_balanced_3_microbatches": ("trainers_for_tests:GradDumpFreeScale",
-                                          {"balance": "on", "micro_batches": "3"}),
+                                          {"balance": "on", "micro_batches": "3", **REPLICATED}),
     "freescale_balanced_sharded_data": ("trainers_for_tests:GradDumpFreeScale",
-                                        {"balance": "on", "data": "sharded"}),
+                                        {"balance": "on", "data": "sharded", **REPLICATED}),
 }
 
 

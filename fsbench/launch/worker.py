@@ -39,6 +39,8 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
     trainer = cls()
     trainer.options = parse_options(cls, run.trainer, run.trainer_options)
     trainer.setup(ctx, run, source)
+    if ctx.is_main and hasattr(trainer, "describe"):  # what really ran (e.g. a transport)
+        write_json_atomic(run_dir / "trainer-ran.json", trainer.describe())
     measured = measured_steps(run.workload.warmup, run.workload.steps,
                               getattr(trainer, "step_alignment", 1))
     inputs = InputPipeline(trainer.make_preparer(), run.workload.steps, ctx.device,

@@ -1,0 +1,293 @@
+"""Sharded embedding lookups and gradients by all-to-all, with FreeScale's prioritized,
+overlapped communication (technique 2). Built on `torch.distributed` collectives (through
+`freescale_impl.transport`) rather than TorchRec's sharded modules: the techniques need
+control that TorchRec's `ShardedEmbeddingCollection` does not give, namely issuing the
+lookups of step k+1 for some rows *before* step k's optimizer and for the others right
+after it, and sending each gradient chunk from an autograd hook as soon as it exists.
+(TorchRec's own answer, `TrainPipelineSemiSync`, trains on one-step-stale rows instead.)
+
+Every rank is both a *requester* (its samples need rows) and an *owner* (it holds a shard:
+`freescale_impl.sharded_tables`). One step, seen from a requester:
+
+  request   the unique rows its batch needs, in the order the model consumes them
+            (users, contexts, input items, targets, negatives), cut into `chunks` equal
+            pieces; entries are sent grouped by owner, then chunk. Counts first (an
+            all-to-all of an (N, chunks) matrix), then the ids (uneven splits; a rank with
+            no samples still asks for the batch's shared negatives).
+  fetch     owners look the rows up and send them back, chunk by chunk; the model waits
+            for a chunk only when it first reads one of its rows (`LazyLookups`), so the
+            targets' and negatives' rows arrive while the encoder runs.
+  gradients each chunk's rows form one autograd leaf; when autograd has accumulated its
+            gradient (a post-accumulate hook) the chunk's gradients go to the owners,
+            while the rest of backward runs. Chunks are sent in one fixed order on every
+            rank (last-consumed first), since collectives must match across ranks.
+  update    the owner sums the contributions per row and steps only those rows.
+
+With `priority=on`, step k also prepares step k+1 (its input is pulled one step ahead):
+after step k's forward every owner splits step k+1's requests into rows that step k
+touches (*fresh*: any rank asked for them at step k, so the update may change them) and
+the rest (*final*: step k cannot change them). Final rows are looked up and sent during
+step k's backward; fresh rows are sent right after step k's update, first in line, chunk
+by chunk. Nothing is stale: every row the model reads at step k+1 holds the value after
+step k's update, so the losses equal the blocking version's (tested to 1e-6).
+
+Switches: `overlap=off` is the blocking version (one fetch, waited before the forward;
+one gradient send after backward); `priority` needs `overlap`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from fsbench.models.sparse import ITEM, USER, EmbeddingLookups, context_table
+from fsbench.timeline import span
+from fsbench.workloads.batch import JaggedBatch
+from freescale_impl.sharded_tables import LocalShard, RowLayout
+from freescale_impl.transport import CollectiveTransport, Pending
+
+USES = ("users", "contexts", "items", "targets", "negatives")  # the model's reading order
+
+
+def _splits(peers: torch.Tensor, world_size: int) -> list[int]:
+    return torch.bincount(peers, minlength=world_size).tolist()
+
+
+@dataclass
+class Request:
+    """A requester's view of one step: entry e asks owner[e] for global row rows[e]."""
+
+    batch: JaggedBatch
+    rows: torch.Tensor       # (E,) by owner, then chunk, then first use
+    owner: torch.Tensor      # (E,)
+    chunk: torch.Tensor      # (E,)
+    counts: torch.Tensor     # (N, chunks) entries per (owner, chunk)
+    use_entry: dict[str, torch.Tensor]  # per use: the entry of each id it reads
+    pos_in_chunk: torch.Tensor  # (E,) row of entry e in its chunk's leaf
+    chunk_sizes: list[int]
+    # filled as the protocol runs
+    fresh: torch.Tensor | None = None  # (E,) rows that must wait for the previous update
+    pending: list[tuple[Pending, torch.Tensor, set[int]]] = field(default_factory=list)
+    buffer: torch.Tensor | None = None  # (E, D) fetched rows
+    leaves: list[torch.Tensor | None] = field(default_factory=list)
+
+
+@dataclass
+class Service:
+    """An owner's view of one step: entry f of its receive order is row local[f] of its
+    shard, asked for by rank src[f] in chunk chunk[f]."""
+
+    local: torch.Tensor
+    src: torch.Tensor
+    chunk: torch.Tensor
+    fresh: torch.Tensor | None = None
+
+
+def build_request(batch: JaggedBatch, layout: RowLayout, chunks: int) -> Request:
+    ctx_base = torch.tensor([layout.table_base(context_table(i))
+                             for i in range(batch.context_ids.shape[1])], dtype=torch.int64)
+    item, user = layout.table_base(ITEM), layout.table_base(USER)
+    ids = {"users": user + batch.user_ids,
+           "contexts": (ctx_base.to(batch.context_ids.device) + batch.context_ids).reshape(-1),
+           "items": item + batch.item_ids, "targets": item + batch.targets,
+           "negatives": item + batch.negative_ids}
+    flat = torch.cat([ids[u] for u in USES])
+    uniq, inverse = torch.unique(flat, return_inverse=True)
+    n_uniq = uniq.numel()
+    positions = torch.arange(flat.numel(), device=flat.device)
+    first_use = torch.full((n_uniq,), flat.numel(), dtype=torch.int64, device=flat.device)
+    first_use.scatter_reduce_(0, inverse, positions, reduce="amin")
+    order_rank = torch.empty_like(first_use)
+    order_rank[torch.argsort(first_use)] = torch.arange(n_uniq, device=flat.device)
+    chunk = order_rank * chunks // max(n_uniq, 1)  # equal pieces in reading order
+    owner = layout.owner(uniq)
+    send_order = torch.argsort((owner * chunks + chunk) * max(n_uniq, 1) + order_rank)
+    entry_of_uniq = torch.empty_like(send_order)
+    entry_of_uniq[send_order] = torch.arange(n_uniq, device=flat.device)
+    entry_of_id = entry_of_uniq[inverse]
+    use_entry = dict(zip(USES, entry_of_id.split([ids[u].numel() for u in USES])))
+    counts = torch.bincount(owner * chunks + chunk, minlength=layout.world_size * chunks)
+    chunk = chunk[send_order]
+    # A chunk's leaf holds its entries in entry order (by owner: the gradients' send order).
+    by_chunk = torch.argsort(chunk, stable=True)
+    sizes = torch.bincount(chunk, minlength=chunks)
+    starts = torch.cumsum(sizes, 0) - sizes
+    pos_in_chunk = torch.empty_like(chunk)
+    pos_in_chunk[by_chunk] = torch.arange(n_uniq, device=flat.device) - starts[chunk[by_chunk]]
+    return Request(batch, uniq[send_order], owner[send_order], chunk,
+                   counts.view(layout.world_size, chunks), use_entry, pos_in_chunk,
+                   sizes.tolist())
+
+
+class ShardedEmbeddings:
+    """The protocol above for one rank. Call order per step (the trainer drives it):
+    `begin(req)` or a prepared request, `lookups(req)`, forward, `backward hooks`,
+    `finish_gradients(req)` then, with priority, `send_fresh(next)`."""
+
+    def __init__(self, layout: RowLayout, shard: LocalShard, transport, group, rank: int,
+                 chunks: int, overlap: bool, priority: bool) -> None:
+        self.layout, self.shard, self.transport = layout, shard, transport
+        self.control = CollectiveTransport(group)  # counts, ids, masks: small messages
+        self.rank, self.n = rank, layout.world_size
+        self.chunks = chunks if overlap else 1
+        self.overlap, self.priority = overlap, priority
+        self.dim = layout.dim
+        self._grad_sends: list[tuple[Pending, torch.Tensor]] = []
+        self._next_grad_chunk = 0
+        self._ready: list[bool] = []
+
+    # -- requests -----------------------------------------------------------------
+    def request(self, batch: JaggedBatch) -> tuple[Request, Service, Pending]:
+        """Send a step's requests: counts (waited: the ids' splits need them), then the
+        ids (returned pending; `serve` waits)."""
+        req = build_request(batch, self.layout, self.chunks)
+        counts_in = self.control.all_to_all(req.counts, [1] * self.n, [1] * self.n,
+                                            "emb.counts").wait()  # (N sources, chunks)
+        ids = self.control.all_to_all(req.rows, req.counts.sum(1).tolist(),
+                                      counts_in.sum(1).tolist(), "emb.ids")
+        flat = counts_in.reshape(-1)
+        peers = torch.arange(self.n, device=flat.device).repeat_interleave(self.chunks)
+        chunks = torch.arange(self.chunks, device=flat.device).repeat(self.n)
+        svc = Service(local=torch.empty(0, dtype=torch.int64),
+                      src=peers.repeat_interleave(flat), chunk=chunks.repeat_interleave(flat))
+        req.buffer = torch.empty(req.rows.numel(), self.dim, dtype=self.shard.weight.dtype,
+                                 device=self.shard.weight.device)
+        return req, svc, ids
+
+    def serve(self, svc: Service, ids: Pending) -> None:
+        svc.local = self.layout.local_index(ids.wait())
+
+    # -- fetch --------------------------------------------------------------------
+    def _fetch(self, req: Request, svc: Service, sel_req: torch.Tensor, sel_srv: torch.Tensor,
+               name: str) -> None:
+        rows = self.shard.lookup(svc.local[sel_srv])
+        p = self.transport.all_to_all(rows, _splits(svc.src[sel_srv], self.n),
+                                      _splits(req.owner[sel_req], self.n), name)
+        req.pending.append((p, sel_req, set(torch.unique(req.chunk[sel_req]).tolist())))
+
+    def fetch_all(self, req: Request, svc: Service) -> None:
+        """Every row of this step now (no rows prepared ahead): chunk by chunk."""
+        req.fresh = torch.ones(req.rows.numel(), dtype=torch.bool, device=req.rows.device)
+        svc.fresh = torch.ones(svc.local.numel(), dtype=torch.bool, device=svc.local.device)
+        self.send_fresh(req, svc)
+
+    def split_and_send_final(self, req: Request, svc: Service, touched: torch.Tensor) -> None:
+        """Priority: rows the current step touches (`touched`: this owner's local rows
+        asked for at the current step) are fresh; send the others now."""
+        svc.fresh = torch.isin(svc.local, touched)
+        mask = self.control.all_to_all(svc.fresh.to(torch.uint8), _splits(svc.src, self.n),
+                                       req.counts.sum(1).tolist(), "emb.fresh_mask").wait()
+        req.fresh = mask.bool()
+        self._fetch(req, svc, ~req.fresh, ~svc.fresh, "emb.fetch_final")
+
+    def send_fresh(self, req: Request, svc: Service) -> None:
+        """Fresh rows, chunk by chunk in reading order (after the update that made them)."""
+        for c in range(self.chunks):
+            self._fetch(req, svc, req.fresh & (req.chunk == c), svc.fresh & (svc.chunk == c),
+                        f"emb.fetch_c{c}")
+
+    def _rows_ready(self, req: Request, chunks: set[int]) -> None:
+        """Wait for every pending fetch that carries rows of these chunks."""
+        still = []
+        for p, sel, carries in req.pending:
+            if carries & chunks:
+                req.buffer[sel] = p.wait()
+            else:
+                still.append((p, sel, carries))
+        req.pending = still
+
+    def wait_all(self, req: Request) -> None:
+        self._rows_ready(req, set(range(self.chunks)))
+
+    # -- lookups --------------------------------------------------------------------
+    def lookups(self, req: Request) -> "LazyLookups":
+        req.leaves = [None] * self.chunks
+        return LazyLookups(self, req)
+
+    def _leaf(self, req: Request, c: int) -> torch.Tensor:
+        if req.leaves[c] is None:
+            self._rows_ready(req, {c})
+            leaf = req.buffer[req.chunk == c].detach().requires_grad_(True)
+            if self.overlap:
+                leaf.register_post_accumulate_grad_hook(lambda _t, c=c: self._grad_ready(req, c))
+            req.leaves[c] = leaf
+        return req.leaves[c]
+
+    def rows_for(self, req: Request, use: str) -> torch.Tensor:
+        entries = req.use_entry[use]
+        needed = torch.unique(req.chunk[entries]).tolist()
+        if not needed:
+            return req.buffer.new_zeros(0, self.dim)
+        # Only the chunks this use reads: a chunk read by the targets alone then gets its
+        # gradient (and is sent) as soon as the loss's backward is done.
+        table = torch.cat([self._leaf(req, c) for c in needed])
+        offset = torch.zeros(self.chunks, dtype=torch.int64, device=entries.device)
+        at = 0
+        for c in needed:
+            offset[c] = at
+            at += req.chunk_sizes[c]
+        chunk = req.chunk[entries]
+        return table.index_select(0, offset[chunk] + req.pos_in_chunk[entries])
+
+    # -- gradients ------------------------------------------------------------------
+    def prepare_gradients(self, req: Request, svc: Service) -> None:
+        """Before backward: what each owner receives per chunk, and which chunks have no
+        gradient to wait for (none of their rows was read, or the chunk is empty)."""
+        self._svc_splits = [_splits(svc.src[svc.chunk == c], self.n) for c in range(self.chunks)]
+        self._ready = [req.leaves[c] is None for c in range(self.chunks)]
+        self._grad_sends, self._sent = [], 0
+
+    def _grad_ready(self, req: Request, c: int) -> None:
+        self._ready[c] = True
+        self._send_grads(req)
+
+    def _send_grads(self, req: Request, everything: bool = False) -> None:
+        """Send chunk gradients in one fixed order, last-consumed first (the order autograd
+        produces them), as far as they are ready: collectives must match across ranks."""
+        while self._sent < self.chunks:
+            c = self.chunks - 1 - self._sent
+            if not (self._ready[c] or everything):
+                return
+            leaf, sel = req.leaves[c], req.chunk == c
+            grads = (leaf.grad if leaf is not None and leaf.grad is not None
+                     else req.buffer.new_zeros(req.chunk_sizes[c], self.dim))
+            p = self.transport.all_to_all(grads, _splits(req.owner[sel], self.n),
+                                          self._svc_splits[c], f"emb.grad_c{c}")
+            self._grad_sends.append((p, c))
+            self._sent += 1
+
+    def finish_gradients(self, req: Request, svc: Service) -> None:
+        """After backward: send what is left, receive everything, update the owned rows."""
+        self._send_grads(req, everything=True)
+        locals_, grads = [], []
+        for p, c in self._grad_sends:
+            grads.append(p.wait())
+            locals_.append(svc.local[svc.chunk == c])
+        with span("sparse_optimizer", kind="compute"):
+            self.shard.apply_gradients(torch.cat(locals_), torch.cat(grads))
+
+
+class LazyLookups:
+    """EmbeddingLookups whose fields are fetched when the model first reads them."""
+
+    def __init__(self, engine: ShardedEmbeddings, req: Request) -> None:
+        self._engine, self._req, self._cache = engine, req, {}
+
+    def _get(self, use: str) -> torch.Tensor:
+        if use not in self._cache:
+            self._cache[use] = self._engine.rows_for(self._req, use)
+        return self._cache[use]
+
+    users = property(lambda self: self._get("users"))
+    items = property(lambda self: self._get("items"))
+    targets = property(lambda self: self._get("targets"))
+    negatives = property(lambda self: self._get("negatives"))
+
+    @property
+    def contexts(self) -> torch.Tensor:
+        b = self._req.batch
+        return self._get("contexts").view(b.batch_size, b.context_ids.shape[1], -1)
+
+    def materialize(self) -> EmbeddingLookups:
+        return EmbeddingLookups(items=self.items, targets=self.targets, negatives=self.negatives,
+                                users=self.users, contexts=self.contexts)

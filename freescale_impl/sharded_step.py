@@ -1,0 +1,97 @@
+"""One training step of FreeScale with sharded tables (FreeScale's techniques 2 and 3).
+
+The dense part is replicated under DDP; the tables live in shards
+(`freescale_impl.sharded_tables`) reached by the all-to-all protocol of
+`freescale_impl.embedding_exchange`. The step, with every switch on:
+
+    pull step k+1's input; send its requests (counts, ids)       comm spans
+    forward k: reads rows as it needs them, chunk by chunk      compute (+ blocked waits)
+    split k+1's rows into fresh/final; send the final ones      comm: in flight in backward
+    backward k: DDP all-reduces dense gradients; each embedding
+      gradient chunk is sent from its autograd hook             compute (+ flights)
+    receive gradients; update the owned rows                    comm waits, sparse_optimizer
+    send k+1's fresh rows, first in line                        comm: in flight in optimizer
+    dense optimizer                                             compute
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from fsbench.config import RunConfig
+from fsbench.dist import RankContext
+from fsbench.dp import wrap_ddp
+from fsbench.models import RecModel, table_specs
+from fsbench.optim import make_optimizer
+from fsbench.timeline import span
+from fsbench.trainer import StepInput, StepStats
+from freescale_impl.embedding_exchange import ShardedEmbeddings
+from freescale_impl.sharded_tables import LocalShard, RowLayout
+from freescale_impl.transport import make_transport
+
+
+def build_dense(run: RunConfig, device: torch.device) -> torch.nn.Module:
+    """The reference model's dense part alone, with the weights `build_model` gives it
+    (initialized by name), never materializing the tables."""
+    w = run.workload
+    with torch.device("meta"):
+        model = RecModel(w)
+    dense = model.dense.to_empty(device="cpu")
+    dense.init_weights(run.seed)
+    return dense.to(device)
+
+
+class ShardedTableTrainer:
+    def __init__(self, ctx: RankContext, run: RunConfig, opts) -> None:
+        self.ctx, self.run, self.opts = ctx, run, opts
+        w = run.workload
+        # Sums, not averages: each rank's loss is already its share of the global loss.
+        self.dense = wrap_ddp(build_dense(run, ctx.device), ctx, average=False)
+        self.optimizer = make_optimizer(self.dense.parameters(), w)
+        layout = RowLayout(table_specs(w.model.dim, w.item_vocab, w.user_vocab, w.context_vocabs),
+                           ctx.world_size, opts.sharding)
+        shard = LocalShard(layout, ctx.rank, run.seed, w.optimizer, w.lr, ctx.device)
+        # Its own group: embedding exchanges never queue behind DDP's all-reduce (or the
+        # reverse), and may stay in flight across the step boundary.
+        group = dist.new_group(backend=ctx.backend)
+        self.engine = ShardedEmbeddings(layout, shard, make_transport(opts.transport, group, ctx.device),
+                                        group, ctx.rank, opts.chunks, overlap=opts.overlap == "on",
+                                        priority=opts.priority == "on")
+        self.ahead = None  # (StepInput, Request, Service) of the next step, when prepared
+
+    def step(self, inputs) -> StepStats:
+        engine = self.engine
+        if self.ahead is not None:
+            prepared, req, svc = self.ahead
+            self.ahead = None
+        else:
+            prepared = next(inputs)
+            req, svc, ids = engine.request(prepared.batches[0])
+            engine.serve(svc, ids)
+            engine.fetch_all(req, svc)
+        batch = prepared.batches[0]
+        if not engine.overlap:
+            engine.wait_all(req)  # the blocking version: every row before the forward
+        upcoming = None
+        if engine.priority and prepared.step + 1 < self.run.workload.steps:
+            nxt: StepInput = next(inputs)  # pulled one step ahead (an input span)
+            upcoming = (nxt, *engine.request(nxt.batches[0]))
+        with span("forward"):
+            loss = self.dense(engine.lookups(req), batch)
+        if upcoming is not None:
+            nxt, nreq, nsvc, nids = upcoming
+            engine.serve(nsvc, nids)
+            engine.split_and_send_final(nreq, nsvc, touched=torch.unique(svc.local))
+        engine.prepare_gradients(req, svc)
+        with span("backward"):
+            loss.backward()
+        engine.finish_gradients(req, svc)
+        if upcoming is not None:
+            engine.send_fresh(nreq, nsvc)
+            self.ahead = (nxt, nreq, nsvc)
+        with span("optimizer"):
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return StepStats(loss=float(loss.detach()), num_samples=prepared.num_samples,
+                         num_targets=prepared.num_targets, extra=prepared.extra or None,
+                         step=prepared.step)

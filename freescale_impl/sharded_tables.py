@@ -1,0 +1,142 @@
+"""Embedding tables sharded across ranks: who owns which row, and the owner's rows with
+their row-sparse optimizer.
+
+All tables of a model share one embedding dimension, so they are laid end to end in one
+*global row space*: row `i` of table `t` is global row `base[t] + i`. Two layouts:
+
+  row-wise    global row g lives on rank g % N at local index g // N: every table is
+              spread over every rank, so a batch's lookups load all ranks alike.
+  table-wise  each table lives whole on one rank (largest tables first, each to the
+              least-loaded rank): fewer, larger messages; a hot table makes a hot rank.
+
+The owner keeps its rows and their optimizer state in one (rows, dim) tensor each and
+updates only the rows a step sent gradients for. For SGD and Adagrad this is exactly what
+`torch.optim.SGD`/`torch.optim.Adagrad` do to a dense replicated table: a row whose
+gradient is zero does not move (Adagrad adds 0 to its sum and divides 0 by it). Adam is
+different (its moments move every row every step), so sharded tables refuse it: a lazy
+Adam would train a different function than the replicated baselines.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+import torch
+
+from fsbench.errors import ConfigError
+from fsbench.models.sparse import TableSpec, initial_table_weight
+
+Layout = Literal["row", "table"]
+SPARSE_OPTIMIZERS = ("sgd", "adagrad")
+ADAGRAD_EPS = 1e-10  # torch.optim.Adagrad's default, which the replicated trainers use
+
+
+class RowLayout:
+    """Maps global rows to (owner rank, local index) for one layout."""
+
+    def __init__(self, specs: Sequence[TableSpec], world_size: int, layout: Layout) -> None:
+        if layout not in ("row", "table"):
+            raise ConfigError(f"sharding={layout!r} is unknown; choose one of: row, table")
+        dims = {s.dim for s in specs}
+        if len(dims) != 1:
+            raise ValueError(f"sharded tables need one embedding dim, got {sorted(dims)}")
+        self.specs, self.world_size, self.layout = list(specs), world_size, layout
+        self.dim = dims.pop()
+        sizes = np.array([s.num_rows for s in self.specs], dtype=np.int64)
+        self.base = np.concatenate([[0], np.cumsum(sizes)])  # table t: [base[t], base[t+1])
+        self.num_rows = int(self.base[-1])
+        self.table_owner = np.zeros(len(self.specs), dtype=np.int64)
+        self.table_local_base = np.zeros(len(self.specs), dtype=np.int64)
+        if layout == "table":
+            load = np.zeros(world_size, dtype=np.int64)
+            for t in np.argsort(-sizes, kind="stable"):  # largest first, to the lightest rank
+                r = int(np.argmin(load))
+                self.table_owner[t], self.table_local_base[t] = r, load[r]
+                load[r] += sizes[t]
+            self._local_rows = load
+        else:
+            n = np.arange(world_size)
+            self._local_rows = (self.num_rows - n + world_size - 1) // world_size
+        self._base_t = torch.from_numpy(self.base)
+        self._owner_t = torch.from_numpy(self.table_owner)
+        self._local_base_t = torch.from_numpy(self.table_local_base)
+
+    def table_base(self, name: str) -> int:
+        return int(self.base[[s.name for s in self.specs].index(name)])
+
+    def local_rows(self, rank: int) -> int:
+        return int(self._local_rows[rank])
+
+    def owner(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.layout == "row":
+            return rows % self.world_size
+        return self._owner_t.to(rows.device)[self._table_of(rows)]
+
+    def local_index(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.layout == "row":
+            return rows // self.world_size
+        t = self._table_of(rows)
+        return rows - self._base_t.to(rows.device)[t] + self._local_base_t.to(rows.device)[t]
+
+    def _table_of(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.searchsorted(self._base_t.to(rows.device), rows, right=True) - 1
+
+    def owned_rows(self, rank: int) -> torch.Tensor:
+        """The global rows rank `rank` holds, in local-index order."""
+        if self.layout == "row":
+            return torch.arange(rank, self.num_rows, self.world_size)
+        parts = [(int(self.table_local_base[t]), torch.arange(int(self.base[t]), int(self.base[t + 1])))
+                 for t in range(len(self.specs)) if self.table_owner[t] == rank]
+        return torch.cat([p for _, p in sorted(parts, key=lambda x: x[0])] or
+                         [torch.zeros(0, dtype=torch.int64)])
+
+
+class LocalShard:
+    """One rank's rows of every table, and their row-sparse optimizer."""
+
+    def __init__(self, layout: RowLayout, rank: int, seed: int, optimizer: str, lr: float,
+                 device: torch.device) -> None:
+        if optimizer not in SPARSE_OPTIMIZERS:
+            raise ConfigError(f"optimizer={optimizer!r} cannot train sharded tables exactly; "
+                              f"choose one of: {', '.join(SPARSE_OPTIMIZERS)} "
+                              "(or freescale.tables=replicated)")
+        self.layout, self.rank, self.optimizer, self.lr = layout, rank, optimizer, lr
+        self.weight = self._initial_rows(seed).to(device)
+        # Adagrad's running sum of squared gradients; SGD keeps no state.
+        self.sum_sq = torch.zeros_like(self.weight) if optimizer == "adagrad" else None
+
+    @torch.no_grad()
+    def _initial_rows(self, seed: int) -> torch.Tensor:
+        """Exactly the rows `build_model(seed)` gives the replicated tables (built one
+        table at a time: a row-wise shard needs a strided slice of each table)."""
+        out = torch.empty(self.layout.local_rows(self.rank), self.layout.dim)
+        mine = self.layout.owned_rows(self.rank)
+        local = self.layout.local_index(mine)
+        for t, spec in enumerate(self.layout.specs):
+            lo, hi = int(self.layout.base[t]), int(self.layout.base[t + 1])
+            in_table = (mine >= lo) & (mine < hi)
+            if in_table.any():
+                out[local[in_table]] = initial_table_weight(spec, seed)[mine[in_table] - lo]
+        return out
+
+    def lookup(self, local_index: torch.Tensor) -> torch.Tensor:
+        return self.weight.index_select(0, local_index)
+
+    @torch.no_grad()
+    def apply_gradients(self, local_index: torch.Tensor, grads: torch.Tensor) -> None:
+        """One optimizer step on the rows given (several contributions to one row are
+        summed first), with torch.optim's per-element arithmetic."""
+        if local_index.numel() == 0:
+            return
+        rows, inverse = torch.unique(local_index, return_inverse=True)
+        grad = torch.zeros(rows.numel(), self.layout.dim, dtype=grads.dtype, device=grads.device)
+        grad.index_add_(0, inverse, grads)
+        param = self.weight.index_select(0, rows)
+        if self.optimizer == "sgd":
+            param.add_(grad, alpha=-self.lr)
+        else:
+            state = self.sum_sq.index_select(0, rows).addcmul_(grad, grad, value=1)
+            param.addcdiv_(grad, state.sqrt().add_(ADAGRAD_EPS), value=-self.lr)
+            self.sum_sq.index_copy_(0, rows, state)
+        self.weight.index_copy_(0, rows, param)

@@ -1,0 +1,161 @@
+"""Transports: one interface for "move these rows to these ranks", chosen by
+`--set freescale.transport=collective|sm_free`.
+
+    pending = transport.all_to_all(send, send_splits, recv_splits, name)   # issue, async
+    received = pending.wait()                                              # where needed
+
+`send` holds the rows for rank 0, then rank 1, ... (`send_splits[r]` rows each); the
+result holds what each rank sent here, in rank order (`recv_splits`). Issue and wait are
+separate so that the trainer can put compute between them; each is a `comm` span, and
+each collective's flight from issue to completion is recorded (`Timeline.in_flight`), so
+exposed and hidden communication are both measured.
+
+collective  `torch.distributed.all_to_all_single` on the trainer's own group: gloo on CPU,
+            NCCL on GPU (whose kernels run on SMs, competing with overlapped compute).
+sm_free     CUDA ranks with peer access: each rank stages its rows in a PyTorch
+            symmetric-memory buffer and every peer *pulls* its slices with plain device
+            copies, which the copy engines carry (no kernel, no SM). Feature-detected
+            (`sm_free_unavailable`): asking for it where it cannot run is a one-line error
+            before any rank starts. NOT YET RUN ON A GPU.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from fsbench.timeline import current, span
+
+TRANSPORTS = ("collective", "sm_free")
+
+
+class Pending:
+    """An issued exchange; `wait()` returns the received tensor (once)."""
+
+    def __init__(self, name: str, output: torch.Tensor, work=None, finish=None) -> None:
+        self.name, self.output, self._work, self._finish = name, output, work, finish
+        self._done = work is None and finish is None
+
+    def wait(self) -> torch.Tensor:
+        if not self._done:
+            with span(f"{self.name}.wait", kind="comm"):
+                if self._work is not None:
+                    self._work.wait()
+                if self._finish is not None:
+                    self._finish()
+            self._done = True
+        return self.output
+
+
+class CollectiveTransport:
+    name = "collective"
+
+    def __init__(self, group) -> None:
+        self.group = group
+
+    def all_to_all(self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int],
+                   name: str) -> Pending:
+        output = send.new_empty((sum(recv_splits), *send.shape[1:]))
+        with span(f"{name}.issue", kind="comm"):
+            flight = current().in_flight(name)
+            work = dist.all_to_all_single(output, send.contiguous(), recv_splits, send_splits,
+                                          group=self.group, async_op=True)
+            # Completion is stamped by gloo's/NCCL's own thread, not when we wait: a
+            # message that landed during compute was hidden even if we wait later.
+            work.get_future().then(lambda _: flight.finish())
+        return Pending(name, output, work)
+
+
+def sm_free_unavailable(device: torch.device | str, world_size: int) -> str | None:
+    """Why `sm_free` cannot run here (one line), or None where it can."""
+    if getattr(device, "type", device) != "cuda" or not torch.cuda.is_available():
+        return "it needs CUDA ranks (this run's device is cpu)"
+    try:
+        from torch.distributed import _symmetric_memory  # noqa: F401
+    except ImportError:
+        return f"torch {torch.__version__} has no torch.distributed._symmetric_memory"
+    count = torch.cuda.device_count()
+    if world_size > count:
+        return f"it needs one local GPU per rank ({world_size} ranks, {count} GPUs)"
+    for a in range(world_size):
+        for b in range(world_size):
+            if a != b and not torch.cuda.can_device_access_peer(a, b):
+                return f"GPUs {a} and {b} have no peer access"
+    return None
+
+
+class SmFreeTransport:
+    """Pull-based all-to-all over symmetric memory: rank r copies its slice out of every
+    peer's staging buffer with `Tensor.copy_` (a peer-to-peer cudaMemcpyAsync: copy
+    engines). Two barriers per exchange: the senders' rows are staged before anyone pulls,
+    and everyone has pulled before a buffer is reused. NOT YET RUN ON A GPU."""
+
+    name = "sm_free"
+
+    def __init__(self, group, device: torch.device, capacity_bytes: int = 64 << 20) -> None:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        self.group, self.device = group, device
+        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        self.symm_mem = symm_mem
+        self.buffer = symm_mem.empty(capacity_bytes, dtype=torch.uint8, device=device)
+        self.handle = symm_mem.rendezvous(self.buffer, group)
+        # Copies run on their own stream so that compute on the default stream overlaps.
+        self.stream = torch.cuda.Stream(device)
+        self._unfinished: Pending | None = None
+
+    def all_to_all(self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int],
+                   name: str) -> Pending:
+        # One staging buffer: the previous exchange's pulls must end before it is reused.
+        if self._unfinished is not None:
+            self._unfinished.wait()
+        nbytes = send.numel() * send.element_size()
+        if nbytes > self.buffer.numel():
+            raise RuntimeError(f"{name}: {nbytes} bytes exceed the sm_free staging buffer "
+                               f"({self.buffer.numel()} bytes)")
+        row = send[0].numel() if send.dim() > 1 else 1  # elements per row
+        output = send.new_empty((sum(recv_splits), *send.shape[1:]))
+        # Where my rows start in each peer's buffer (the peer's send splits to the ranks
+        # before me): receivers know only their own recv splits, so exchange them.
+        starts = torch.tensor([sum(send_splits[:r]) for r in range(self.world_size)],
+                              dtype=torch.int64, device=self.device)
+        peer_starts = torch.empty_like(starts)
+        with span(f"{name}.issue", kind="comm"):
+            flight = current().in_flight(name)
+            dist.all_to_all_single(peer_starts, starts, group=self.group)
+            peer_starts = peer_starts.tolist()
+            self.buffer[:nbytes].view(send.dtype)[:send.numel()].copy_(send.reshape(-1))
+            self.handle.barrier()  # every rank has staged its rows
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.stream):
+                at = 0
+                for peer, n in enumerate(recv_splits):
+                    if n:
+                        src = self.handle.get_buffer(peer, (self.buffer.numel() // send.element_size(),),
+                                                     send.dtype)
+                        lo = peer_starts[peer] * row
+                        output.view(-1)[at * row:(at + n) * row].copy_(src[lo:lo + n * row],
+                                                                       non_blocking=True)
+                    at += n
+            done = torch.cuda.Event()
+            done.record(self.stream)
+
+        def finish() -> None:
+            torch.cuda.current_stream(self.device).wait_event(done)
+            done.synchronize()
+            flight.finish()
+            self.handle.barrier()  # every peer has pulled: the staging buffer is free
+            self._unfinished = None
+
+        self._unfinished = Pending(name, output, finish=finish)
+        return self._unfinished
+
+
+def make_transport(name: str, group, device: torch.device):
+    if name == "collective":
+        return CollectiveTransport(group)
+    if name == "sm_free":
+        why = sm_free_unavailable(device, dist.get_world_size(group))
+        if why:
+            raise RuntimeError(f"freescale.transport=sm_free cannot run: {why}")
+        return SmFreeTransport(group, device)
+    raise ValueError(f"transport={name!r}; choose one of: {', '.join(TRANSPORTS)}")
