@@ -286,7 +286,7 @@ class LazyLookups:
     @property
     def contexts(self) -> torch.Tensor:
         b = self._req.batch
-        return self._get("contexts").view(b.batch_size, b.context_ids.shape[1], -1)
+        return self._get("contexts").view(b.batch_size, b.context_ids.shape[1], self._engine.dim)
 
     def materialize(self) -> EmbeddingLookups:
         return EmbeddingLookups(items=self.items, targets=self.targets, negatives=self.negatives,
