@@ -1,4 +1,4 @@
-"""`fsbench run | sweep | trace | report | list`: thin entry points over the library.
+"""`fsbench run | sweep | trace | report | list | micro`: thin entry points over the library.
 
 Bad input (unknown workload or trainer, a bad --set key or value, an unreadable CSV) gets
 one line naming what is wrong and what is allowed, and exit code 2. A failed rank gets
@@ -17,6 +17,7 @@ from fsbench.config import ConfigError, RunConfig, WorkloadConfig, override
 from fsbench.trainer import TRAINERS, resolve_trainer_class, trainer_names, trainer_options
 
 DEFAULT_OUT = "runs"
+DEFAULT_MICRO_OUT = "runs/micro"
 RUN_COLUMNS = ["trainer", "world_size", *RUN_VIEW, *FLAGS]
 
 
@@ -186,6 +187,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps-per-block", type=int, default=6)
 
     sub.add_parser("list", help="list workload presets, length presets and trainers")
+
+    p = sub.add_parser("micro", help="micro-benchmarks on one GPU (sm-contention)",
+                       description="Micro-benchmarks that isolate one effect on one GPU.")
+    micro = p.add_subparsers(dest="benchmark", required=True)
+    p = micro.add_parser(
+        "sm-contention", help="does communication overlapped with compute steal GPU SMs?",
+        description="Time a large bf16 GEMM (CUDA events, warm-up discarded, median of "
+                    "--repeats) alone; beside an SM copy of --bytes on a second stream "
+                    "(torch.add(src, 0, out=dst): an elementwise kernel whose thread blocks "
+                    "occupy SMs, as NCCL's do); and beside copy-engine copies of the same "
+                    "bytes (cudaMemcpyAsync device-to-device, pinned host-to-device, and "
+                    "GPU-to-GPU when a peer GPU exists), which use DMA engines, not SMs. "
+                    "Prints GEMM TFLOP/s, the slowdown of each condition against the GEMM "
+                    "alone and the copies' bandwidth; stores a JSON record in --out. "
+                    "Needs one NVIDIA GPU.")
+    p.add_argument("--gemm-size", type=int, default=8192, metavar="N",
+                   help="GEMM of N x N by N x N in bf16; default: %(default)s")
+    p.add_argument("--bytes", type=int, default=256 * 2**20, metavar="B",
+                   help="bytes per copy, a multiple of 4; default: %(default)s (256 MiB)")
+    p.add_argument("--repeats", type=int, default=20,
+                   help="timed GEMMs per condition (median); default: %(default)s")
+    p.add_argument("--out", default=DEFAULT_MICRO_OUT, metavar="DIR",
+                   help="where the JSON record goes; default: %(default)s")
     return parser
 
 
@@ -329,13 +353,33 @@ def cmd_overhead(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_micro(args: argparse.Namespace) -> int:
+    from fsbench import micro
+
+    micro.check_args(args.gemm_size, args.bytes, args.repeats)  # only sm-contention so far
+    import torch
+    if not torch.cuda.is_available():
+        raise ConfigError("micro sm-contention: no CUDA GPU is visible "
+                          "(torch.cuda.is_available() is False), so this benchmark cannot run here")
+    check_writable_dir(args.out)
+    try:
+        record = micro.sm_contention(torch, args.gemm_size, args.bytes, args.repeats)
+    except torch.cuda.OutOfMemoryError:
+        raise ConfigError(f"--gemm-size={args.gemm_size} --bytes={args.bytes}: out of GPU "
+                          "memory; choose smaller sizes") from None
+    path = micro.write_record(record, args.out)
+    print(micro.format_table(record))
+    print(f"record stored in {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from fsbench.launch.local import RankFailed
 
     args = build_parser().parse_args(argv)
     commands = {"run": cmd_run, "sweep": cmd_sweep, "trace": cmd_trace, "report": cmd_report,
                 "calibrate": cmd_calibrate, "validate": cmd_validate, "overhead": cmd_overhead,
-                "list": cmd_list}
+                "list": cmd_list, "micro": cmd_micro}
     try:
         if getattr(args, "world_size", 1) < 1:
             raise ConfigError(f"--world-size={args.world_size} must be >= 1")

@@ -31,6 +31,9 @@ for t in $trainers; do
   step "run $t" 150 "$PY" -m fsbench.cli run --workload small --trainer "$t" --device cuda \
     --world-size 1 --steps 12 --warmup 4 --out "$OUT/runs"
 done
-step "sm-contention" 120 "$PY" -m fsbench.cli micro sm-contention --out "$OUT/micro"
+# GEMM alone / beside an SM copy / beside copy-engine copies: < 1 s of GPU work at these
+# sizes (an 8192^3 GEMM is ~2 ms on an H200); the rest is start-up. Record: $OUT/micro/*.json
+step "sm-contention" 90 "$PY" -m fsbench.cli micro sm-contention --gemm-size 8192 \
+  --bytes 268435456 --repeats 20 --out "$OUT/micro"
 step "report" 60 "$PY" -m fsbench.cli report --runs "$OUT/runs" --format md --out "$OUT/report" --no-plots
 cat "$REPORT"
