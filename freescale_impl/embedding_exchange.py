@@ -140,7 +140,8 @@ class ShardedEmbeddings:
     def request(self, batch: JaggedBatch) -> tuple[Request, Service, Pending]:
         """Send a step's requests: counts (waited: the ids' splits need them), then the
         ids (returned pending; `serve` waits)."""
-        req = build_request(batch, self.layout, self.chunks)
+        with span("emb.route", kind="compute"):
+            req = build_request(batch, self.layout, self.chunks)
         counts_in = self.control.all_to_all(req.counts, [1] * self.n, [1] * self.n,
                                             "emb.counts").wait()  # (N sources, chunks)
         ids = self.control.all_to_all(req.rows, req.counts.sum(1).tolist(),
@@ -155,12 +156,15 @@ class ShardedEmbeddings:
         return req, svc, ids
 
     def serve(self, svc: Service, ids: Pending) -> None:
-        svc.local = self.layout.local_index(ids.wait())
+        ids = ids.wait()
+        with span("emb.route", kind="compute"):
+            svc.local = self.layout.local_index(ids)
 
     # -- fetch --------------------------------------------------------------------
     def _fetch(self, req: Request, svc: Service, sel_req: torch.Tensor, sel_srv: torch.Tensor,
                name: str) -> None:
-        rows = self.shard.lookup(svc.local[sel_srv])
+        with span("emb.lookup", kind="compute"):
+            rows = self.shard.lookup(svc.local[sel_srv])
         p = self.transport.all_to_all(rows, _splits(svc.src[sel_srv], self.n),
                                       _splits(req.owner[sel_req], self.n), name)
         req.pending.append((p, sel_req, set(torch.unique(req.chunk[sel_req]).tolist())))
@@ -174,7 +178,8 @@ class ShardedEmbeddings:
     def split_and_send_final(self, req: Request, svc: Service, touched: torch.Tensor) -> None:
         """Priority: rows the current step touches (`touched`: this owner's local rows
         asked for at the current step) are fresh; send the others now."""
-        svc.fresh = torch.isin(svc.local, touched)
+        with span("emb.route", kind="compute"):
+            svc.fresh = torch.isin(svc.local, touched)
         mask = self.control.all_to_all(svc.fresh.to(torch.uint8), _splits(svc.src, self.n),
                                        req.counts.sum(1).tolist(), "emb.fresh_mask").wait()
         req.fresh = mask.bool()

@@ -28,8 +28,9 @@ For step k on N ranks:
   comm_overlap = share of communication time hidden under compute (Holistic Trace
                Analysis's definition): sum over collectives issued in measured steps of
                their flight time (issue to completion, `flight` records) that overlaps the
-               issuing rank's compute spans, over their total flight time. None where a
-               trainer's collectives are not recorded as flights.
+               issuing rank's compute, over their total flight time. A compute span counts
+               as busy at its CPU/wall rate (blocked time inside it hides nothing). None
+               where a trainer's collectives are not recorded as flights.
 
 Summaries are totals over measured steps: sum of each cause over sum of N T, samples
 and tokens over summed T; per-step p10/p50/p90 beside them.
@@ -228,28 +229,36 @@ def summarize(spans: pd.DataFrame, stats: pd.DataFrame,
 
 
 def comm_overlap_ratio(spans: pd.DataFrame) -> float | None:
-    """Hidden share of communication (module docstring); None without flights."""
+    """Hidden share of communication (module docstring); None without flights.
+
+    A compute span on a CPU rank can hold blocked time (DDP waits for its last all-reduce
+    inside `backward`); that is not compute hiding anything. Without knowing where in the
+    span the thread ran, each compute span counts as busy at its average rate, CPU time
+    over wall time, so a flight under a half-blocked span is half hidden."""
     flights = spans[(spans["kind"] == "flight") & ~spans["warmup"].astype(bool)]
     if flights.empty:
         return None
     hidden = total = 0.0
     for rank, fl in flights.groupby("rank"):
-        comp = spans[(spans["rank"] == rank) & (spans["kind"] == "compute")].sort_values("start_ns")
+        comp = spans[(spans["rank"] == rank) & (spans["kind"] == "compute")
+                     & ~spans.get("nested", pd.Series(False, index=spans.index)).eq(True)]
+        comp = comp.sort_values("start_ns")
         starts = comp["start_ns"].to_numpy(dtype=np.int64)
         durs = comp["dur_ns"].to_numpy(dtype=np.int64)
-        before = np.concatenate([[0], np.cumsum(durs)])  # compute time before span i
+        rate = np.clip(comp["cpu_ns"].to_numpy(dtype=float) / np.maximum(durs, 1), 0.0, 1.0)
+        before = np.concatenate([[0.0], np.cumsum(durs * rate)])  # busy time before span i
 
-        def compute_until(t: np.ndarray) -> np.ndarray:
-            """Compute time in [-inf, t): spans of one rank's thread never overlap."""
+        def busy_until(t: np.ndarray) -> np.ndarray:
+            """Compute busy time before t (one rank's compute spans never overlap)."""
             i = np.searchsorted(starts, t, side="right") - 1
-            inside = np.where(i >= 0, np.clip(t - starts[np.maximum(i, 0)], 0,
-                                              durs[np.maximum(i, 0)] if len(durs) else 0), 0)
-            return np.where(i >= 0, before[np.maximum(i, 0)] + inside, 0)
+            j = np.maximum(i, 0)
+            inside = np.clip(t - starts[j], 0, durs[j]) * rate[j]
+            return np.where(i >= 0, before[j] + inside, 0.0)
 
         s = fl["start_ns"].to_numpy(dtype=np.int64)
         e = s + fl["dur_ns"].to_numpy(dtype=np.int64)
         if len(starts):
-            hidden += float((compute_until(e) - compute_until(s)).sum())
+            hidden += float((busy_until(e) - busy_until(s)).sum())
         total += float((e - s).sum())
     return hidden / total if total > 0 else None
 

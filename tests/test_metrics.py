@@ -144,3 +144,20 @@ def test_causes_sum_to_each_ranks_idle_time(ranks, extra):
     np.testing.assert_allclose(total, t - busy, atol=1e-9)
     for key in ("exposed_comm", "input_stall"):
         assert (parts[key] >= -1e-12).all()
+
+
+def test_comm_overlap_ratio_counts_only_busy_compute():
+    from fsbench.metrics import comm_overlap_ratio
+
+    def rec(name, kind, start, dur, cpu=0):
+        return {"rank": 0, "step": 1, "warmup": False, "name": name, "kind": kind,
+                "start_ns": start, "dur_ns": dur, "cpu_ns": cpu, "runq_ns": 0, "nested": False}
+    spans = pd.DataFrame([
+        rec("forward", "compute", 0, 100, cpu=100),      # fully busy
+        rec("wait", "comm", 100, 50),
+        rec("backward", "compute", 150, 100, cpu=50),    # half blocked
+        rec("a", "flight", 50, 100),   # 50 under forward, 50 under the wait: 50 hidden
+        rec("b", "flight", 150, 100),  # under the half-busy backward: 50 hidden
+    ])
+    assert comm_overlap_ratio(spans) == pytest.approx(100 / 200)
+    assert comm_overlap_ratio(spans[spans["kind"] != "flight"]) is None
