@@ -83,14 +83,23 @@ class Service:
     fresh: torch.Tensor | None = None
 
 
-def build_request(batch: JaggedBatch, layout: RowLayout, chunks: int) -> Request:
+def rows_by_use(batch: JaggedBatch, layout: RowLayout) -> dict[str, torch.Tensor]:
+    """The global rows each use of the model reads, in reading order."""
     ctx_base = torch.tensor([layout.table_base(context_table(i))
                              for i in range(batch.context_ids.shape[1])], dtype=torch.int64)
     item, user = layout.table_base(ITEM), layout.table_base(USER)
-    ids = {"users": user + batch.user_ids,
-           "contexts": (ctx_base.to(batch.context_ids.device) + batch.context_ids).reshape(-1),
-           "items": item + batch.item_ids, "targets": item + batch.targets,
-           "negatives": item + batch.negative_ids}
+    return {"users": user + batch.user_ids,
+            "contexts": (ctx_base.to(batch.context_ids.device) + batch.context_ids).reshape(-1),
+            "items": item + batch.item_ids, "targets": item + batch.targets,
+            "negatives": item + batch.negative_ids}
+
+
+def all_rows(batch: JaggedBatch, layout: RowLayout) -> torch.Tensor:
+    return torch.cat(list(rows_by_use(batch, layout).values()))
+
+
+def build_request(batch: JaggedBatch, layout: RowLayout, chunks: int) -> Request:
+    ids = rows_by_use(batch, layout)
     flat = torch.cat([ids[u] for u in USES])
     uniq, inverse = torch.unique(flat, return_inverse=True)
     n_uniq = uniq.numel()
@@ -175,14 +184,27 @@ class ShardedEmbeddings:
         svc.fresh = torch.ones(svc.local.numel(), dtype=torch.bool, device=svc.local.device)
         self.send_fresh(req, svc)
 
+    def adopt(self, batch: JaggedBatch, routing: dict) -> tuple[Request, Service]:
+        """A step whose routing the input stage computed (`freescale_impl.routing`)."""
+        req, svc = routing["request"], routing["service"]
+        req.batch = batch
+        req.buffer = torch.empty(req.rows.numel(), self.dim, dtype=self.shard.weight.dtype,
+                                 device=self.shard.weight.device)
+        return req, svc
+
     def split_and_send_final(self, req: Request, svc: Service, touched: torch.Tensor) -> None:
-        """Priority: rows the current step touches (`touched`: this owner's local rows
-        asked for at the current step) are fresh; send the others now."""
+        """Priority, requests exchanged: rows the current step touches (`touched`: this
+        owner's local rows asked for at the current step) are fresh; tell the requesters
+        which, and send the others now."""
         with span("emb.route", kind="compute"):
             svc.fresh = torch.isin(svc.local, touched)
         mask = self.control.all_to_all(svc.fresh.to(torch.uint8), _splits(svc.src, self.n),
                                        req.counts.sum(1).tolist(), "emb.fresh_mask").wait()
         req.fresh = mask.bool()
+        self.send_final(req, svc)
+
+    def send_final(self, req: Request, svc: Service) -> None:
+        """Priority: rows the current step cannot change, now (they are final)."""
         self._fetch(req, svc, ~req.fresh, ~svc.fresh, "emb.fetch_final")
 
     def send_fresh(self, req: Request, svc: Service) -> None:

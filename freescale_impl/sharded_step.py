@@ -54,10 +54,26 @@ class ShardedTableTrainer:
         # Its own group: embedding exchanges never queue behind DDP's all-reduce (or the
         # reverse), and may stay in flight across the step boundary.
         group = dist.new_group(backend=ctx.backend)
+        self.layout = layout
         self.engine = ShardedEmbeddings(layout, shard, make_transport(opts.transport, group, ctx.device),
                                         group, ctx.rank, opts.chunks, overlap=opts.overlap == "on",
                                         priority=opts.priority == "on")
         self.ahead = None  # (StepInput, Request, Service) of the next step, when prepared
+
+    def begin(self, prepared: StepInput):
+        """A step nothing was sent for yet (the first, or every step without priority):
+        its requests (computed by the input stage, else exchanged), then its rows."""
+        engine, batch = self.engine, prepared.batches[0]
+        if prepared.aux is not None:
+            req, svc = engine.adopt(batch, prepared.aux)
+            if engine.priority:
+                engine.send_final(req, svc)
+            engine.send_fresh(req, svc)
+            return req, svc
+        req, svc, ids = engine.request(batch)
+        engine.serve(svc, ids)
+        engine.fetch_all(req, svc)
+        return req, svc
 
     def step(self, inputs) -> StepStats:
         engine = self.engine
@@ -66,29 +82,32 @@ class ShardedTableTrainer:
             self.ahead = None
         else:
             prepared = next(inputs)
-            req, svc, ids = engine.request(prepared.batches[0])
-            engine.serve(svc, ids)
-            engine.fetch_all(req, svc)
+            req, svc = self.begin(prepared)
         batch = prepared.batches[0]
         if not engine.overlap:
             engine.wait_all(req)  # the blocking version: every row before the forward
-        upcoming = None
+        upcoming = exchanged = None
         if engine.priority and prepared.step + 1 < self.run.workload.steps:
             nxt: StepInput = next(inputs)  # pulled one step ahead (an input span)
-            upcoming = (nxt, *engine.request(nxt.batches[0]))
+            if nxt.aux is not None:  # routing known: final rows for k+1 go now
+                upcoming = (nxt, *engine.adopt(nxt.batches[0], nxt.aux))
+                engine.send_final(*upcoming[1:])
+            else:  # requests must be exchanged; final rows go after the forward
+                nreq, nsvc, exchanged = engine.request(nxt.batches[0])
+                upcoming = (nxt, nreq, nsvc)
         with span("forward"):
             loss = self.dense(engine.lookups(req), batch)
-        if upcoming is not None:
-            nxt, nreq, nsvc, nids = upcoming
-            engine.serve(nsvc, nids)
+        if exchanged is not None:
+            _, nreq, nsvc = upcoming
+            engine.serve(nsvc, exchanged)
             engine.split_and_send_final(nreq, nsvc, touched=torch.unique(svc.local))
         engine.prepare_gradients(req, svc)
         with span("backward"):
             loss.backward()
         engine.finish_gradients(req, svc)
         if upcoming is not None:
-            engine.send_fresh(nreq, nsvc)
-            self.ahead = (nxt, nreq, nsvc)
+            engine.send_fresh(*upcoming[1:])  # rows this update changed, first in line
+            self.ahead = upcoming
         with span("optimizer"):
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)

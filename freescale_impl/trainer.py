@@ -45,6 +45,7 @@ from fsbench.trainer import Preparer, StepInput, StepStats, measured_steps
 from fsbench.workloads.batch import JaggedBatch, concat_batches, contiguous_split
 from freescale_impl import partition
 from freescale_impl.balance import CostModel, cost_model
+from freescale_impl.routing import RoutedShare
 from freescale_impl.sharded_step import ShardedTableTrainer
 from freescale_impl.sharded_tables import SPARSE_OPTIMIZERS
 from freescale_impl.transport import sm_free_unavailable
@@ -99,16 +100,23 @@ class BalancedShare:
         self.cost, self.opts, self.steps = cost, opts, steps
         self.partitioner = PARTITIONERS[opts.partitioner]
         self._window: tuple[int, list[JaggedBatch], dict[int, partition.WindowStep]] | None = None
+        self._planned: tuple[int, JaggedBatch, partition.Plan] | None = None  # last step's
 
     def __call__(self, step: int) -> StepInput:
-        if self.opts.window > 1 and self.opts.balance == "on":
-            local, plan = self._windowed(step)
-        else:
-            batch = self.source.global_batch(step)
-            plan = self.plan(batch.lengths.numpy())
-            local = batch.select(plan.assignment[self.rank])
+        local, plan = self.share(step, self.rank)
         return StepInput(step, self.micro(local), local.batch_size, local.num_targets,
                          self.plan_stats(plan))
+
+    def share(self, step: int, rank: int) -> tuple[JaggedBatch, partition.Plan]:
+        """Rank `rank`'s planned samples at `step` (every rank can compute every rank's:
+        the plan is a function of the global batch alone)."""
+        if self.opts.window > 1 and self.opts.balance == "on":
+            return self._windowed(step, rank)
+        if self._planned is None or self._planned[0] != step:
+            batch = self.source.global_batch(step)
+            self._planned = (step, batch, self.plan(batch.lengths.numpy()))
+        _, batch, plan = self._planned
+        return batch.select(plan.assignment[rank]), plan
 
     def plan(self, lengths: np.ndarray) -> partition.Plan:
         costs, n = self.cost(lengths), self.world_size
@@ -133,7 +141,7 @@ class BalancedShare:
                                               self.opts.micro_batches, self.partitioner)
         return [local.select(idx) for idx in plan.assignment if len(idx)] or [local]
 
-    def _windowed(self, step: int) -> tuple[JaggedBatch, partition.Plan]:
+    def _windowed(self, step: int, rank: int) -> tuple[JaggedBatch, partition.Plan]:
         k = self.opts.window
         start = step - step % k
         if self._window is None or self._window[0] != start:
@@ -144,7 +152,7 @@ class BalancedShare:
         _, batches, steps = self._window
         ws = steps[step]
         by_batch: dict[int, list[int]] = {}
-        for off, idx in (ws.samples[i] for i in ws.plan.assignment[self.rank]):
+        for off, idx in (ws.samples[i] for i in ws.plan.assignment[rank]):
             by_batch.setdefault(off, []).append(idx)  # one select per source batch
         parts = [batches[off].select(idx) for off, idx in sorted(by_batch.items())]
         step_targets = sum(int(batches[off].lengths[idx]) for off, idx in ws.samples)
@@ -211,6 +219,9 @@ class FreeScaleTrainer(DataParallelTrainer):
     def make_preparer(self) -> Preparer:
         if self.options.data == "sharded":
             return ShardLengths(self.source, self.ctx.rank, self.ctx.world_size)
+        if self.sharded:  # the plan, and the all-to-all routing every rank can compute
+            return RoutedShare(self.balanced, self.tables.layout, self.tables.engine.chunks,
+                               self.tables.engine.priority)
         return self.balanced
 
     def describe(self) -> dict:

@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fsbench.timeline import span
-from fsbench.trainer import Preparer, StepInput
+from fsbench.trainer import Preparer, StepInput, map_tensors
 from fsbench.workloads.batch import JaggedBatch
 
 
@@ -48,14 +48,23 @@ class _PackedJagged:
                            global_num_targets=self.global_num_targets, step=self.step)
 
 
+class _PackedTensor:
+    """One tensor of `StepInput.aux` as a numpy array, for the same reason."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.array = t.numpy()
+
+
 def _pack(item: StepInput) -> StepInput:
     batches = [_PackedJagged(b) if isinstance(b, JaggedBatch) else b for b in item.batches]
-    return StepInput(item.step, batches, item.num_samples, item.num_targets, item.extra)
+    return StepInput(item.step, batches, item.num_samples, item.num_targets, item.extra,
+                     map_tensors(item.aux, _PackedTensor))
 
 
 def _unpack(item: StepInput) -> StepInput:
     batches = [b.unpack() if isinstance(b, _PackedJagged) else b for b in item.batches]
-    return StepInput(item.step, batches, item.num_samples, item.num_targets, item.extra)
+    return StepInput(item.step, batches, item.num_samples, item.num_targets, item.extra,
+                     map_tensors(item.aux, lambda p: torch.from_numpy(p.array), _PackedTensor))
 
 
 class _Steps(Dataset):

@@ -24,20 +24,42 @@ class StepInput:
 
     `batches` are the rank's micro-batches (JaggedBatch) or a framework's own batch type
     (TorchRec's); each has `.to(device)`. `extra` carries per-step numbers the stats keep
-    (e.g. a balancer's predicted cost)."""
+    (e.g. a balancer's predicted cost). `aux` is what else the trainer's input stage
+    prepared ahead (e.g. FreeScale's all-to-all routing): tensors in dicts, lists and
+    dataclasses, moved to the device with the batches."""
 
     step: int
     batches: list[Any]
     num_samples: int
     num_targets: int
     extra: dict = field(default_factory=dict)
+    aux: Any = None
 
     def to(self, device: Any) -> "StepInput":
         """The same input with every batch on `device` (non-blocking; free on CPU)."""
         if getattr(device, "type", device) == "cpu":
             return self
         return StepInput(self.step, [b.to(device) for b in self.batches], self.num_samples,
-                         self.num_targets, self.extra)
+                         self.num_targets, self.extra, map_tensors(self.aux, lambda t: t.to(device, non_blocking=True)))
+
+
+def map_tensors(obj: Any, fn: Callable[[Any], Any], kind: type | tuple = None) -> Any:
+    """`obj` with `fn` applied to every torch tensor (or every instance of `kind`) inside
+    its dicts, lists, tuples and dataclass fields."""
+    import dataclasses
+
+    import torch
+
+    if isinstance(obj, kind or torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: map_tensors(v, fn, kind) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(map_tensors(v, fn, kind) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: map_tensors(getattr(obj, f.name), fn, kind)
+                                           for f in dataclasses.fields(obj) if f.init})
+    return obj
 
 
 @dataclass(slots=True)
