@@ -135,8 +135,12 @@ def test_overlapped_prioritized_equals_blocking_and_ddp(tmp_path, rank_pythonpat
     blocking, _ = _losses(tmp_path, "freescale", 2, overlap="off", priority="off")
     full, run_dir = _losses(tmp_path, "freescale", 2)
     ddp, _ = _losses(tmp_path, "ddp", 2)
+    # data=sharded: no rank knows the others' requests, so they are exchanged (counts,
+    # ids, fresh masks) instead of computed by the input stage; same function.
+    exchanged, _ = _losses(tmp_path, "freescale", 2, data="sharded")
     assert len(full) == 20
     assert np.max(np.abs(full - blocking) / np.abs(blocking)) <= 1e-6
+    assert np.max(np.abs(exchanged - blocking) / np.abs(blocking)) <= 1e-6
     assert np.max(np.abs(full - ddp) / np.abs(ddp)) <= 1e-5  # all-reduce vs a2a sum order
 
     # The order the technique promises, read from the timeline of the full run:
