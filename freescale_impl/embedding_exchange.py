@@ -70,6 +70,7 @@ class Request:
     pending: list[tuple[Pending, torch.Tensor, set[int]]] = field(default_factory=list)
     buffer: torch.Tensor | None = None  # (E, D) fetched rows
     leaves: list[torch.Tensor | None] = field(default_factory=list)
+    tables: dict = field(default_factory=dict)  # chunks read together -> (rows, offsets)
 
 
 @dataclass
@@ -246,15 +247,19 @@ class ShardedEmbeddings:
         if not needed:
             return req.buffer.new_zeros(0, self.dim)
         # Only the chunks this use reads: a chunk read by the targets alone then gets its
-        # gradient (and is sent) as soon as the loss's backward is done.
-        table = torch.cat([self._leaf(req, c) for c in needed])
-        offset = torch.zeros(self.chunks, dtype=torch.int64, device=entries.device)
-        at = 0
-        for c in needed:
-            offset[c] = at
-            at += req.chunk_sizes[c]
-        chunk = req.chunk[entries]
-        return table.index_select(0, offset[chunk] + req.pos_in_chunk[entries])
+        # gradient (and is sent) as soon as the loss's backward is done. Uses that read
+        # the same chunks share one concatenation.
+        key = tuple(needed)
+        if key not in req.tables:
+            offset = torch.zeros(self.chunks, dtype=torch.int64, device=entries.device)
+            at = 0
+            for c in needed:
+                offset[c] = at
+                at += req.chunk_sizes[c]
+            leaves = [self._leaf(req, c) for c in needed]
+            req.tables[key] = (leaves[0] if len(leaves) == 1 else torch.cat(leaves), offset)
+        table, offset = req.tables[key]
+        return table.index_select(0, offset[req.chunk[entries]] + req.pos_in_chunk[entries])
 
     # -- gradients ------------------------------------------------------------------
     def prepare_gradients(self, req: Request, svc: Service) -> None:
