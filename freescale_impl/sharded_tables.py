@@ -117,7 +117,7 @@ class LocalShard:
             lo, hi = int(self.layout.base[t]), int(self.layout.base[t + 1])
             in_table = (mine >= lo) & (mine < hi)
             if in_table.any():
-                out[local[in_table]] = initial_table_weight(spec, seed)[mine[in_table] - lo]
+                out[local[in_table]] = initial_table_weight(spec, seed, mine[in_table] - lo)
         return out
 
     def lookup(self, local_index: torch.Tensor) -> torch.Tensor:

@@ -59,6 +59,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("input_worker_cpu_ratio", "loader cpu %", _pct, True, True),
     Column("cpu_steal_ratio", "cpu steal %", _pct, True, True),
     Column("sm_occupancy", "SM occ %", _pct, True, True),
+    # The largest rank's peak (process RSS on CPU, allocated tensors on CUDA).
+    Column("peak_memory_mb", "peak MiB", lambda v: f"{v:.0f}", True, True),
     Column("scaling_efficiency", "scaling eff %", _pct, wall_clock=True),
     Column("simulated", "simulated", _yes),
     Column("oversubscribed", "oversub", _yes, summary=True, flag=True),
@@ -75,4 +77,4 @@ RUN_VIEW: tuple[str, ...] = (
     "step_time_ms_median", "samples_per_s", "bubble_ratio", "straggler_bubble_ratio",
     "exposed_comm_ratio", "comm_overlap_ratio", "input_stall_ratio", "other_idle_ratio",
     "load_imbalance",
-    "cpu_wait_ratio", "sm_occupancy")
+    "cpu_wait_ratio", "sm_occupancy", "peak_memory_mb")

@@ -86,10 +86,24 @@ def summarize_run(run_dir: Path) -> dict:
                                      total_ticks=max((s["total_ticks"] for s in steal), default=0)))
     summary.update(metrics.plan_accuracy(spans, stats))
     summary.update(merge_monitors(run_dir))
+    summary.update(peak_memory(run_dir))
     if inputs:  # 0 on every rank: no trainer generated data in its training process
         summary["batches_generated_in_rank"] = max(i["batches_generated_in_rank"] for _, i in inputs)
         summary["input_workers"] = inputs[0][1]["input_workers"]
     return summary
+
+
+def peak_memory(run_dir: Path) -> dict:
+    """Peak memory per rank (MiB): the GPU allocator's peak on CUDA runs, else the rank
+    process's peak RSS; None for runs written before ranks recorded it."""
+    per_rank = [store.read_json(p) for p in sorted(run_dir.glob("memory-rank-*.json"),
+                                                   key=lambda p: int(p.stem.split("-")[-1]))]
+    if not per_rank:
+        return {"peak_memory_mb": None, "peak_memory_mb_per_rank": None, "peak_memory_kind": None}
+    kind = "cuda_allocated_mb" if all("cuda_allocated_mb" in m for m in per_rank) else "cpu_rss_mb"
+    values = [float(m[kind]) for m in per_rank]
+    return {"peak_memory_mb": max(values), "peak_memory_mb_per_rank": values,
+            "peak_memory_kind": kind.removesuffix("_mb")}
 
 
 def run_once(run: RunConfig, out_dir: str | Path, timeout_s: float | None = None) -> tuple[Path, dict]:

@@ -35,6 +35,7 @@ VARIANTS = {  # name -> (trainer, switches)
     "freescale blocking": ("freescale", {"overlap": "off", "priority": "off"}),
     "freescale overlap": ("freescale", {"priority": "off"}),
     "freescale (all on)": ("freescale", {}),
+    "freescale (all on, chunks=1)": ("freescale", {"chunks": "1"}),
 }
 WORKLOADS = {  # name -> (preset, overrides)
     "comm-heavy": ("comm-heavy", {}),

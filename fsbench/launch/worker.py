@@ -85,6 +85,7 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
                           {"input_workers": run.input_workers,
                            "batches_generated_in_rank": source.generated,
                            "worker_cpu_ns": inputs.worker_cpu_ns})
+        write_json_atomic(run_dir / f"memory-rank-{ctx.rank}.json", peak_memory(ctx.device))
         write_json_atomic(run_dir / f"monitor-rank-{ctx.rank}.json",
                           {"summary": monitor.summary(), "samples": monitor.samples(),
                            "errors": [str(e) for e in monitor.errors]})
@@ -92,6 +93,17 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
         monitor.stop()
         inputs.close()
         trainer.close()
+
+
+def peak_memory(device: torch.device) -> dict:
+    """This rank's peak memory so far: the process's peak RSS (Linux reports KiB), and on
+    CUDA the caching allocator's peak of allocated tensors (what the model really held)."""
+    import resource
+
+    out = {"cpu_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if device.type == "cuda":
+        out["cuda_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return out
 
 
 class GpuKernelRecord:

@@ -26,8 +26,13 @@ def param_generator(seed: int, name: str) -> torch.Generator:
 @torch.no_grad()
 def normal_(param: torch.Tensor, std: float, seed: int, name: str) -> None:
     """Fill `param` in place with N(0, std^2) drawn on the CPU (same values on any device)."""
-    values = torch.randn(param.shape, generator=param_generator(seed, name), dtype=torch.float64)
-    param.copy_(values * std)
+    param.copy_(normal_values(param.shape, std, seed, name))
+
+
+def normal_values(shape, std: float, seed: int, name: str) -> torch.Tensor:
+    """The float64 values `normal_` fills (scaled in place: one full-size buffer, not two)."""
+    values = torch.randn(shape, generator=param_generator(seed, name), dtype=torch.float64)
+    return values.mul_(std)
 
 
 @torch.no_grad()

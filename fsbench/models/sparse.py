@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fsbench.models.init import normal_
+from fsbench.models.init import normal_values
 from fsbench.workloads.batch import JaggedBatch
 
 ITEM, USER = "item", "user"
@@ -82,14 +82,14 @@ def assemble_lookups(batch: JaggedBatch, rows: Mapping[str, torch.Tensor]) -> Em
 
 
 @torch.no_grad()
-def initial_table_weight(spec: TableSpec, seed: int) -> torch.Tensor:
+def initial_table_weight(spec: TableSpec, seed: int, rows: torch.Tensor | None = None) -> torch.Tensor:
     """The (num_rows, dim) float32 weights `build_model(seed)` gives this table:
-    rows ~ N(0, 1/dim), the padding row 0."""
-    weight = torch.empty(spec.num_rows, spec.dim)
-    normal_(weight, spec.dim ** -0.5, seed, f"table/{spec.name}")
+    rows ~ N(0, 1/dim), the padding row 0; with `rows`, only those rows (a shard's: the
+    full table is never materialized in float32)."""
+    values = normal_values((spec.num_rows, spec.dim), spec.dim ** -0.5, seed, f"table/{spec.name}")
     if spec.padding_idx is not None:
-        weight[spec.padding_idx] = 0.0
-    return weight
+        values[spec.padding_idx] = 0.0
+    return (values if rows is None else values[rows]).float()
 
 
 class SparseArch(nn.Module):
