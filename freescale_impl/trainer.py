@@ -21,10 +21,9 @@ from any batch of its window (the documented deviation from the original batches
 whole windows are measured (`step_alignment`).
 
 With `data=sharded` each rank's loader holds only its contiguous shard: the lengths of
-all shards are all-gathered inside the step (a `comm` span) and the plan and the read of
-the planned samples follow there (an `input` span: the step waits for them). The read
-is by index from the batch source, which stands in for random-access storage; moving
-the samples themselves between ranks is not built yet.
+all shards are all-gathered when the step pulls its input (a `comm` span), the plan
+follows (an `input` span), and the planned samples move between ranks in two
+all-to-alls of their jagged contents (`freescale_impl.sample_exchange`, a `comm` span).
 """
 from __future__ import annotations
 
@@ -46,6 +45,7 @@ from fsbench.workloads.batch import JaggedBatch, concat_batches, contiguous_spli
 from freescale_impl import partition
 from freescale_impl.balance import CostModel, cost_model
 from freescale_impl.routing import RoutedShare
+from freescale_impl.sample_exchange import exchange_samples
 from freescale_impl.sharded_step import ShardedTableTrainer
 from freescale_impl.sharded_tables import SPARSE_OPTIMIZERS
 from freescale_impl.transport import sm_free_unavailable
@@ -160,16 +160,16 @@ class BalancedShare:
 
 
 class ShardLengths:
-    """The input stage of `data=sharded`: this rank's shard of step k (its lengths are all
-    this rank's loader knows before the step's all-gather)."""
+    """The input stage of `data=sharded`: this rank's shard of step k, all this rank's
+    loader reads (the rest arrives by `exchange_samples` once the plan is known)."""
 
     def __init__(self, source, rank: int, world_size: int) -> None:
         self.source, self.rank, self.world_size = source, rank, world_size
 
     def __call__(self, step: int) -> StepInput:
-        batch = self.source.global_batch(step)
-        shard = contiguous_split(batch.batch_size, self.world_size)[self.rank]
-        return StepInput(step, [], 0, 0, {"shard_lengths": batch.lengths[shard].tolist()})
+        batch = self.source.global_batch(step)  # the generator's unit; only the shard leaves
+        shard = batch.select(contiguous_split(batch.batch_size, self.world_size)[self.rank])
+        return StepInput(step, [shard], 0, 0)
 
 
 class FreeScaleTrainer(DataParallelTrainer):
@@ -238,25 +238,25 @@ class FreeScaleTrainer(DataParallelTrainer):
             return self.tables.step(inputs)
         return super().step(inputs)
 
-    def _sharded_input(self, shard: StepInput) -> StepInput:
-        """All-gather every shard's lengths (the only communication balancing costs), then
-        plan and read the planned samples: the step waits for both."""
-        lengths = self._gather_lengths(shard.extra["shard_lengths"])
-        with span("plan_and_read", kind="input"):
-            plan = self.balanced.plan(lengths)
-            batch = self.source.global_batch(shard.step)  # random-access read stand-in
-            local = batch.select(plan.assignment[self.ctx.rank])
-            prepared = StepInput(shard.step, self.balanced.micro(local), local.batch_size,
-                                 local.num_targets, self.balanced.plan_stats(plan))
-        return prepared.to(self.ctx.device)
+    def _sharded_input(self, prepared: StepInput) -> StepInput:
+        """All-gather every shard's lengths (what balancing costs in communication), plan,
+        then move the planned samples between ranks (`exchange_samples`)."""
+        shard = prepared.batches[0]
+        shards = contiguous_split(self.run.workload.global_batch_size, self.ctx.world_size)
+        lengths = self._gather_lengths(shard.lengths, shards)
+        with span("plan", kind="input"):
+            plan = self.balanced.plan(lengths.numpy())
+        starts = [sum(len(s) for s in shards[:r]) for r in range(len(shards) + 1)]
+        local = exchange_samples(shard, starts, lengths, [list(map(int, a)) for a in plan.assignment],
+                                 self.ctx.rank, group=self.ctx.group)
+        return StepInput(prepared.step, self.balanced.micro(local), local.batch_size,
+                         local.num_targets, self.balanced.plan_stats(plan))
 
-    def _gather_lengths(self, mine_list: list[int]) -> np.ndarray:
-        n = self.ctx.world_size
-        shards = contiguous_split(self.run.workload.global_batch_size, n)
+    def _gather_lengths(self, mine: torch.Tensor, shards: list[list[int]]) -> torch.Tensor:
         width = max(len(s) for s in shards)
-        mine = torch.zeros(width, dtype=torch.int64)
-        mine[:len(mine_list)] = torch.tensor(mine_list, dtype=torch.int64)
-        parts = [torch.empty_like(mine) for _ in range(n)]
+        padded = torch.zeros(width, dtype=torch.int64, device=mine.device)
+        padded[:len(mine)] = mine
+        parts = [torch.empty_like(padded) for _ in shards]
         with span("all_gather", kind="comm"):
-            dist.all_gather(parts, mine.to(self.ctx.device), group=self.ctx.group)
-        return torch.cat([p[:len(s)].cpu() for p, s in zip(parts, shards)]).numpy()
+            dist.all_gather(parts, padded, group=self.ctx.group)
+        return torch.cat([p[:len(s)].cpu() for p, s in zip(parts, shards)])

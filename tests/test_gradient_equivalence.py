@@ -66,6 +66,9 @@ def test_loss_and_gradients_equal_single_process(name, tmp_path, monkeypatch, ra
         spans = read_timelines(run_dir)
         assert (spans[spans["name"] == "all_gather"]["kind"] == "comm").all()
         assert set(spans[spans["name"] == "all_gather"]["rank"]) == set(range(world_size))
+        # and the planned samples moved between ranks by all-to-all
+        moves = spans[spans["name"] == "sample_all_to_all"]
+        assert set(moves["rank"]) == set(range(world_size)) and (moves["kind"] == "comm").all()
     if "freescale" in name:  # the balanced plan must really differ from the contiguous split
         batch = make_batch_source(workload, 7).global_batch(0)
         contiguous = [batch.contiguous_slice(r, world_size).num_targets for r in range(world_size)]

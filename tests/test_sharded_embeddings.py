@@ -4,14 +4,16 @@ batches; and whole runs equal the blocking version and DDP step by step."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
-import socket
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from ports import free_port
 
 from fsbench.config import RunConfig
 from fsbench.models import SparseArch, table_specs
@@ -85,12 +87,6 @@ def _rank_main(rank, world_size, port, layout_kind, optimizer, overlap, out):
         dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("world_size,layout_kind,optimizer,overlap", [
     (2, "row", "adagrad", True), (2, "table", "sgd", False),
     (4, "row", "sgd", True), (4, "table", "adagrad", True)])
@@ -142,6 +138,11 @@ def test_overlapped_prioritized_equals_blocking_and_ddp(tmp_path, rank_pythonpat
     assert np.max(np.abs(full - blocking) / np.abs(blocking)) <= 1e-6
     assert np.max(np.abs(exchanged - blocking) / np.abs(blocking)) <= 1e-6
     assert np.max(np.abs(full - ddp) / np.abs(ddp)) <= 1e-5  # all-reduce vs a2a sum order
+
+    # What really ran is in the manifest.
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["trainer_ran"] == {"tables": "sharded", "sharding": "row",
+                                       "transport": "collective"}
 
     # The order the technique promises, read from the timeline of the full run:
     spans = read_timelines(run_dir)
