@@ -56,7 +56,7 @@ class ShardedTableTrainer:
         group = dist.new_group(backend=ctx.backend)
         self.layout = layout
         self.engine = ShardedEmbeddings(layout, shard, make_transport(opts.transport, group, ctx.device),
-                                        group, ctx.rank, opts.chunks, overlap=opts.overlap == "on",
+                                        group, ctx.rank, opts.chunks or (4 if ctx.device.type == "cuda" else 1), overlap=opts.overlap == "on",
                                         priority=opts.priority == "on")
         self.ahead = None  # (StepInput, Request, Service) of the next step, when prepared
 

@@ -75,8 +75,14 @@ class FreeScaleOptions(TrainerOptions):
     """Embedding communication overlapped with compute (off: the blocking version)."""
     priority: Literal["on", "off"] = "on"
     """Rows the next step needs that this step cannot change are sent during this step."""
-    chunks: int = field(default=4, metadata={"min": 1})
-    """Pieces each step's embedding exchange is cut into, in the model's reading order."""
+    # 0 = auto: 1 on CPU, 4 on CUDA. On gloo every collective costs CPU on the cores the
+    # compute runs on, so more, smaller exchanges only add contention: measured at 2 ranks
+    # on comm-heavy, small and small+amazon-beauty, chunks=1 beat chunks=4 in throughput and
+    # exposed communication on all three (results/freescale_comm_cpu.md). On a GPU the
+    # copies run beside the kernels, where cutting lets the forward start early.
+    chunks: int = field(default=0, metadata={"min": 0})
+    """Pieces each step's embedding exchange is cut into, in the model's reading order
+    (0: auto, 1 on CPU and 4 on CUDA)."""
     transport: Literal["collective", "sm_free"] = "collective"
 
     def check(self, prefix: str) -> None:
@@ -208,7 +214,8 @@ class FreeScaleTrainer(DataParallelTrainer):
         self.cost = cost_model(run.workload, store_dir, run.device, opts.cost)
         if ctx.is_main:
             tables = (f"tables=sharded/{opts.sharding} overlap={opts.overlap} "
-                      f"priority={opts.priority} chunks={opts.chunks} transport={opts.transport}"
+                      f"priority={opts.priority} chunks={self.tables.engine.chunks} "
+                      f"transport={opts.transport}"
                       if self.sharded else "tables=replicated")
             print(f"freescale: balance={opts.balance} partitioner={opts.partitioner} "
                   f"window={opts.window} data={opts.data} {tables} cost model: "
@@ -229,7 +236,7 @@ class FreeScaleTrainer(DataParallelTrainer):
         if not self.sharded:
             return {"tables": "replicated"}
         return {"tables": "sharded", "sharding": self.options.sharding,
-                "transport": self.tables.engine.transport.name}
+                "chunks": self.tables.engine.chunks, "transport": self.tables.engine.transport.name}
 
     def step(self, inputs) -> StepStats:
         if self.options.data == "sharded":

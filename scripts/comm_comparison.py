@@ -35,7 +35,7 @@ VARIANTS = {  # name -> (trainer, switches)
     "freescale blocking": ("freescale", {"overlap": "off", "priority": "off"}),
     "freescale overlap": ("freescale", {"priority": "off"}),
     "freescale (all on)": ("freescale", {}),
-    "freescale (all on, chunks=1)": ("freescale", {"chunks": "1"}),
+    "freescale (all on, chunks=4)": ("freescale", {"chunks": "4"}),
 }
 WORKLOADS = {  # name -> (preset, overrides)
     "comm-heavy": ("comm-heavy", {}),

@@ -40,8 +40,8 @@ NO_CUDA = not __import__("torch").cuda.is_available()
      "optimizer='adam' cannot train sharded tables exactly (allowed: sgd, adagrad)"),
     (["run", "--workload", "tiny", "--trainer", "freescale", "--set", "freescale.micro_batches=2"],
      "freescale.micro_batches > 1 needs freescale.tables=replicated"),
-    (["run", "--workload", "tiny", "--trainer", "freescale", "--set", "freescale.chunks=0"],
-     "freescale.chunks='0' must be an integer >= 1"),
+    (["run", "--workload", "tiny", "--trainer", "freescale", "--set", "freescale.chunks=-1"],
+     "freescale.chunks='-1' must be an integer >= 0"),
     (["run", "--workload", "tiny", "--trainer", "deepspeed", "--set", "deepspeed.zero_stage=5"],
      "deepspeed.zero_stage='5' is not allowed"),
 ])

@@ -129,7 +129,8 @@ def _losses(tmp_path, trainer: str, world_size: int, **opts) -> tuple[np.ndarray
 
 def test_overlapped_prioritized_equals_blocking_and_ddp(tmp_path, rank_pythonpath):
     blocking, _ = _losses(tmp_path, "freescale", 2, overlap="off", priority="off")
-    full, run_dir = _losses(tmp_path, "freescale", 2)
+    # chunks=3: several chunks, so that gradient chunks leave from inside backward
+    full, run_dir = _losses(tmp_path, "freescale", 2, chunks=3)
     ddp, _ = _losses(tmp_path, "ddp", 2)
     # data=sharded: no rank knows the others' requests, so they are exchanged (counts,
     # ids, fresh masks) instead of computed by the input stage; same function.
@@ -141,7 +142,7 @@ def test_overlapped_prioritized_equals_blocking_and_ddp(tmp_path, rank_pythonpat
 
     # What really ran is in the manifest.
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["trainer_ran"] == {"tables": "sharded", "sharding": "row",
+    assert manifest["trainer_ran"] == {"tables": "sharded", "sharding": "row", "chunks": 3,
                                        "transport": "collective"}
 
     # The order the technique promises, read from the timeline of the full run:
