@@ -2,7 +2,7 @@
 VENV ?= .venv
 STAMP := $(VENV)/.fsbench-installed
 
-.PHONY: setup run test clean-runs
+.PHONY: setup run test bench reference gate clean-runs
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh $(VENV)
@@ -16,6 +16,20 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
+
+# The quick asv suite against this environment (no builds), then the pytest-benchmark suite.
+bench: $(STAMP)
+	$(VENV)/bin/asv machine --yes > /dev/null
+	$(VENV)/bin/asv run --python=same --quick --show-stderr
+	$(VENV)/bin/python -m pytest benchmarks -q --benchmark-only
+
+# Rewrite results/reference/ (deterministic gates) after an intended change; commit them.
+reference: $(STAMP)
+	$(VENV)/bin/fsbench reference refresh
+
+# This checkout against its parent commit, on this machine (exit 1 on a regression).
+gate: $(STAMP)
+	$(VENV)/bin/fsbench gate --base HEAD~1
 
 clean-runs:
 	rm -rf runs

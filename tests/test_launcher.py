@@ -21,3 +21,6 @@ def test_a_rank_that_raises_ends_the_run_nonzero_naming_the_rank(tmp_path, rank_
     manifest = read_json(run_dir / "manifest.json")
     assert manifest["status"] == "failed" and "rank 1" in manifest["error"]
     assert not (run_dir / "summary.json").exists()
+    # The failing rank still records its peak memory up to the crash.
+    memory = read_json(run_dir / "memory-rank-1.json")
+    assert memory["crashed"] is True and memory["cpu_rss_mb"] > 0

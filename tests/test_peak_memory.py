@@ -4,7 +4,9 @@ import dataclasses
 import pytest
 
 from fsbench.config import RunConfig
-from fsbench.runner import peak_memory, run_once
+from fsbench.report import render, report_table
+from fsbench.runner import peak_memory, run_once, summarize_run
+from fsbench.store import load_runs, write_json_atomic
 from fsbench.workloads.presets import tiny
 
 pytestmark = pytest.mark.dist
@@ -32,3 +34,24 @@ def test_every_rank_reports_its_peak_and_sharding_saves_memory(tmp_path):
 def test_runs_without_memory_files_read_as_unknown(tmp_path):
     assert peak_memory(tmp_path) == {"peak_memory_mb": None, "peak_memory_mb_per_rank": None,
                                      "peak_memory_kind": None}
+
+
+def test_one_rank_peak_and_runs_from_before_memory_files(tmp_path):
+    run_dir, summary = run_once(RunConfig(workload=tiny(), trainer="ddp", world_size=1),
+                                tmp_path, timeout_s=120)
+    assert summary["peak_memory_kind"] == "cpu_rss"
+    (peak,) = summary["peak_memory_mb_per_rank"]
+    assert peak == summary["peak_memory_mb"] > 0
+    # A run written before ranks recorded memory: no memory files, and a summary.json
+    # without the keys. Summarizing it, the store and the report all still work.
+    (run_dir / "memory-rank-0.json").unlink()
+    resummarized = summarize_run(run_dir)
+    assert resummarized["peak_memory_mb"] is None and resummarized["peak_memory_kind"] is None
+    old = {k: v for k, v in resummarized.items() if not k.startswith("peak_memory")}
+    write_json_atomic(run_dir / "summary.json", old)
+    runs = load_runs(tmp_path)
+    assert len(runs) == 1 and "peak_memory_mb" not in runs.columns
+    text = render(report_table(runs, None), "md")
+    header, _, row = text.splitlines()[:3]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[[h.strip() for h in header.strip("|").split("|")].index("peak MiB")] == "n/a"

@@ -105,6 +105,10 @@ def launch_local(run_dir: Path, world_size: int, threads_per_rank: int = 1,
                 # Several ranks may have died: the one whose error was written first is
                 # the cause, the others usually failed because that peer vanished.
                 time.sleep(0.2)  # let the failing rank finish writing its error file
+                # ... and look again: the rank that caused it may exit just after a peer
+                # that lost its connection to it.
+                codes = [p.poll() for p in procs]
+                failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
                 rank, code = min(failed, key=lambda rc: _error_time(run_dir, rc[0]))
                 raise RankFailed(rank, code, _error_detail(run_dir, rank))
             if all(c == 0 for c in codes):

@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         run = run_from_dict(json.load(f))
     torch.set_num_threads(run.threads_per_rank)
     rank = int(os.environ.get("RANK", "0"))
+    ctx = None
     try:
         ctx = fsdist.init_distributed(run.resolved_backend, run.device)
         run_rank(ctx, run, args.run_dir)
@@ -158,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         # The launcher reads this file to name the failing rank and its error.
         (args.run_dir / f"error-rank-{rank}.txt").write_text(
             f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}")
+        # The peak up to the crash: what an out-of-memory failure needs to be diagnosed.
+        with contextlib.suppress(Exception):  # never mask the error being reported
+            if ctx is not None:
+                write_json_atomic(args.run_dir / f"memory-rank-{rank}.json",
+                                  {**peak_memory(ctx.device), "crashed": True})
         raise
     finally:
         fsdist.shutdown()

@@ -75,3 +75,28 @@ def _freescale():
 
 
 GradDumpFreeScale = wrap_with_grad_dump(_freescale())
+
+
+class InjectedDDP(DDPTrainer):
+    """DDP with a known extra cost, for calibrating regression gates (fsbench.gate):
+    FSBENCH_TEST_SLOWDOWN=f adds f x the step's own wall time as compute on every rank
+    (step time about +f); FSBENCH_TEST_STRAGGLE=f adds it on rank 0 only (a straggler:
+    the bubble grows). The extra is real thread CPU in a compute span, measured like any
+    compute."""
+
+    def step(self, inputs) -> StepStats:
+        import time
+
+        from fsbench.timeline import span
+
+        wall0 = time.monotonic_ns()
+        stats = super().step(inputs)
+        factor = float(os.environ.get("FSBENCH_TEST_SLOWDOWN", "0"))
+        if self.ctx.rank == 0:
+            factor += float(os.environ.get("FSBENCH_TEST_STRAGGLE", "0"))
+        if factor > 0:
+            target = time.thread_time_ns() + factor * (time.monotonic_ns() - wall0)
+            with span("injected", kind="compute"):
+                while time.thread_time_ns() < target:
+                    pass
+        return stats

@@ -1,0 +1,273 @@
+"""`fsbench compare BASE NEW`: did a change make training slower or bubblier?
+
+For each (workload, trainer, world size) present on both sides and each metric, the two
+sides' per-step samples (measured steps of every run; peak memory: one value per rank and
+run) are compared:
+
+  effect   times and memory: ratio of medians NEW/BASE; ratios (bubble and its causes,
+           which sit near zero): difference of medians in percentage points. Beside it a
+           95% bootstrap interval that resamples whole runs, then their steps (a run's
+           steps share its machine state: the run is the independent unit).
+  test     two-sided Mann-Whitney U (asv's rule), p adjusted by Holm over the metrics of
+           one key (several metrics, one question: did this key change?).
+  verdict  regressed / improved when the adjusted p < `alpha` AND the effect is beyond the
+           metric's threshold AND the run-level interval excludes no change, in the bad /
+           good direction; else unchanged. Significance alone flags tiny real changes on
+           quiet machines; a threshold alone flags noise; per-step significance alone
+           trusts one drifting run.
+
+Runs that cannot be compared are named and left out: another workload (name or version),
+trainer, world size or summary schema, or a side that ran `contended` (a neighbour took
+cores) or `oversubscribed`. Exit codes: 1 on any regression, 0 otherwise, 2 on bad input.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fsbench import metrics
+from fsbench.errors import ConfigError
+
+# metric -> (kind, direction that is better). Kinds set how the effect is expressed and
+# which threshold applies.
+METRICS: dict[str, tuple[str, str]] = {
+    "step_time_ms": ("time", "lower"),
+    "samples_per_s": ("time", "higher"),
+    "bubble_ratio": ("ratio", "lower"),
+    "straggler_bubble_ratio": ("ratio", "lower"),
+    "exposed_comm_ratio": ("ratio", "lower"),
+    "input_stall_ratio": ("ratio", "lower"),
+    "other_idle_ratio": ("ratio", "lower"),
+    "peak_memory_mb": ("memory", "lower"),
+}
+# Relative for times and memory, absolute (fraction of capacity) for ratios. Calibrated
+# against the noise of identical sweeps on the 2-core VM (results/gate_calibration_cpu.md).
+DEFAULT_THRESHOLDS = {"time": 0.05, "memory": 0.05, "ratio": 0.02}
+DEFAULT_ALPHA = 0.01
+KEY = ["workload", "workload_version", "trainer", "world_size"]
+
+
+@dataclasses.dataclass
+class Row:
+    workload: str
+    trainer: str
+    world_size: int
+    metric: str
+    base_median: float
+    new_median: float
+    effect: float          # ratio (time, memory) or difference (ratio metrics)
+    ci_low: float
+    ci_high: float
+    p: float
+    p_adjusted: float
+    n_base: int
+    n_new: int
+    verdict: str
+
+
+def load_side(path: str | Path) -> pd.DataFrame:
+    """Runs of one side: a run directory, or a store (a directory of runs)."""
+    from fsbench import store
+
+    path = Path(path)
+    if not path.is_dir():
+        raise ConfigError(f"{path}: not a run directory or a store of runs")
+    if (path / "manifest.json").exists():
+        row = store.run_row(path)
+        runs = pd.DataFrame([row] if row else [])
+    else:
+        runs = store.scan_runs(path)
+    if len(runs):
+        runs = runs[runs["status"] == "complete"]
+    if not len(runs):
+        raise ConfigError(f"{path}: holds no complete run")
+    return runs.reset_index(drop=True)
+
+
+def step_samples(run_dir: str | Path) -> pd.DataFrame:
+    """Per measured step: step time, throughput, bubble and its causes."""
+    from fsbench.runner import read_step_stats
+    from fsbench.timeline import read_timelines
+
+    run_dir = Path(run_dir)
+    table = metrics.throughput(metrics.step_metrics(read_timelines(run_dir)),
+                               read_step_stats(run_dir))
+    return table[~table["warmup"]]
+
+
+def peak_samples(run_dir: str | Path) -> list[float]:
+    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    return [float(v) for v in summary.get("peak_memory_mb_per_rank") or []]
+
+
+def holm(p: list[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (monotone, capped at 1)."""
+    order = np.argsort(p)
+    adjusted, running = [0.0] * len(p), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p) - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def statistic(kind: str, base: np.ndarray, new: np.ndarray) -> float:
+    """Ratio of medians NEW/BASE (times, memory), or their difference (ratios)."""
+    if kind == "ratio":
+        return float(np.median(new) - np.median(base))
+    return float(np.median(new) / np.median(base))
+
+
+def run_bootstrap(kind: str, base: list[np.ndarray], new: list[np.ndarray],
+                  n_resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """95% interval of `statistic` resampling whole runs on each side (then their steps):
+    consecutive steps of one run share its machine state, so a run, not a step, is the
+    independent unit. Two runs or more per side; else the interval is the point."""
+    point = statistic(kind, np.concatenate(base), np.concatenate(new))
+    if len(base) < 2 or len(new) < 2:
+        return point, point
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(n_resamples):
+        sides = []
+        for runs in (base, new):
+            picked = rng.integers(0, len(runs), len(runs))
+            sides.append(np.concatenate([rng.choice(runs[i], len(runs[i])) for i in picked]))
+        draws.append(statistic(kind, *sides))
+    return float(np.quantile(draws, 0.025)), float(np.quantile(draws, 0.975))
+
+
+def verdict(kind: str, better: str, effect: float, ci: tuple[float, float], p_adj: float,
+            alpha: float, threshold: float) -> str:
+    """Regressed/improved: significant (per-step Mann-Whitney, Holm), beyond the threshold,
+    and the run-level interval entirely on that side of "no change" (so that one drifting
+    run cannot make a verdict alone)."""
+    none = 0.0 if kind == "ratio" else 1.0
+    change = effect - none  # + means the metric went up
+    if not p_adj < alpha or abs(change) <= threshold:
+        return "unchanged"
+    if not (ci[0] > none or ci[1] < none):
+        return "unchanged"
+    worse = change > 0 if better == "lower" else change < 0
+    return "regressed" if worse else "improved"
+
+
+def incomparable(base: pd.DataFrame, new: pd.DataFrame) -> list[str]:
+    """Why some runs are left out, one line each."""
+    why = []
+    for side, runs in (("BASE", base), ("NEW", new)):
+        for flag in ("contended", "oversubscribed"):
+            if flag in runs and runs[flag].fillna(False).astype(bool).any():
+                bad = runs[runs[flag].fillna(False).astype(bool)]
+                why += [f"{side} {r.run_id}: {flag}, left out" for r in bad.itertuples()]
+    schemas = set(base.get("schema_version", pd.Series([1]))) ^ set(new.get("schema_version", pd.Series([1])))
+    if schemas:
+        why.append(f"summary schemas differ ({sorted(schemas)}): runs of another schema left out")
+    keys_b = set(map(tuple, base[KEY].astype(str).to_numpy()))
+    keys_n = set(map(tuple, new[KEY].astype(str).to_numpy()))
+    why += [f"BASE only: {' '.join(k)}" for k in sorted(keys_b - keys_n)]
+    why += [f"NEW only: {' '.join(k)}" for k in sorted(keys_n - keys_b)]
+    return why
+
+
+def usable(runs: pd.DataFrame) -> pd.DataFrame:
+    keep = pd.Series(True, index=runs.index)
+    for flag in ("contended", "oversubscribed"):
+        if flag in runs:
+            keep &= ~runs[flag].fillna(False).astype(bool)
+    return runs[keep]
+
+
+def compare(base: pd.DataFrame, new: pd.DataFrame, alpha: float = DEFAULT_ALPHA,
+            thresholds: dict[str, float] | None = None) -> tuple[list[Row], list[str]]:
+    thresholds = {**DEFAULT_THRESHOLDS, **(thresholds or {})}
+    notes = incomparable(base, new)
+    base, new = usable(base), usable(new)
+    rows: list[Row] = []
+    for key, b in base.groupby(KEY, dropna=False):
+        n = new[(new[KEY].astype(str) == pd.Series(key, index=KEY).astype(str)).all(axis=1)]
+        if not len(n):
+            continue
+        sides = {side: ([step_samples(d) for d in runs["run_dir"]],
+                        [np.asarray(peak_samples(d), dtype=float) for d in runs["run_dir"]])
+                 for side, runs in (("base", b), ("new", n))}
+        found = []
+        for metric, (kind, better) in METRICS.items():
+            per_run = {s: ([x for x in sides[s][1] if len(x)] if metric == "peak_memory_mb"
+                           else [t[metric].to_numpy(dtype=float) for t in sides[s][0] if len(t)])
+                       for s in ("base", "new")}
+            if not per_run["base"] or not per_run["new"]:
+                continue
+            xb, xn = np.concatenate(per_run["base"]), np.concatenate(per_run["new"])
+            found.append((metric, kind, better, per_run, xb, xn, mann_whitney(xb, xn)))
+        adjusted = holm([f[-1] for f in found])
+        for (metric, kind, better, per_run, xb, xn, p), p_adj in zip(found, adjusted):
+            effect = statistic(kind, xb, xn)
+            ci = run_bootstrap(kind, per_run["base"], per_run["new"])
+            rows.append(Row(key[0], key[2], int(key[3]), metric, float(np.median(xb)),
+                            float(np.median(xn)), effect, ci[0], ci[1], p, p_adj, len(xb), len(xn),
+                            verdict(kind, better, effect, ci, p_adj, alpha,
+                                    thresholds.get(metric, thresholds[kind]))))
+    if not rows and not notes:
+        notes.append("no (workload, trainer, world size) is present on both sides")
+    return rows, notes
+
+
+def mann_whitney(base: np.ndarray, new: np.ndarray) -> float:
+    from scipy import stats
+
+    if np.ptp(np.concatenate([base, new])) == 0:
+        return 1.0  # identical constants: nothing to test
+    return float(stats.mannwhitneyu(base, new, alternative="two-sided").pvalue)
+
+
+def _fmt_effect(row: Row) -> str:
+    kind = METRICS[row.metric][0]
+    if kind == "ratio":
+        return (f"{100 * row.effect:+.1f} pp [{100 * row.ci_low:+.1f}, {100 * row.ci_high:+.1f}]")
+    return f"{row.effect:.3f}x [{row.ci_low:.3f}, {row.ci_high:.3f}]"
+
+
+def markdown(rows: list[Row], notes: list[str]) -> str:
+    mark = {"regressed": "**regressed**", "improved": "improved", "unchanged": "unchanged"}
+    lines = ["| workload | trainer | ranks | metric | base | new | change [95% CI] | p (Holm) | verdict |",
+             "|---|---|---:|---|---:|---:|---|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r.workload} | {r.trainer} | {r.world_size} | {r.metric} | "
+                     f"{r.base_median:.4g} | {r.new_median:.4g} | {_fmt_effect(r)} | "
+                     f"{r.p_adjusted:.2g} | {mark[r.verdict]} |")
+    regressions = sum(r.verdict == "regressed" for r in rows)
+    lines.append("")
+    lines.append(f"{regressions} regression(s), "
+                 f"{sum(r.verdict == 'improved' for r in rows)} improvement(s) in {len(rows)} comparisons.")
+    lines += [f"- not compared: {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def to_json(rows: list[Row], notes: list[str]) -> str:
+    clean = lambda v: None if isinstance(v, float) and math.isnan(v) else v  # noqa: E731
+    return json.dumps({"rows": [{k: clean(v) for k, v in dataclasses.asdict(r).items()} for r in rows],
+                       "not_compared": notes,
+                       "regressions": sum(r.verdict == "regressed" for r in rows)}, indent=1)
+
+
+def parse_thresholds(pairs: list[str]) -> dict[str, float]:
+    """`--threshold time=0.05 --threshold bubble_ratio=0.03`: per kind or per metric."""
+    out = {}
+    allowed = [*DEFAULT_THRESHOLDS, *METRICS]
+    for pair in pairs:
+        kind, eq, value = pair.partition("=")
+        if not eq or kind not in allowed:
+            raise ConfigError(f"--threshold {pair!r}: expected NAME=VALUE with NAME one of: "
+                              f"{', '.join(allowed)}")
+        try:
+            out[kind] = float(value)
+        except ValueError:
+            raise ConfigError(f"--threshold {pair!r}: {value!r} is not a number") from None
+        if out[kind] < 0:
+            raise ConfigError(f"--threshold {pair!r}: must be >= 0")
+    return out
