@@ -113,6 +113,24 @@ def _csv(kind):
     return parse
 
 
+def _verdict_args(p: argparse.ArgumentParser) -> None:
+    """What `compare` and `gate` share: output format and the verdict's settings."""
+    p.add_argument("--format", default="md", choices=["md", "json"])
+    p.add_argument("--alpha", type=float, default=None, help="significance level; default: 0.01")
+    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
+                   help="per kind (time, memory: relative; ratio: absolute) or per metric, "
+                        "e.g. time=0.05, bubble_ratio=0.03; defaults: time=0.05 memory=0.05 ratio=0.02")
+
+
+def _verdict_settings(args: argparse.Namespace) -> tuple[float, dict[str, float]]:
+    from fsbench import compare
+
+    alpha = compare.DEFAULT_ALPHA if args.alpha is None else args.alpha
+    if not 0 < alpha < 1:
+        raise ConfigError(f"--alpha={alpha} must be between 0 and 1")
+    return alpha, compare.parse_thresholds(args.threshold)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from fsbench.gate import Sweep
 
@@ -156,11 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "points for ratios). Exit 1 on any regression, 0 otherwise, 2 on bad input.")
     p.add_argument("base", metavar="BASE")
     p.add_argument("new", metavar="NEW")
-    p.add_argument("--format", default="md", choices=["md", "json"])
-    p.add_argument("--alpha", type=float, default=None, help="significance level; default: 0.01")
-    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
-                   help="per kind (time, memory: relative; ratio: absolute) or per metric, "
-                        "e.g. time=0.05, bubble_ratio=0.03; defaults: time=0.05 memory=0.05 ratio=0.02")
+    _verdict_args(p)
     p.add_argument("--out", metavar="FILE", help="also write the output here")
 
     p = sub.add_parser(
@@ -182,10 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=defaults.warmup, help="default: %(default)s")
     p.add_argument("--seed", type=int, default=0, help="order of each pair and data seeds; default: 0")
     p.add_argument("--out", metavar="DIR", help="where both sides' runs go; default: runs/gate/<time>")
-    p.add_argument("--alpha", type=float, default=None, help="significance level; default: 0.01")
-    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
-                   help="as for fsbench compare")
-    p.add_argument("--format", default="md", choices=["md", "json"])
+    _verdict_args(p)
 
     p = sub.add_parser(
         "reference", help="deterministic gates: check (or refresh) results/reference/",
@@ -419,10 +430,7 @@ def cmd_overhead(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from fsbench import compare
 
-    thresholds = compare.parse_thresholds(args.threshold)
-    alpha = compare.DEFAULT_ALPHA if args.alpha is None else args.alpha
-    if not 0 < alpha < 1:
-        raise ConfigError(f"--alpha={alpha} must be between 0 and 1")
+    alpha, thresholds = _verdict_settings(args)
     rows, notes = compare.compare(compare.load_side(args.base), compare.load_side(args.new),
                                   alpha, thresholds)
     text = compare.to_json(rows, notes) if args.format == "json" else compare.markdown(rows, notes)
@@ -440,8 +448,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from fsbench import compare, gate
     from fsbench.store import check_writable_dir
 
-    thresholds = compare.parse_thresholds(args.threshold)
-    alpha = compare.DEFAULT_ALPHA if args.alpha is None else args.alpha
+    alpha, thresholds = _verdict_settings(args)
     if args.pairs < 2:
         raise ConfigError(f"--pairs={args.pairs} must be >= 2 (a comparison needs repeats)")
     if not 0 <= args.warmup < args.steps:

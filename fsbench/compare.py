@@ -122,21 +122,23 @@ def statistic(kind: str, base: np.ndarray, new: np.ndarray) -> float:
     return float(np.median(new) / np.median(base))
 
 
-def run_bootstrap(kind: str, base: list[np.ndarray], new: list[np.ndarray],
+def run_bootstrap(kind: str, base: list[np.ndarray], new: list[np.ndarray], paired: bool = False,
                   n_resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
-    """95% interval of `statistic` resampling whole runs on each side (then their steps):
-    consecutive steps of one run share its machine state, so a run, not a step, is the
-    independent unit. Two runs or more per side; else the interval is the point."""
+    """95% interval of `statistic` resampling whole runs (then their steps): consecutive
+    steps of one run share its machine state, so a run, not a step, is the independent
+    unit. `paired`: base[i] and new[i] ran side by side (a gate's pair, same seed), so
+    pairs are resampled together and drift common to a pair cancels. Two runs or more
+    per side; else the interval is the point."""
     point = statistic(kind, np.concatenate(base), np.concatenate(new))
     if len(base) < 2 or len(new) < 2:
         return point, point
     rng = np.random.default_rng(seed)
     draws = []
     for _ in range(n_resamples):
-        sides = []
-        for runs in (base, new):
-            picked = rng.integers(0, len(runs), len(runs))
-            sides.append(np.concatenate([rng.choice(runs[i], len(runs[i])) for i in picked]))
+        picks = [rng.integers(0, len(base), len(base))]
+        picks.append(picks[0] if paired else rng.integers(0, len(new), len(new)))
+        sides = [np.concatenate([rng.choice(runs[i], len(runs[i])) for i in pick])
+                 for runs, pick in zip((base, new), picks)]
         draws.append(statistic(kind, *sides))
     return float(np.quantile(draws, 0.025)), float(np.quantile(draws, 0.975))
 
@@ -192,6 +194,11 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, alpha: float = DEFAULT_ALPHA,
         n = new[(new[KEY].astype(str) == pd.Series(key, index=KEY).astype(str)).all(axis=1)]
         if not len(n):
             continue
+        # A gate's runs come in pairs with one seed per pair on both sides.
+        paired = (b["seed"].is_unique and n["seed"].is_unique
+                  and sorted(b["seed"]) == sorted(n["seed"]))
+        if paired:
+            b, n = b.sort_values("seed"), n.sort_values("seed")
         sides = {side: ([step_samples(d) for d in runs["run_dir"]],
                         [np.asarray(peak_samples(d), dtype=float) for d in runs["run_dir"]])
                  for side, runs in (("base", b), ("new", n))}
@@ -207,7 +214,8 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, alpha: float = DEFAULT_ALPHA,
         adjusted = holm([f[-1] for f in found])
         for (metric, kind, better, per_run, xb, xn, p), p_adj in zip(found, adjusted):
             effect = statistic(kind, xb, xn)
-            ci = run_bootstrap(kind, per_run["base"], per_run["new"])
+            ci = run_bootstrap(kind, per_run["base"], per_run["new"],
+                               paired and len(per_run["base"]) == len(per_run["new"]))
             rows.append(Row(key[0], key[2], int(key[3]), metric, float(np.median(xb)),
                             float(np.median(xn)), effect, ci[0], ci[1], p, p_adj, len(xb), len(xn),
                             verdict(kind, better, effect, ci, p_adj, alpha,

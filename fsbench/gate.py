@@ -33,14 +33,15 @@ class Side:
 
 @dataclass(frozen=True)
 class Sweep:
-    """The default gate: `small` at 2 ranks, 12 steps. Not `tiny`: its 7 ms steps are half
-    bubble and vary +-14% run to run on the 2-core VM, where `small`'s 150 ms steps cost
-    the same per run (start-up dominates) and are far steadier
-    (results/gate_calibration_tiny_cpu.md, results/gate_calibration_cpu.md)."""
+    """The default gate: `small` at 2 ranks, 34 steps (30 measured). Not `tiny`: its 7 ms
+    steps are half bubble and its run medians vary +-14% on the 2-core VM. On that VM the
+    CPU's speed itself wanders by +-15% within seconds (a fixed matmul's thread CPU time),
+    so a run must span several seconds for its median to settle: 12 steps of `small` left
+    +-12% run-level noise (results/gate_calibration_cpu.md)."""
     workload: str = "small"
     trainers: tuple[str, ...] = ("ddp", "freescale")
     world_size: int = 2
-    steps: int = 12
+    steps: int = 34
     warmup: int = 4
     pairs: int = 4
     seed: int = 0

@@ -4,7 +4,7 @@ Runs pools of the default gate's sweep (`small`, 2 ranks, 12 steps), interleaved
 randomized rounds: identical code (A, ddp and freescale), and a test-only DDP with a known
 extra cost (tests/support/trainers_for_tests.py:InjectedDDP): +10% step time on every
 rank (S), or a straggler on rank 0 (B: about +5 bubble points). Then draws comparisons
-of PAIRS runs against PAIRS other runs, as a default gate would make:
+of PAIRS rounds (the same rounds on both sides, as a gate pairs its runs):
 
   A/A   identical code on both sides: any verdict other than unchanged is a false alarm
   A/S   must say step_time_ms regressed;  A/B   must say bubble_ratio regressed
@@ -65,20 +65,15 @@ def pools(rounds: int, sweep: gate.Sweep, out: Path) -> None:
 
 def draws(out: Path, n: int, pairs: int, seed: int = 1) -> pd.DataFrame:
     runs = {d.name: load_runs(d) for d in out.iterdir() if d.is_dir()}  # complete runs only
-    runs["a_ddp_all"] = pd.concat([runs["a_ddp"], runs["a_ddp2"]], ignore_index=True)
-    runs["a_fs_all"] = pd.concat([runs["a_fs"], runs["a_fs2"]], ignore_index=True)
     rng = np.random.default_rng(seed)
     rows = []
     for i in range(n):
-        for kind, base_pool, new_pool in (("A/A ddp", "a_ddp_all", None), ("A/A freescale", "a_fs_all", None),
-                                          ("A/S", "a_ddp_all", "slow"), ("A/B", "a_ddp_all", "straggle")):
-            pool = runs[base_pool]
-            if new_pool is None:  # two disjoint draws from one pool
-                idx = rng.permutation(len(pool))[:2 * pairs]
-                base, new = pool.iloc[idx[:pairs]], pool.iloc[idx[pairs:]]
-            else:
-                base = pool.iloc[rng.permutation(len(pool))[:pairs]]
-                new = runs[new_pool].iloc[rng.permutation(len(runs[new_pool]))[:pairs]]
+        # As a gate pairs its runs: both sides from the same rounds (same seeds).
+        rounds = rng.permutation(sorted(set(runs["a_ddp"]["seed"]) & set(runs["a_fs"]["seed"])))[:pairs]
+        pick = lambda pool: runs[pool][runs[pool]["seed"].isin(rounds)]  # noqa: E731
+        for kind, base_pool, new_pool in (("A/A ddp", "a_ddp", "a_ddp2"), ("A/A freescale", "a_fs", "a_fs2"),
+                                          ("A/S", "a_ddp", "slow"), ("A/B", "a_ddp", "straggle")):
+            base, new = pick(base_pool), pick(new_pool)
             result, notes = compare.compare(base.reset_index(drop=True), new.reset_index(drop=True))
             for r in result:
                 rows.append({"draw": i, "kind": kind, "metric": r.metric, "verdict": r.verdict,
@@ -101,8 +96,9 @@ def render(df: pd.DataFrame, args, sweep: gate.Sweep) -> str:
         f"gloo. Commit `{sha}`. Default gate sweep: `{sweep.workload}`, {sweep.world_size} ranks, "
         f"{sweep.steps} steps ({sweep.warmup} warm-up); {args.rounds} interleaved rounds of six "
         f"pools (identical ddp x2, identical freescale x2, +{SLOWDOWN:.0%} step time, rank-0 "
-        f"straggler +{STRAGGLE:.1%} compute); {n} draws of {args.pairs} runs against {args.pairs} "
-        f"other runs per comparison; default thresholds {compare.DEFAULT_THRESHOLDS}, alpha "
+        f"straggler +{STRAGGLE:.1%} compute); {n} draws of {args.pairs} of the rounds, the same "
+        f"rounds on both sides (paired by seed, as a gate pairs its runs; draws share rounds, so "
+        f"they are not independent); default thresholds {compare.DEFAULT_THRESHOLDS}, alpha "
         f"{compare.DEFAULT_ALPHA}. Command: `python scripts/gate_calibration.py`.\n",
         f"- **A/A false alarms: {false_alarms['draw'].astype(str).add(false_alarms['kind']).nunique()} "
         f"comparisons of {2 * n}** with any verdict other than unchanged "
