@@ -63,7 +63,7 @@ def sample_costs(preset: str, num_samples: int, seed: int,
 # ---------------------------------------------------------------------------
 # 1. Planner time.
 
-def time_planner(fn: Callable[..., Plan], costs: np.ndarray, num_ranks: int,
+def measure_planner(fn: Callable[..., Plan], costs: np.ndarray, num_ranks: int,
                  repeats: int = 20) -> dict:
     fn(costs, num_ranks)  # warm-up
     times = []
@@ -80,7 +80,7 @@ def planner_times(num_samples: int = 8192, num_ranks: int = 256, repeats: int = 
     for preset in presets:
         costs = sample_costs(preset, num_samples, seed=1)
         for name, fn in (("lpt", lpt), ("kk", karmarkar_karp), ("best_of", best_of)):
-            t = time_planner(fn, costs, num_ranks, repeats)
+            t = measure_planner(fn, costs, num_ranks, repeats)
             rows.append({"preset": preset, "method": name, **t,
                          "meets_target": t["median_ms"] <= TARGET_MS})
     return rows
