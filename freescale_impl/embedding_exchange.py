@@ -130,9 +130,10 @@ def build_request(batch: JaggedBatch, layout: RowLayout, chunks: int) -> Request
 
 
 class ShardedEmbeddings:
-    """The protocol above for one rank. Call order per step (the trainer drives it):
-    `begin(req)` or a prepared request, `lookups(req)`, forward, `backward hooks`,
-    `finish_gradients(req)` then, with priority, `send_fresh(next)`."""
+    """The protocol above for one rank; `freescale_impl.sharded_step` drives it. Per step:
+    a request, computed ahead (`adopt`) or exchanged (`request`, `serve`); its rows sent
+    (`send_final`, `send_fresh`, or `fetch_all`); `lookups` read by the forward;
+    `prepare_gradients`, backward (chunk hooks send gradients), `finish_gradients`."""
 
     def __init__(self, layout: RowLayout, shard: LocalShard, transport, group, rank: int,
                  chunks: int, overlap: bool, priority: bool) -> None:
@@ -142,8 +143,8 @@ class ShardedEmbeddings:
         self.chunks = chunks if overlap else 1
         self.overlap, self.priority = overlap, priority
         self.dim = layout.dim
-        self._grad_sends: list[tuple[Pending, torch.Tensor]] = []
-        self._next_grad_chunk = 0
+        self._grad_sends: list[tuple[Pending, int]] = []  # (exchange, chunk) this step
+        self._sent = 0
         self._ready: list[bool] = []
 
     # -- requests -----------------------------------------------------------------
