@@ -14,7 +14,7 @@ from pathlib import Path
 from collections import defaultdict
 
 from fsbench.columns import FLAGS, RUN_VIEW
-from fsbench.config import ConfigError, RunConfig, WorkloadConfig, override
+from fsbench.config import ConfigError, RunConfig, WorkloadConfig, override_all
 from fsbench.trainer import TRAINERS, resolve_trainer_class, trainer_names, trainer_options
 
 DEFAULT_OUT = "runs"
@@ -42,18 +42,16 @@ def build_workload(args: argparse.Namespace) -> WorkloadConfig:
 
     workload = get_workload(args.workload)
     sets, _ = parse_sets(args.set)
-    for key, value in sets:
-        workload = override(workload, key, value)
+    # Step counts change how long a run is measured, not what a step does: they do not
+    # rename the workload. All changes are applied at once and checked together after
+    # (warmup < steps whatever the order of the flags).
+    counts = [(k, str(v)) for k, v in (("steps", args.steps), ("warmup", args.warmup)) if v is not None]
+    workload = override_all(workload, sets + counts)
     if sets:
         # A changed workload is a different workload: its name says how, so that stored
         # runs of `small` and of `small+lengths=yelp` are never grouped together.
         name = f"{args.workload}+" + ",".join(f"{k}={v}" for k, v in sets)
         workload = dataclasses.replace(workload, name=name)
-    # Step counts change how long a run is measured, not what a step does: same name.
-    if args.steps is not None:
-        workload = override(workload, "steps", str(args.steps))
-    if args.warmup is not None:
-        workload = override(workload, "warmup", str(args.warmup))
     return workload
 
 
@@ -131,6 +129,31 @@ def _verdict_settings(args: argparse.Namespace) -> tuple[float, dict[str, float]
     return alpha, compare.parse_thresholds(args.threshold)
 
 
+# The README's first command, shown when `fsbench` runs with no command.
+FIRST_COMMAND = "make run   (or: fsbench sweep --workload small --trainers ddp,torchrec,deepspeed,freescale --world-sizes 1,2)"
+
+
+def version_line() -> str:
+    """fsbench's version and the git commit of the checkout it runs from."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from fsbench.store import git_sha
+
+    try:
+        v = version("fsbench")
+    except PackageNotFoundError:
+        v = "unknown (not installed)"
+    return f"fsbench {v} (git {git_sha() or 'unknown: not a git checkout'})"
+
+
+class _Version(argparse.Action):
+    """--version, computed only when asked for (it runs git)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     from fsbench.gate import Sweep
 
@@ -138,7 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fsbench",
         description="Benchmark distributed training of sequence-recommendation models: "
                     "bubbles, throughput and SM occupancy, per trainer and world size.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="print fsbench's version and the git commit it runs from")
+    sub = parser.add_subparsers(dest="command")
 
     p = sub.add_parser("run", help="one training run; prints and stores its summary",
                        description="Train one workload with one trainer on N local ranks "
@@ -536,7 +561,12 @@ def cmd_micro(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     from fsbench.launch.local import RankFailed
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # a new user's first try: what to do, not just "required"
+        parser.print_help()
+        print(f"\nStart with: {FIRST_COMMAND}")
+        return 0
     commands = {"run": cmd_run, "sweep": cmd_sweep, "trace": cmd_trace, "report": cmd_report,
                 "calibrate": cmd_calibrate, "validate": cmd_validate, "overhead": cmd_overhead,
                 "list": cmd_list, "micro": cmd_micro, "compare": cmd_compare, "gate": cmd_gate,

@@ -201,23 +201,35 @@ def _coerce(value: str, hint: object, key: str) -> object:
 
 def override(cfg: object, key: str, value: str, _prefix: str = "") -> object:
     """Return a copy of dataclass `cfg` with dotted `key` (e.g. `model.dim`) set from text."""
-    head, _, rest = key.partition(".")
+    return override_all(cfg, [(key, value)], _prefix)
+
+
+def override_all(cfg: object, pairs: list[tuple[str, str]], _prefix: str = "") -> object:
+    """Return a copy of dataclass `cfg` with every (dotted key, text) in `pairs` set at
+    once, so that rules between fields (warmup < steps) are checked after all of them,
+    whatever their order."""
     names = [f.name for f in dataclasses.fields(cfg)]
-    if head not in names:
-        raise ConfigError(f"--set {_prefix}{key}: unknown key; allowed: "
-                          + ", ".join(_prefix + n for n in _settable_keys(cfg)))
     hints = typing.get_type_hints(type(cfg))
-    current = getattr(cfg, head)
-    if rest:
-        if not dataclasses.is_dataclass(current):
-            raise ConfigError(f"--set {_prefix}{key}: {_prefix}{head} has no sub-keys")
-        new = override(current, rest, value, _prefix=f"{_prefix}{head}.")
-    else:
-        if dataclasses.is_dataclass(current):
+    direct: dict[str, object] = {}
+    nested: dict[str, list[tuple[str, str]]] = {}
+    for key, value in pairs:
+        head, _, rest = key.partition(".")
+        if head not in names:
+            raise ConfigError(f"--set {_prefix}{key}: unknown key; allowed: "
+                              + ", ".join(_prefix + n for n in _settable_keys(cfg)))
+        current = getattr(cfg, head)
+        if rest:
+            if not dataclasses.is_dataclass(current):
+                raise ConfigError(f"--set {_prefix}{key}: {_prefix}{head} has no sub-keys")
+            nested.setdefault(head, []).append((rest, value))
+        elif dataclasses.is_dataclass(current):
             raise ConfigError(f"--set {_prefix}{key}: give a sub-key, e.g. "
                               f"{_prefix}{head}.{dataclasses.fields(current)[0].name}")
-        new = _coerce(value, hints[head], _prefix + key)
-    return dataclasses.replace(cfg, **{head: new})
+        else:
+            direct[head] = _coerce(value, hints[head], _prefix + key)
+    for head, sub in nested.items():
+        direct[head] = override_all(getattr(cfg, head), sub, _prefix=f"{_prefix}{head}.")
+    return dataclasses.replace(cfg, **direct)
 
 
 def _settable_keys(cfg: object) -> list[str]:

@@ -84,3 +84,30 @@ def test_missing_framework_names_the_extra_to_install(trainer, module, tmp_path)
     assert proc.returncode == 2, proc.stderr
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and f"pip install -e '.[{trainer}]'" in err[0], err
+
+
+def test_steps_and_warmup_are_checked_together_whatever_the_order(capsys):
+    from fsbench.cli import build_parser, build_workload
+
+    for argv in (["--steps", "3", "--warmup", "1"], ["--warmup", "1", "--steps", "3"]):
+        w = build_workload(build_parser().parse_args(["run", "--workload", "small", *argv]))
+        assert (w.steps, w.warmup, w.name) == (3, 1, "small")
+    w = build_workload(build_parser().parse_args(
+        ["run", "--workload", "tiny", "--set", "warmup=5", "--set", "steps=9"]))
+    assert (w.steps, w.warmup) == (9, 5)
+    assert main(["run", "--workload", "small", "--steps", "3", "--warmup", "3"]) == 2
+    assert "warmup=3 must be >= 0 and < steps=3" in capsys.readouterr().err
+
+
+def test_no_command_prints_help_and_the_first_command(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert "usage: fsbench" in out and "Start with: make run" in out
+
+
+def test_version_names_the_commit(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("fsbench ") and "(git " in out
