@@ -1,0 +1,178 @@
+"""`fsbench compare | gate | history | reference`: the regression gates' entry points
+(fsbench.cli holds the rest and dispatches here through `COMMANDS`)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable
+
+from fsbench.errors import ConfigError
+
+
+def add_parsers(sub, csv: Callable, default_out: str) -> None:
+    """The gates' sub-commands; `csv` parses a comma-separated flag (fsbench.cli's)."""
+    from fsbench.gate import Sweep
+
+    p = sub.add_parser(
+        "compare", help="BASE vs NEW runs: per metric change, interval, p, verdict (exit 1 on a regression)",
+        description="Compare two sets of runs (each a run directory or a store of runs) per "
+                    "workload, trainer and world size, on per-step samples: step time, "
+                    "throughput, the bubble and its four causes, peak memory. A regression "
+                    "needs a Mann-Whitney U p (Holm-adjusted over metrics) below --alpha AND a "
+                    "change beyond the threshold (relative for times and memory, percentage "
+                    "points for ratios). Exit 1 on any regression, 0 otherwise, 2 on bad input.")
+    p.add_argument("base", metavar="BASE")
+    p.add_argument("new", metavar="NEW")
+    _verdict_args(p)
+    p.add_argument("--out", metavar="FILE", help="also write the output here")
+
+    p = sub.add_parser(
+        "gate", help="run BASE and NEW code in interleaved pairs on this machine, then compare",
+        description="Check BASE (and NEW, default: this checkout with its uncommitted changes) "
+                    "out into git worktrees, run the same small sweep of each in randomized "
+                    "interleaved pairs (A and B alternate, so drift hits both), then compare as "
+                    "`fsbench compare` does. Exit 1 on a regression, 0 otherwise, 2 on bad input.")
+    p.add_argument("--base", required=True, metavar="REV", help="the version to compare against")
+    p.add_argument("--new", metavar="REV", help="default: this checkout, uncommitted changes included")
+    defaults = Sweep()
+    p.add_argument("--workload", default=defaults.workload, help="default: %(default)s")
+    p.add_argument("--trainers", type=csv(str), default=list(defaults.trainers),
+                   help="comma-separated; default: ddp,freescale")
+    p.add_argument("--world-size", type=int, default=defaults.world_size, help="default: %(default)s")
+    p.add_argument("--pairs", type=int, default=defaults.pairs,
+                   help="A/B pairs per trainer; default: %(default)s")
+    p.add_argument("--steps", type=int, default=defaults.steps, help="steps per run; default: %(default)s")
+    p.add_argument("--warmup", type=int, default=defaults.warmup, help="default: %(default)s")
+    p.add_argument("--seed", type=int, default=0, help="order of each pair and data seeds; default: 0")
+    p.add_argument("--out", metavar="DIR", help="where both sides' runs go; default: runs/gate/<time>")
+    _verdict_args(p)
+
+    p = sub.add_parser(
+        "reference", help="deterministic gates: check (or refresh) results/reference/",
+        description="Quantities that must never move without intent: the planners' loads on "
+                    "fixed seeds (exact) and each trainer's losses on `tiny` at 2 ranks (exact "
+                    "on the reference's torch and CPU instruction set, else within 1e-5). "
+                    "`check` exits 1 naming what moved; `refresh` rewrites the references, "
+                    "to commit with the change that moved them.")
+    p.add_argument("action", choices=["check", "refresh"])
+    p.add_argument("--only", type=csv(str), help="quantities (comma-separated); default: all")
+
+    p = sub.add_parser(
+        "history", help="stored runs in commit order, change points per metric (HTML + markdown)",
+        description="Order the runs under --runs by the commit they measured, find change "
+                    "points per metric and (workload, trainer, world size) with ruptures (PELT), "
+                    "and write a self-contained history.html with a plot per metric and the "
+                    "change points marked, beside history.md.")
+    p.add_argument("--runs", default=default_out, help="default: %(default)s")
+    p.add_argument("--out", default="history", metavar="DIR", help="default: %(default)s")
+
+
+def _verdict_args(p: argparse.ArgumentParser) -> None:
+    """What `compare` and `gate` share: output format and the verdict's settings."""
+    p.add_argument("--format", default="md", choices=["md", "json"])
+    p.add_argument("--alpha", type=float, default=None, help="significance level; default: 0.01")
+    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
+                   help="per kind (time, memory: relative; ratio: absolute) or per metric, "
+                        "e.g. time=0.05, bubble_ratio=0.03; defaults: time=0.05 memory=0.05 ratio=0.02")
+
+
+def _verdict_settings(args: argparse.Namespace) -> tuple[float, dict[str, float]]:
+    from fsbench import compare
+
+    alpha = compare.DEFAULT_ALPHA if args.alpha is None else args.alpha
+    if not 0 < alpha < 1:
+        raise ConfigError(f"--alpha={alpha} must be between 0 and 1")
+    return alpha, compare.parse_thresholds(args.threshold)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from fsbench import compare
+
+    alpha, thresholds = _verdict_settings(args)
+    rows, notes = compare.compare(compare.load_side(args.base), compare.load_side(args.new),
+                                  alpha, thresholds)
+    text = compare.to_json(rows, notes) if args.format == "json" else compare.markdown(rows, notes)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 1 if any(r.verdict == "regressed" for r in rows) else 0
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    import datetime
+
+    from tqdm import tqdm
+
+    from fsbench import compare, gate
+    from fsbench.store import check_writable_dir
+
+    alpha, thresholds = _verdict_settings(args)
+    if args.pairs < 2:
+        raise ConfigError(f"--pairs={args.pairs} must be >= 2 (a comparison needs repeats)")
+    if not 0 <= args.warmup < args.steps:
+        raise ConfigError(f"--warmup={args.warmup} must be >= 0 and < --steps={args.steps}")
+    from fsbench.trainer import TRAINERS
+
+    for t in args.trainers:
+        if ":" not in t and t not in TRAINERS:
+            raise ConfigError(f"--trainers: {t!r} is unknown; choose from: {', '.join(TRAINERS)}")
+    root = gate.repo_root()
+    base_sha = gate.resolve_rev(root, args.base, "--base")
+    new_sha = gate.resolve_rev(root, args.new, "--new") if args.new else None
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = check_writable_dir(Path(args.out or f"runs/gate/{stamp}").resolve())
+    sweep = gate.Sweep(args.workload, tuple(args.trainers), args.world_size, args.steps,
+                       args.warmup, args.pairs, args.seed)
+    with gate.Worktrees(root) as trees:
+        sides = (gate.Side("base", trees.add(base_sha)),
+                 gate.Side("new", trees.add(new_sha) if new_sha else root))
+        try:
+            gate.run_pairs(sides, sweep, out, progress=lambda it: tqdm(it, desc="gate runs"))
+        except RuntimeError as e:
+            raise ConfigError(f"gate: a run failed ({e}); runs so far are in {out}") from None
+    rows, notes = compare.compare(compare.load_side(out / "base"), compare.load_side(out / "new"),
+                                  alpha, thresholds)
+    (out / "compare.md").write_text(compare.markdown(rows, notes))
+    (out / "compare.json").write_text(compare.to_json(rows, notes))
+    print(compare.to_json(rows, notes) if args.format == "json" else compare.markdown(rows, notes))
+    print(f"gate runs and comparison in {out}", file=sys.stderr)
+    return 1 if any(r.verdict == "regressed" for r in rows) else 0
+
+
+def cmd_reference(args: argparse.Namespace) -> int:
+    from fsbench import reference
+
+    names = args.only or list(reference.QUANTITIES)
+    unknown = [n for n in names if n not in reference.QUANTITIES]
+    if unknown:
+        raise ConfigError(f"--only {','.join(unknown)}: unknown; choose from: "
+                          f"{', '.join(reference.QUANTITIES)}")
+    if args.action == "refresh":
+        for path in reference.refresh(names):
+            print(f"wrote {path}")
+        return 0
+    moved, notes = reference.check(names)
+    for line in notes:
+        print(f"note: {line}")
+    for line in moved:
+        print(f"moved: {line}")
+    print(f"reference check: {len(moved)} value(s) moved in {', '.join(names)}"
+          + ("" if moved else " (all exact)" if not notes else ""))
+    return 1 if moved else 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from fsbench import history
+    from fsbench.store import check_writable_dir
+
+    runs = history.load(args.runs)
+    out = check_writable_dir(args.out)
+    page, summary = history.write(history.history(runs), out)
+    print(summary.read_text())
+    print(f"wrote {page} and {summary}")
+    return 0
+
+
+COMMANDS = {"compare": cmd_compare, "gate": cmd_gate, "reference": cmd_reference,
+            "history": cmd_history}
