@@ -37,6 +37,8 @@ from fsbench.errors import ConfigError
 # which threshold applies.
 METRICS: dict[str, tuple[str, str]] = {
     "step_time_ms": ("time", "lower"),
+    # Step time in units of the CPU-speed probe (fsbench.speed_probe): CPU runs only.
+    "step_time_norm": ("time", "lower"),
     "samples_per_s": ("time", "higher"),
     "bubble_ratio": ("ratio", "lower"),
     "straggler_bubble_ratio": ("ratio", "lower"),
@@ -205,7 +207,8 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, alpha: float = DEFAULT_ALPHA,
         found = []
         for metric, (kind, better) in METRICS.items():
             per_run = {s: ([x for x in sides[s][1] if len(x)] if metric == "peak_memory_mb"
-                           else [t[metric].to_numpy(dtype=float) for t in sides[s][0] if len(t)])
+                           else [t[metric].to_numpy(dtype=float) for t in sides[s][0]
+                              if len(t) and metric in t])
                        for s in ("base", "new")}
             if not per_run["base"] or not per_run["new"]:
                 continue

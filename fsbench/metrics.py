@@ -40,6 +40,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from fsbench.speed_probe import probe_ns_per_step
+
 CAUSES = ("straggler", "exposed_comm", "input_stall", "other_idle")
 # A run is `contended` when its ranks' compute threads waited for a CPU (Linux run-queue
 # wait) for more than this share of their step time beyond what the run's own loader
@@ -151,7 +153,11 @@ def step_metrics(spans: pd.DataFrame, gpu_busy: pd.DataFrame | None = None) -> p
             row[key] = row[f"{name}_ns"] / cap if cap > 0 else 0.0
         row["cpu_wait_ratio"] = row["runq_ns"] / row["span_ns"] if row["span_ns"] > 0 else 0.0
         rows.append(row)
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    probe_ns = probe_ns_per_step(spans)
+    if probe_ns is not None:  # CPU runs: step time in units of the CPU-speed probe
+        table["step_time_norm"] = table["step_time_ms"] * 1e6 / table["step"].map(probe_ns)
+    return table
 
 
 def throughput(step_table: pd.DataFrame, stats: pd.DataFrame) -> pd.DataFrame:
@@ -197,6 +203,10 @@ def summarize(spans: pd.DataFrame, stats: pd.DataFrame,
         "step_time_ms_median": q("step_time_ms", 0.5),
         "step_time_ms_p10": q("step_time_ms", 0.1),
         "step_time_ms_p90": q("step_time_ms", 0.9),
+        # Step time over the CPU-speed probe's time (fsbench.speed_probe): drift of the
+        # machine's speed cancels. None on CUDA runs and runs recorded before the probe.
+        "step_time_norm_median": q("step_time_norm", 0.5)
+        if "step_time_norm" in m and m["step_time_norm"].notna().all() else None,
         "samples_per_s": float(m["num_samples"].sum() / secs),
         "tokens_per_s": float(m["num_targets"].sum() / secs),
         "bubble_ratio": float(m["idle_ns"].sum() / cap),

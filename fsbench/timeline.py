@@ -35,7 +35,9 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-SPAN_KINDS = ("compute", "comm", "wait", "input", "step", "flight")
+# `probe`: the CPU-speed probe before a step's barrier (fsbench.speed_probe), outside every
+# step window, so in no partition.
+SPAN_KINDS = ("compute", "comm", "wait", "input", "step", "flight", "probe")
 
 # Default kind of the span names trainers use; anything else must pass kind= explicitly.
 DEFAULT_KINDS = {

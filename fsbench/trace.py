@@ -27,7 +27,7 @@ from fsbench.timeline import SPAN_KINDS, read_timelines
 
 # Track order in a rank: the step frames everything, compute and comm sit side by side so
 # overlap (or its absence) is visible at a glance; collectives in flight right below them.
-TRACK_ORDER = ("step", "compute", "comm", "flight", "wait", "input")
+TRACK_ORDER = ("step", "compute", "comm", "flight", "wait", "input", "probe")
 assert set(TRACK_ORDER) == set(SPAN_KINDS)
 # Tracks of one kind are numbered kind_index * LANE_STRIDE + lane, so tids sort by kind.
 LANE_STRIDE = 1000

@@ -63,7 +63,7 @@ def test_no_trainer_generates_data_in_its_training_process(trainer, tmp_path):
     assert summary["batches_generated_in_rank"] == 0
     spans = read_timelines(run_dir)
     # `flight`: a collective's issue-to-completion record (DDP's all-reduce, embeddings)
-    assert set(spans["kind"]) <= {"compute", "comm", "wait", "input", "step", "flight"}
+    assert set(spans["kind"]) <= {"compute", "comm", "wait", "input", "step", "flight", "probe"}
     pulls = spans[spans["name"] == "input"].groupby("rank").size()
     # Each step's input pulled once; a read-ahead pipeline (TorchRec's) also tries one
     # pull past the last step, which ends its iteration.

@@ -20,6 +20,7 @@ import torch
 from fsbench import dist as fsdist
 from fsbench.config import run_from_dict
 from fsbench.monitor import RankMonitor
+from fsbench.speed_probe import PROBE_SPAN, SpeedProbe
 from fsbench.store import write_json_atomic
 from fsbench.timeline import Timeline, cpu_steal_ticks, set_current
 from fsbench.inputs import InputPipeline, MeteredSource
@@ -49,6 +50,8 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
     monitor = RankMonitor(ctx.device)
     profiler = GpuKernelRecord(ctx, run_dir)
     steal0 = steal1 = None
+    # CPU runs: the CPU's own speed, timed before each step's barrier (step_time_norm).
+    probe = SpeedProbe() if ctx.device.type == "cpu" else None
     try:
         with open(run_dir / f"steps-rank-{ctx.rank}.jsonl", "a") as stats_file:
             for step in range(run.workload.steps):
@@ -61,6 +64,9 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
                     profiler.stop()
                     steal1 = cpu_steal_ticks()
                 timeline.begin_step(step, warmup=step not in measured)
+                if probe is not None:
+                    with timeline.span(PROBE_SPAN, kind="probe"):
+                        probe.run()
                 # The start barrier (its own group): every rank enters the timed step
                 # together, so step time measures the step and not the ranks' skew in
                 # reaching it.
