@@ -33,6 +33,7 @@ unconditionally, so it is cached in a persistent TORCH_EXTENSIONS_DIR (see below
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import warnings
@@ -87,7 +88,8 @@ from typing import Literal
 from fsbench.config import ConfigError, RunConfig
 from fsbench.dist import RankContext
 from fsbench.inputs import ContiguousShare
-from fsbench.models import build_model
+from fsbench.memory import TableMemory
+from fsbench.models import build_model, model_from_state
 from fsbench.options import TrainerOptions
 from fsbench.timeline import span
 from fsbench.trainer import Preparer, StepStats
@@ -151,6 +153,17 @@ class DeepSpeedTrainer:
 
     Options = DeepSpeedOptions
     options: DeepSpeedOptions
+
+    @staticmethod
+    def table_memory(options: dict[str, str], world_size: int) -> TableMemory:
+        """ZeRO partitions optimizer state (stage 1), then gradients (2: the full gradient
+        is still computed, then reduced into this rank's partition), then parameters (3)."""
+        stage = int(options["zero_stage"])
+        if stage == 3:
+            return TableMemory(placement="row", grads=1.0, states=1.0, optimizer_transient=1.0)
+        share = 1.0 if stage == 0 else 1 / world_size  # of the optimizer's state and work
+        return TableMemory(placement="replicated", grads=2.0 if stage < 2 else 1.0 + 1 / world_size,
+                           states=share, optimizer_transient=share)
 
     # Checked by counting torch.distributed calls per span (2 ranks, gloo, DeepSpeed
     # 0.19.8 defaults; the `small` model is 1.68M parameters in one bucket).
@@ -222,6 +235,20 @@ class DeepSpeedTrainer:
             self.engine.step()
         return StepStats(loss=loss.item(), num_samples=local.batch_size,
                          num_targets=local.num_targets, step=prepared.step)
+
+    def trained_model(self) -> torch.nn.Module | None:
+        """The trained model as a CPU `RecModel` on rank 0 (None elsewhere). ZeRO 0-2 keep
+        every parameter whole on every rank (updated partitions are all-gathered inside
+        `engine.step`); ZeRO 3 partitions them, so they are gathered first (a collective:
+        call on every rank, between steps)."""
+        module = self.engine.module
+        gather = (deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None)
+                  if self.zero_stage == 3 else contextlib.nullcontext())
+        with gather:
+            if not self.ctx.is_main:
+                return None
+            # Copied inside the context: ZeRO 3 releases the gathered tensors on exit.
+            return model_from_state(self.run.workload, module.state_dict())
 
     def close(self) -> None:
         engine = getattr(self, "engine", None)

@@ -51,6 +51,7 @@ import torch
 import torch.distributed as dist
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torch import nn
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec.distributed.comm_ops import set_gradient_division
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
@@ -71,11 +72,12 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from baselines.torchrec_model import TorchRecBatch, TorchRecModel
 from fsbench.config import ConfigError, RunConfig, WorkloadConfig
 from fsbench.dist import RankContext
-from fsbench.models import DenseArch, table_specs
+from fsbench.models import DenseArch, model_from_state, table_specs
 from fsbench.models.sparse import ITEM, initial_table_weight
 from fsbench.optim import make_optimizer
 from fsbench.timeline import span
 from fsbench.inputs import ContiguousShare
+from fsbench.memory import TableMemory, sharded
 from fsbench.options import TrainerOptions
 from fsbench.trainer import Preparer, StepInput, StepStats
 
@@ -276,6 +278,15 @@ def initial_dense(workload: WorkloadConfig, seed: int) -> DenseArch:
     return dense
 
 
+def recmodel_key(key: str) -> str:
+    """`fsbench.models.RecModel`'s state-dict key for a key of TorchRecModel's: the
+    collections' tables are RecModel's `sparse.tables.<name>.weight`; `dense.*` is shared."""
+    for prefix in ("sequence.embeddings.", "pooled.embedding_bags."):
+        if key.startswith(prefix):
+            return "sparse.tables." + key[len(prefix):]
+    return key
+
+
 @torch.no_grad()
 def load_initial_tables(model: nn.Module, specs, seed: int) -> int:
     """Copy `initial_table_weight(spec, seed)` into this rank's shards of every table.
@@ -299,6 +310,11 @@ def load_initial_tables(model: nn.Module, specs, seed: int) -> int:
 class TorchRecTrainer:
     Options = TorchRecOptions
     options: TorchRecOptions
+
+    @staticmethod
+    def table_memory(options: dict[str, str], world_size: int) -> TableMemory:
+        """Sharded tables updated by the fused optimizer inside backward: no gradient kept."""
+        return sharded("row" if options["sharding"] == "row_wise" else "table")
 
     notes = (
         "TorchRec DMP + train pipeline, fused (fbgemm) table updates inside backward. Spans: "
@@ -391,6 +407,23 @@ class TorchRecTrainer:
         # on CUDA a sync point, after the step's work is queued (as in the DDP trainer)
         return StepStats(loss=float(output.item()), num_samples=trained.num_samples,
                          num_targets=trained.num_targets, step=trained.step)
+
+    def trained_model(self) -> nn.Module | None:
+        """The trained model as a CPU `RecModel` on rank 0 (None elsewhere): each sharded
+        table gathered whole (ShardedTensor.gather, a collective on every rank), the
+        dense replica copied. Between steps the fused updates of step k are applied; the
+        pipeline's input dist for later batches reads no weights."""
+        full = {}
+        for key, value in self.dmp.module.state_dict().items():
+            if isinstance(value, ShardedTensor):
+                out = (torch.empty(value.size(), dtype=value.dtype)
+                       if self.ctx.is_main else None)
+                value.gather(dst=0, out=out)
+                value = out
+            full[recmodel_key(key)] = value
+        if not self.ctx.is_main:
+            return None
+        return model_from_state(self.run.workload, full)
 
     def close(self) -> None:
         self.pipeline = None

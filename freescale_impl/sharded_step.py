@@ -21,12 +21,12 @@ import torch.distributed as dist
 from fsbench.config import RunConfig
 from fsbench.dist import RankContext
 from fsbench.dp import wrap_ddp
-from fsbench.models import RecModel, table_specs
+from fsbench.models import RecModel, model_from_state, table_specs
 from fsbench.optim import make_optimizer
 from fsbench.timeline import span
 from fsbench.trainer import StepInput, StepStats
 from freescale_impl.embedding_exchange import ShardedEmbeddings
-from freescale_impl.sharded_tables import LocalShard, RowLayout
+from freescale_impl.sharded_tables import LocalShard, RowLayout, gather_tables
 from freescale_impl.transport import make_transport
 
 
@@ -114,3 +114,16 @@ class ShardedTableTrainer:
         return StepStats(loss=float(loss.detach()), num_samples=prepared.num_samples,
                          num_targets=prepared.num_targets, extra=prepared.extra or None,
                          step=prepared.step)
+
+    def trained_model(self) -> torch.nn.Module | None:
+        """The trained model as a CPU `RecModel` on rank 0 (None elsewhere): the dense
+        replica, and every table gathered from its shards. A collective, between steps:
+        the shards then hold step k's updated rows (rows already sent ahead for step k+1
+        are read, never changed)."""
+        tables = gather_tables(self.layout, self.engine.shard.weight, self.ctx.rank,
+                               self.ctx.group)
+        if tables is None:
+            return None
+        state = {f"sparse.tables.{name}.weight": w for name, w in tables.items()}
+        state.update({f"dense.{k}": v for k, v in self.dense.module.state_dict().items()})
+        return model_from_state(self.run.workload, state)

@@ -140,3 +140,25 @@ class LocalShard:
             param.addcdiv_(grad, state.sqrt().add_(ADAGRAD_EPS), value=-self.lr)
             self.sum_sq.index_copy_(0, rows, state)
         self.weight.index_copy_(0, rows, param)
+
+
+@torch.no_grad()
+def gather_tables(layout: RowLayout, weight: torch.Tensor, rank: int, group,
+                  dst: int = 0) -> dict[str, torch.Tensor] | None:
+    """Every table whole, on CPU, at rank `dst` (None elsewhere), from each rank's
+    `LocalShard.weight`: what the replicated tables would hold. A collective over
+    `group` (one gather of each shard, padded to the largest); the full tables are
+    materialized on `dst` only."""
+    world = layout.world_size
+    width = max(layout.local_rows(r) for r in range(world))
+    padded = weight.new_zeros(width, layout.dim)
+    padded[:weight.shape[0]] = weight
+    parts = [torch.empty_like(padded) for _ in range(world)] if rank == dst else None
+    torch.distributed.gather(padded, parts, dst=dst, group=group)
+    if rank != dst:
+        return None
+    full = torch.empty(layout.num_rows, layout.dim, dtype=weight.dtype)
+    for r, part in enumerate(parts):
+        full[layout.owned_rows(r)] = part[:layout.local_rows(r)].cpu()
+    return {s.name: full[int(layout.base[t]):int(layout.base[t + 1])]
+            for t, s in enumerate(layout.specs)}

@@ -38,6 +38,8 @@ import torch.distributed as dist
 from fsbench.config import ConfigError, RunConfig
 from fsbench.dist import RankContext
 from fsbench.dp import DataParallelTrainer
+from fsbench.memory import REPLICATED, TableMemory, sharded
+from fsbench.simulate import SimProfile, contiguous_plan
 from fsbench.options import TrainerOptions
 from fsbench.timeline import span
 from fsbench.trainer import Preparer, StepInput, StepStats, measured_steps
@@ -182,12 +184,47 @@ class FreeScaleTrainer(DataParallelTrainer):
     Options = FreeScaleOptions
     options: FreeScaleOptions
 
+    @staticmethod
+    def sim_profile(options: dict[str, str], world_size: int) -> SimProfile:
+        """What `fsbench simulate` models of FreeScale: its balanced (windowed) plan, its
+        sharded tables and the exchange's overlap, each switch as it is set."""
+        opts = FreeScaleOptions.parse(options, prefix="freescale")
+        planner = PARTITIONERS[opts.partitioner]
+
+        def plan(costs: list[np.ndarray], n: int) -> list[list[np.ndarray]]:
+            if opts.balance == "off":
+                return contiguous_plan(costs, n)
+            steps = partition.lookahead_window(costs, n, opts.window, partitioner=planner)
+            offsets = np.cumsum([0] + [c.size for c in costs])
+            out = []
+            for ws in steps:  # indices into the window's concatenated samples
+                flat = np.array([offsets[off] + i for off, i in ws.samples], dtype=np.int64)
+                out.append([flat[idx] for idx in ws.plan.assignment])
+            return out
+
+        exchange = "none"
+        if opts.tables == "sharded":
+            exchange = ("blocking" if opts.overlap == "off" else
+                        "prioritized" if opts.priority == "on" else "overlapped")
+        return SimProfile(tables=FreeScaleTrainer.table_memory(options, world_size),
+                          exchange=exchange, sm_free=opts.transport == "sm_free", plan=plan,
+                          window=opts.window if opts.balance == "on" else 1,
+                          chunks=opts.chunks or 4)  # auto: 4 on GPUs, where it is projected
+
+    @staticmethod
+    def table_memory(options: dict[str, str], world_size: int) -> TableMemory:
+        """How a rank holds the tables (fsbench.memory): sharded rows or whole tables, or
+        replicated under DDP."""
+        if options["tables"] == "replicated":
+            return REPLICATED
+        return sharded(options["sharding"])
+
     @classmethod
     def check_run(cls, run: RunConfig) -> None:
         """Before any rank starts: a window needs whole windows to measure."""
         opts = cls.Options.parse(run.trainer_options, prefix="freescale")
         measured_steps(run.workload.warmup, run.workload.steps, opts.window)
-        if opts.tables == "sharded" and run.workload.compute == "model":
+        if opts.tables == "sharded" and run.workload.compute != "synthetic":
             if run.workload.optimizer not in SPARSE_OPTIMIZERS:
                 raise ConfigError(
                     f"optimizer={run.workload.optimizer!r} cannot train sharded tables exactly "
@@ -202,7 +239,7 @@ class FreeScaleTrainer(DataParallelTrainer):
     def setup(self, ctx: RankContext, run: RunConfig, source) -> None:
         opts = self.options
         # The synthetic ground-truth model has no tables to shard.
-        self.sharded = opts.tables == "sharded" and run.workload.compute == "model"
+        self.sharded = opts.tables == "sharded" and run.workload.compute != "synthetic"
         if self.sharded:
             self.ctx, self.run, self.source = ctx, run, source
             self.tables = ShardedTableTrainer(ctx, run, opts)
@@ -237,6 +274,13 @@ class FreeScaleTrainer(DataParallelTrainer):
             return {"tables": "replicated"}
         return {"tables": "sharded", "sharding": self.options.sharding,
                 "chunks": self.tables.engine.chunks, "transport": self.tables.engine.transport.name}
+
+    def trained_model(self) -> torch.nn.Module | None:
+        """The trained model as a CPU `RecModel` on rank 0 (None elsewhere); sharded
+        tables are gathered (a collective: call on every rank, between steps)."""
+        if self.sharded:
+            return self.tables.trained_model()
+        return super().trained_model()
 
     def step(self, inputs) -> StepStats:
         if self.options.data == "sharded":

@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
+from pathlib import Path
 from collections import defaultdict
 
-from fsbench import cli_gates
-from fsbench.columns import FLAGS, RUN_VIEW
-from fsbench.config import ConfigError, RunConfig, WorkloadConfig, override_all
+from fsbench import cli_gates, cli_scaling, memory
+from fsbench.columns import EVAL_VIEW, FLAGS, RUN_VIEW
+from fsbench.config import ConfigError, EvalConfig, RunConfig, WorkloadConfig, override_all
 from fsbench.trainer import TRAINERS, resolve_trainer_class, trainer_names, trainer_options
 
 DEFAULT_OUT = "runs"
 DEFAULT_MICRO_OUT = "runs/micro"
 RUN_COLUMNS = ["trainer", "world_size", *RUN_VIEW, *FLAGS]
+# --target-hr10 without --eval-every: evaluate every this many steps (a few seconds on
+# MovieLens-100K; far more often would make evaluation outweigh training on small runs).
+DEFAULT_EVAL_EVERY = 10
 
 
 def parse_sets(pairs: list[str]) -> tuple[list[tuple[str, str]], dict[str, dict[str, str]]]:
@@ -56,6 +61,19 @@ def build_workload(args: argparse.Namespace) -> WorkloadConfig:
     return workload
 
 
+def eval_config(args: argparse.Namespace) -> EvalConfig:
+    """--eval / --eval-every / --target-hr10 (either of the last two implies --eval)."""
+    every, target = getattr(args, "eval_every", None), getattr(args, "target_hr10", None)
+    if every is not None and every < 1:
+        raise ConfigError(f"--eval-every={every} must be >= 1")
+    if target is not None and not 0 < target <= 1:
+        raise ConfigError(f"--target-hr10={target} must be in (0, 1]")
+    on = bool(getattr(args, "eval", False)) or every is not None or target is not None
+    if every is None:
+        every = DEFAULT_EVAL_EVERY if target is not None else 0
+    return EvalConfig(on=on, every=every, target_hr10=target)
+
+
 def make_run_factory(args: argparse.Namespace, trainers: list[str]):
     """Validate everything up front (before any rank starts), then return a factory."""
     workload = build_workload(args)
@@ -70,11 +88,15 @@ def make_run_factory(args: argparse.Namespace, trainers: list[str]):
             raise ConfigError(f"--set {name}.*: trainer {name!r} is not part of this run "
                               f"(trainers: {', '.join(trainers)})")
     options = {t: trainer_options(t, trainer_sets.get(t, {})) for t in trainers}
+    evaluation = eval_config(args)
+    if workload.compute == "emulated":
+        ensure_cost_fit(workload, args.out, args.device, args.threads)
 
     def make(trainer: str, world_size: int) -> RunConfig:
         return RunConfig(workload=workload, trainer=trainer, world_size=world_size,
                          seed=args.seed, device=args.device, threads_per_rank=args.threads,
-                         trainer_options=options[trainer], input_workers=args.input_workers)
+                         trainer_options=options[trainer], input_workers=args.input_workers,
+                         eval=evaluation)
 
     for t in trainers:  # RunConfig's own checks (world size vs batch, ...) fail here, early
         check_run = getattr(resolve_trainer_class(t), "check_run", None)
@@ -82,12 +104,34 @@ def make_run_factory(args: argparse.Namespace, trainers: list[str]):
             run = make(t, n)
             if check_run:
                 check_run(run)
+            if run.eval.on:
+                from fsbench.evaluate import check_trainer
+
+                check_trainer(run, resolve_trainer_class(t))
+            memory.check(run, force=args.force)  # refuses a run that cannot fit, in one line
     return make
+
+
+def ensure_cost_fit(workload: WorkloadConfig, out: str, device: str, threads: int) -> None:
+    """compute=emulated waits for the calibrated cost of the encoder: make sure the store
+    holds a fit for this model on this device (as the ranks will look it up)."""
+    import torch
+
+    from fsbench.calibrate import calibrate, load_fit
+    from fsbench.table import progress
+
+    torch.set_num_threads(threads)  # part of the fit's key: the ranks' thread count
+    if load_fit(out, workload, device) is None:
+        print(f"compute=emulated: no cost fit for this model in {out}/calibrations/; "
+              "calibrating it first (fsbench calibrate)", file=sys.stderr)
+        calibrate(dataclasses.replace(workload, compute="model"), out, device=device,
+                  progress=lambda lengths: progress(lengths, "calibrating", "length"))
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", default="small",
-                   help="workload preset (fsbench list shows them); default: %(default)s")
+                   help="workload preset (fsbench list shows them; sweep takes a comma-separated "
+                        "list); default: %(default)s")
     p.add_argument("--steps", type=int, help="steps per run, warm-up included")
     p.add_argument("--warmup", type=int, help="leading steps that are run but not measured")
     p.add_argument("--seed", type=int, default=0, help="data and weight seed; default: %(default)s")
@@ -98,6 +142,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a workload field (e.g. lengths=yelp, model.dim=32, "
                         "lengths=hist:PATH) or a trainer switch (<trainer>.<key>=value)")
+    p.add_argument("--force", action="store_true",
+                   help="start even when the memory estimate says a rank will not fit")
+    p.add_argument("--eval", action="store_true",
+                   help="real data only: hold each user's last item out of training, then report "
+                        "HR@10 and NDCG@10 over all items (fsbench.evaluate)")
+    p.add_argument("--eval-every", type=int, metavar="K",
+                   help="also evaluate after every K-th step (implies --eval); default with "
+                        f"--target-hr10: {DEFAULT_EVAL_EVERY}")
+    p.add_argument("--target-hr10", type=float, metavar="X",
+                   help="time to quality: store the summed step time until HR@10 first reaches "
+                        "X (implies --eval)")
     p.add_argument("--input-workers", type=int, default=1,
                    help="data-loader worker processes per rank preparing inputs ahead "
                         "(0: prepare inline, all of it input stall); default: %(default)s")
@@ -151,7 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    "and write DIR/<run_id>/ (manifest, timelines, summary).")
     _common(p)
     p.add_argument("--trainer", default="ddp", help="trainer name; default: %(default)s")
-    p.add_argument("--world-size", type=int, default=1, help="number of ranks; default: %(default)s")
+    p.add_argument("--world-size", type=int, default=None,
+                   help="number of ranks; default: 1, or under torchrun/srun the launcher's")
+
+    p = sub.add_parser("summarize", help="summarize a run whose ranks finished (multi-node runs)",
+                       description="Compute and write RUN_DIR/summary.json from the ranks' files "
+                                   "and mark the run complete: for a run launched by torchrun or "
+                                   "srun whose rank 0 did not summarize it.")
+    p.add_argument("run_dir", metavar="RUN_DIR")
 
     p = sub.add_parser("sweep", help="every trainer x world size, repeated; one comparison table",
                        description="Run every (trainer, world size) combination, repeats "
@@ -162,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--world-sizes", type=_csv(int), default=[1, 2],
                    help="comma-separated world sizes; default: 1,2")
     p.add_argument("--repeats", type=int, default=1, help="runs per combination; default: %(default)s")
+    p.add_argument("--rerun", action="store_true",
+                   help="run again what the store (--out) already holds complete; by default a "
+                        "sweep resumes: an interrupted sweep run again skips its finished runs")
 
     p = sub.add_parser("trace", help="merge a run's rank timelines into one Chrome/Perfetto trace",
                        description="Write the run's spans as Chrome Trace Event JSON: a process "
@@ -171,11 +236,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="FILE", help="default: RUN_DIR/trace.json")
 
     cli_gates.add_parsers(sub, _csv, DEFAULT_OUT)
+    cli_scaling.add_parsers(sub, _csv, DEFAULT_OUT)
 
     p = sub.add_parser("report", help="result table (md/latex/csv/html) and plots over stored runs",
                        description="Tabulate complete runs (medians over repeats per workload, "
-                                   "trainer and world size) and plot bubbles, throughput and one "
-                                   "step's per-rank busy/idle time.")
+                                   "trainer and world size) and plot bubbles and their causes, "
+                                   "throughput and scaling efficiency, and one step's per-rank "
+                                   "busy/idle time and timeline. html: one self-contained "
+                                   "report.html with the plots embedded and the runs' machine and "
+                                   "commands; other formats: PNGs beside the table.")
     p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR",
                    help="run directories to report (default: every complete run under --runs)")
     p.add_argument("--runs", default=DEFAULT_OUT, help="where run directories are; default: %(default)s")
@@ -183,10 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trainers", type=_csv(str), help="only runs of these trainers (comma-separated)")
     p.add_argument("--baseline",
                    help="trainer for throughput ratios; default: ddp if present, else the first")
-    p.add_argument("--format", default="md", help="md | latex | csv | html; default: %(default)s")
+    p.add_argument("--format", default="md",
+                   help="md | latex (booktabs) | csv | html (one self-contained page); "
+                        "default: %(default)s")
     p.add_argument("--out", default="report", metavar="DIR", help="output directory; default: %(default)s")
     p.add_argument("--step-run", metavar="RUN_DIR",
-                   help="run for the per-rank busy/idle plot; default: the baseline's largest world size")
+                   help="run for the per-rank busy/idle plot (and its trainer's step timeline); "
+                        "default: the baseline's largest world size")
     p.add_argument("--no-plots", action="store_true", help="write the table only (no matplotlib needed)")
 
     p = sub.add_parser("calibrate", help="measure per-sample cost vs length; fit a*L^2+b*L+c",
@@ -199,6 +271,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=DEFAULT_OUT, help="results store; default: %(default)s")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per length (median)")
+    p.add_argument("--comm", action="store_true",
+                   help="instead: time gloo all-reduce and all-to-all on local ranks and fit "
+                        "an alpha-beta model per collective (for fsbench simulate --cluster local)")
+    p.add_argument("--comm-world-sizes", type=_csv(int), default=[2, 4, 8],
+                   help="world sizes --comm measures; default: 2,4,8")
 
     p = sub.add_parser("validate", help="check the harness against closed-form ground truth",
                        description="Run synthetic workloads with known per-token cost, an injected "
@@ -215,7 +292,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--blocks", type=int, default=10, help="alternating blocks (first 2 warm-up)")
     p.add_argument("--steps-per-block", type=int, default=6)
 
-    sub.add_parser("list", help="list workload presets, length presets and trainers")
+    p = sub.add_parser("list", help="list workload presets, length presets and trainers",
+                       description="Workload presets, history-length presets and trainers. "
+                                   "--format json gives every workload field, each length "
+                                   "preset's targets and each trainer's switches with their "
+                                   "defaults and allowed values, for scripts and CI jobs.")
+    p.add_argument("--format", default="text", choices=["text", "json"],
+                   help="text (default) or json")
 
     p = sub.add_parser("micro", help="micro-benchmarks on one GPU (sm-contention)",
                        description="Micro-benchmarks that isolate one effect on one GPU.")
@@ -254,12 +337,46 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fsbench.runner import run_once
     from fsbench.table import format_table
 
+    from fsbench.launch.external import external_world, run_external
+
+    world = external_world()  # torchrun or srun started this process as one rank
+    if world is not None and args.world_size is None:
+        args.world_size = world["world_size"]
+    args.world_size = args.world_size or 1
     args.world_sizes = [args.world_size]
     make = make_run_factory(args, [args.trainer])
     check_writable_dir(args.out)
-    run_dir, summary = run_once(make(args.trainer, args.world_size), args.out)
-    print(format_table(pd.DataFrame([summary]), RUN_COLUMNS))
+    if world is None:
+        run_dir, summary = run_once(make(args.trainer, args.world_size), args.out)
+    else:
+        run_dir, summary = run_external(make(args.trainer, args.world_size), args.out)
+        if summary is None:  # not rank 0: rank 0 summarizes and prints
+            return 0
+    quality = list(EVAL_VIEW) if summary.get("hr_at_10") is not None else []
+    print(format_table(pd.DataFrame([summary]), RUN_COLUMNS + quality))
     print(f"run stored in {run_dir}")
+    return 0
+
+
+def cmd_summarize(args: argparse.Namespace) -> int:
+    """Complete a run whose ranks finished but were not summarized (a multi-node run whose
+    rank 0 stopped early, or files gathered by hand)."""
+    import pandas as pd
+
+    from fsbench.runner import finish_run
+    from fsbench.table import format_table
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "manifest.json").exists():
+        raise ConfigError(f"{run_dir}: not a run directory (no manifest.json)")
+    missing = [r for r in range(json.loads((run_dir / "manifest.json").read_text())["world_size"])
+               if not (run_dir / f"steps-rank-{r}.jsonl").exists()]
+    if missing:
+        raise ConfigError(f"{run_dir}: no files of rank(s) {', '.join(map(str, missing))}; "
+                          "copy every node's rank files into it first")
+    summary = finish_run(run_dir)
+    print(format_table(pd.DataFrame([summary]), RUN_COLUMNS))
+    print(f"summary written to {run_dir / 'summary.json'}")
     return 0
 
 
@@ -272,18 +389,31 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError(f"--repeats={args.repeats} must be >= 1")
     if not args.world_sizes:
         raise ConfigError("--world-sizes is empty; give e.g. 1,2")
-    make = make_run_factory(args, args.trainers)
+    names = [w for w in args.workload.split(",") if w.strip()]
+    # Every workload's runs are validated (and their memory checked) before any starts.
+    factories = {w: make_run_factory(argparse.Namespace(**{**vars(args), "workload": w}), args.trainers)
+                 for w in names}
     check_writable_dir(args.out)
 
-    runs = sweep(make, args.trainers, args.world_sizes, args.repeats, args.out,
-                 lambda plan: progress(plan, "runs", "run"))
+    def skipped(n: int, total: int) -> None:
+        if n:
+            print(f"resuming: {n} of {total} runs are already complete in {args.out} "
+                  "(--rerun runs them again)", file=sys.stderr)
+
+    runs = sweep(lambda t, n, w: factories[w](t, n), args.trainers, args.world_sizes,
+                 args.repeats, args.out, lambda plan: progress(plan, "runs", "run"),
+                 workloads=names, rerun=args.rerun, on_skip=skipped)
     baseline = args.trainers[0]
     table = report_table(runs, baseline)
-    print(f"workload={args.workload} steps={make(baseline, 1).workload.steps} "
+    steps = ", ".join(f"{w}: {factories[w](baseline, 1).workload.steps}" for w in names)
+    print(f"workload={args.workload} steps={steps} "
           f"repeats={args.repeats} (medians over measured steps, then over repeats)")
     spread = ["samples_per_s_spread"] if args.repeats > 1 else []
-    print(format_table(table, ["trainer", "world_size", "repeats", *RUN_VIEW,
+    many = ["workload"] if len(names) > 1 else []
+    print(format_table(table, [*many, "trainer", "world_size", "repeats", *RUN_VIEW,
                                f"throughput_vs_{baseline}", *spread, *FLAGS]))
+    if "hr_at_10" in runs and runs["hr_at_10"].notna().any():  # --eval: quality, run by run
+        print(format_table(runs, [*many, "trainer", "world_size", "repeat", *EVAL_VIEW]))
     if table["oversubscribed"].any():
         print("oversub=yes: more busy threads than cores; step time, bubble and throughput "
               "measure time-sharing there, load imbalance stays valid.")
@@ -318,6 +448,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     from fsbench.workloads.distributions import LENGTH_PRESETS
     from fsbench.workloads.presets import WORKLOADS
 
+    if args.format == "json":
+        from fsbench.listing import listing
+
+        print(json.dumps(listing(), indent=1))
+        return 0
     print("workloads:")
     for name, make in WORKLOADS.items():
         w = make()
@@ -336,6 +471,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from fsbench.calibrate import calibrate, fit_path
     from fsbench.table import progress
+
+    if args.comm:
+        return cli_scaling.cmd_calibrate_comm(args)
 
     args.steps = args.warmup = None
     workload = build_workload(args)
@@ -413,9 +551,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     commands = {"run": cmd_run, "sweep": cmd_sweep, "trace": cmd_trace, "report": cmd_report,
                 "calibrate": cmd_calibrate, "validate": cmd_validate, "overhead": cmd_overhead,
-                "list": cmd_list, "micro": cmd_micro, **cli_gates.COMMANDS}
+                "list": cmd_list, "micro": cmd_micro, "summarize": cmd_summarize, **cli_scaling.COMMANDS, **cli_gates.COMMANDS}
     try:
-        if getattr(args, "world_size", 1) < 1:
+        if getattr(args, "world_size", None) is not None and args.world_size < 1:
             raise ConfigError(f"--world-size={args.world_size} must be >= 1")
         if any(n < 1 for n in getattr(args, "world_sizes", [1])):
             raise ConfigError(f"--world-sizes={args.world_sizes}: every world size must be >= 1")

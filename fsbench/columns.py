@@ -61,8 +61,18 @@ COLUMNS: tuple[Column, ...] = (
     Column("sm_occupancy", "SM occ %", _pct, True, True),
     # The largest rank's peak (process RSS on CPU, allocated tensors on CUDA).
     Column("peak_memory_mb", "peak MiB", lambda v: f"{v:.0f}", True, True),
+    # Quality beside speed (fsbench.evaluate): None in runs without --eval. Not yet in
+    # report tables (median=False): a report of speed alone stays as it was.
+    Column("hr_at_10", "HR@10", lambda v: f"{v:.4f}", summary=True),
+    Column("ndcg_at_10", "NDCG@10", lambda v: f"{v:.4f}", summary=True),
+    # The same with popularity-corrected scores (+ log q: fsbench.evaluate).
+    Column("hr_at_10_logq", "HR@10 logq", lambda v: f"{v:.4f}", summary=True),
+    Column("ndcg_at_10_logq", "NDCG@10 logq", lambda v: f"{v:.4f}", summary=True),
+    Column("eval_users", "eval users", summary=True),
+    Column("time_to_target_s", "time to HR@10 target s", lambda v: f"{v:.2f}", summary=True),
     Column("scaling_efficiency", "scaling eff %", _pct, wall_clock=True),
     Column("simulated", "simulated", _yes),
+    Column("emulated", "emulated", _yes, summary=True, flag=True),
     Column("oversubscribed", "oversub", _yes, summary=True, flag=True),
     Column("contended", "contended", _yes, summary=True, flag=True),
 )
@@ -78,3 +88,6 @@ RUN_VIEW: tuple[str, ...] = (
     "exposed_comm_ratio", "comm_overlap_ratio", "input_stall_ratio", "other_idle_ratio",
     "load_imbalance",
     "cpu_wait_ratio", "sm_occupancy", "peak_memory_mb")
+# What `fsbench run --eval` prints beside RUN_VIEW.
+EVAL_VIEW: tuple[str, ...] = ("hr_at_10", "ndcg_at_10", "hr_at_10_logq", "ndcg_at_10_logq",
+                               "eval_users", "time_to_target_s")

@@ -30,7 +30,7 @@ def _positive(name: str, value: int | float, minimum: int | float = 1) -> None:
 
 MODEL_FAMILIES = ("hstu", "sasrec")
 OPTIMIZERS = ("adam", "sgd", "adagrad")
-COMPUTE_MODES = ("model", "synthetic")
+COMPUTE_MODES = ("model", "synthetic", "emulated")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -112,8 +112,10 @@ class WorkloadConfig:
     data: str = "synthetic"
     """Where histories come from: synthetic, sasrec:PATH, recbole:PATH or otto:PATH."""
     compute: str = "model"
-    """What a sample's compute is: `model` (the reference model) or `synthetic` (a CPU
-    spin of known cost per token: the harness's ground truth)."""
+    """What a sample's compute is: `model` (the reference model), `synthetic` (a CPU
+    spin of known cost per token: the harness's ground truth) or `emulated` (the real
+    runtime with the encoder's compute replaced by waiting for its calibrated cost:
+    fsbench.emulation)."""
     synthetic: SyntheticComputeConfig = field(default_factory=SyntheticComputeConfig)
     """Costs and injected delays of `compute=synthetic`."""
 
@@ -139,6 +141,26 @@ class WorkloadConfig:
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
+class EvalConfig:
+    """Quality beside speed (fsbench.evaluate): each user's last item held out of training,
+    HR@10 and NDCG@10 over the full item set after training (real data only)."""
+    on: bool = False
+    """Hold out each user's last item from training; evaluate the trained model on it."""
+    every: int = 0
+    """Also evaluate after every `every` steps (0: only after the last step)."""
+    target_hr10: float | None = None
+    """Time to quality: training time until HR@10 first reaches this (None: not asked)."""
+
+    def __post_init__(self) -> None:
+        _positive("eval.every", self.every, 0)
+        if self.target_hr10 is not None:
+            _require(0 < self.target_hr10 <= 1,
+                     f"eval.target_hr10={self.target_hr10!r} must be in (0, 1]")
+        _require(self.on or (self.every == 0 and self.target_hr10 is None),
+                 f"eval.every={self.every} / eval.target_hr10={self.target_hr10} need eval.on")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
 class RunConfig:
     workload: WorkloadConfig
     trainer: str
@@ -157,6 +179,8 @@ class RunConfig:
     input_workers: int = 1
     """Data-loader worker processes per rank preparing inputs ahead (0: prepare inline,
     at the step's pull, all of it input stall)."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation of the trained model (`--eval`): changes the training data (held-out items)."""
 
     def __post_init__(self) -> None:
         _positive("world_size", self.world_size)
@@ -167,6 +191,13 @@ class RunConfig:
         _require(self.workload.global_batch_size >= self.world_size,
                  f"world_size={self.world_size} exceeds global_batch_size="
                  f"{self.workload.global_batch_size}: every rank needs at least one sample")
+        if self.eval.on:
+            _require(specs.parse_data(self.workload.data).kind != "synthetic",
+                     "--eval needs real interaction data to hold items out of: "
+                     "--set data=sasrec:PATH|recbole:PATH|otto:PATH")
+            _require(self.workload.compute == "model",
+                     f"--eval needs compute=model (compute={self.workload.compute!r} trains "
+                     "no reference model to evaluate)")
 
     @property
     def resolved_backend(self) -> str:
@@ -258,4 +289,6 @@ def workload_from_dict(d: dict) -> WorkloadConfig:
 def run_from_dict(d: dict) -> RunConfig:
     d = dict(d)
     d["workload"] = workload_from_dict(d["workload"])
+    if "eval" in d:  # runs stored before evaluation existed have none
+        d["eval"] = EvalConfig(**d["eval"])
     return RunConfig(**d)

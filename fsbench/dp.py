@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from fsbench.config import RunConfig
 from fsbench.dist import RankContext
-from fsbench.models import build_model
+from fsbench.models import build_model, model_from_state
 from fsbench.optim import make_optimizer
 from fsbench.timeline import current, span
 from fsbench.trainer import Preparer, StepInput, StepStats
@@ -89,6 +89,13 @@ class DataParallelTrainer:
         return StepStats(loss=loss_sum, num_samples=prepared.num_samples,
                          num_targets=prepared.num_targets, extra=prepared.extra or None,
                          step=prepared.step)
+
+    def trained_model(self) -> torch.nn.Module | None:
+        """The trained model as a CPU `RecModel` on rank 0 (None elsewhere): the replicas
+        agree, so rank 0's copy is the model. Called on every rank, between steps."""
+        if not self.ctx.is_main:
+            return None
+        return model_from_state(self.run.workload, self.model.module.state_dict())
 
     def close(self) -> None:
         pass

@@ -79,7 +79,10 @@ def rank_step_table(spans: pd.DataFrame, gpu_busy: pd.DataFrame | None = None) -
     compute = inner["kind"] == "compute"
     use_events = "gpu_ns" in inner and inner.loc[compute, "gpu_ns"].notna().any()
     busy_col = "gpu_ns" if use_events else "cpu_ns"
-    blocked = (inner["dur_ns"] - inner["cpu_ns"] - runq).clip(lower=0)
+    # Emulated runs: the real CPU a compute span used around its emulated wait is neither
+    # busy nor blocked (fsbench.emulation).
+    overhead = inner["overhead_ns"].fillna(0) if "overhead_ns" in inner else 0
+    blocked = (inner["dur_ns"] - inner["cpu_ns"] - runq - overhead).clip(lower=0)
     inner = inner.assign(
         busy=np.where(compute, inner[busy_col].fillna(0), 0),
         comm=np.where(inner["kind"].isin(["comm", "wait"]), inner["dur_ns"],

@@ -39,6 +39,8 @@ from typing import Any
 
 import psutil
 
+from fsbench.clock import now_ns
+
 try:  # nvidia-ml-py; a hard dependency, but a broken install must not break CPU runs
     import pynvml
 except Exception:  # pragma: no cover - depends on the environment
@@ -359,7 +361,7 @@ class RankMonitor:
 
     def _run(self) -> None:
         try:
-            t = time.monotonic_ns()  # CLOCK_MONOTONIC, the clock of timeline spans
+            t = now_ns()  # CLOCK_MONOTONIC, the clock of timeline spans
             self._proc.begin(t)
             if self._gpu is not None:
                 self._gpu.begin(t)
@@ -367,13 +369,13 @@ class RankMonitor:
             while not self._stop.wait(self.interval_s):
                 self._tick()
             # The tail since the last tick, unless it is too short to give a stable rate.
-            if time.monotonic_ns() - self._last_t_ns >= 0.5 * self.interval_s * 1e9:
+            if now_ns() - self._last_t_ns >= 0.5 * self.interval_s * 1e9:
                 self._tick()
         except BaseException as e:  # the training thread must never see this
             self.errors.append(f"sampler thread died: {e!r}")
 
     def _tick(self) -> None:
-        t = time.monotonic_ns()
+        t = now_ns()
         row: dict[str, Any] = dict.fromkeys(SAMPLE_KEYS)
         row["time_ns"] = t
         try:

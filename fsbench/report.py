@@ -1,4 +1,4 @@
-"""Result tables (markdown / LaTeX / CSV / HTML) and plots over stored runs.
+"""Result tables (markdown / LaTeX / CSV / an HTML page) over stored runs, with their plots.
 
 `report_table` is the one way to build a comparison table (`fsbench sweep` and
 `fsbench report` both use it): one row per (workload, trainer, world size, simulated),
@@ -8,18 +8,21 @@ with a measurement, and both scaling efficiency and baseline ratios compare meas
 measured and simulated with simulated only.
 
 Wall-clock columns of oversubscribed runs (more busy threads than cores) measure
-time-sharing, not training: renderings mark those cells with a dagger and a footnote.
+time-sharing, not training: renderings mark those cells with a dagger and a footnote (a
+double dagger for contended runs). LaTeX and the HTML page (fsbench.report_page) also
+mark simulated (§) and emulated (¶) rows; markdown shows those as yes/no columns. The
+plots are drawn by fsbench.plots.
 """
 from __future__ import annotations
 
-import html
 import os
 from pathlib import Path
 
 import pandas as pd
 
-from fsbench import columns, metrics, store
+from fsbench import columns, metrics, report_page, store
 from fsbench.config import ConfigError
+from fsbench.plots import CAUSES, PLOTS, render_plots
 from fsbench.table import formatted, markdown, progress
 
 FORMATS = {"md": "md", "latex": "tex", "csv": "csv", "html": "html"}
@@ -29,7 +32,12 @@ KEYS = ["workload", "trainer", "world_size", "simulated"]
 MEDIANS = list(columns.MEDIANS)
 WALL_CLOCK = columns.WALL_CLOCK
 PROGRESS_MIN_RUNS = 20  # below this, reading runs is instant and a bar is only noise
-PLOTS = ("bubble_vs_world_size.png", "throughput_vs_world_size.png", "rank_busy_idle.png")
+# Row marks of LaTeX and the page; † and ‡ also mark wall-clock cells, as in markdown.
+ROW_MARKS = {"simulated": "§", "emulated": "¶", "oversubscribed": "†", "contended": "‡"}
+# The LaTeX table's columns (a paper's width); CSV keeps every column.
+PAPER_COLUMNS = ("workload", "trainer", "world_size", "repeats", "step_time_ms_median",
+                 "samples_per_s", "bubble_ratio", *CAUSES, "load_imbalance", "sm_occupancy",
+                 "scaling_efficiency")
 
 
 def default_baseline(runs: pd.DataFrame) -> str:
@@ -102,7 +110,10 @@ def check_format(fmt: str) -> str:
     return FORMATS[fmt]
 
 
-def footnotes(table: pd.DataFrame) -> list[str]:
+def footnotes(table: pd.DataFrame, symbols: bool = False) -> list[str]:
+    """The notes under a table: how to read it, then one per mark present. `symbols`: the
+    simulated and emulated notes start with their row mark (§, ¶; LaTeX and the page)
+    instead of naming their yes/no column (markdown)."""
     ratio = next(c for c in table.columns if c.startswith("throughput_vs_"))
     notes = [f"Medians over measured steps, then over repeats. scaling eff = throughput(N) / "
              f"(N x throughput(1)), same trainer and workload; {ratio.replace('_', ' ')} = "
@@ -116,8 +127,12 @@ def footnotes(table: pd.DataFrame) -> list[str]:
                      "their step time: another process took cores): wall-clock cells measure "
                      "that neighbour too; load imbalance stays valid.")
     if table["simulated"].any():
-        notes.append("simulated = yes: projected by the cost model, not measured; kept apart "
-                     "from measured rows.")
+        notes.append(("§ simulated" if symbols else "simulated = yes") + ": projected by the cost "
+                     "model, not measured; kept apart from measured rows.")
+    if "emulated" in table and table["emulated"].any():
+        notes.append(("¶ emulated" if symbols else "emulated = yes") + ": compute=emulated, each "
+                     "rank's encoder compute replaced by waiting the calibrated cost model's time; "
+                     "communication, input and optimizer are real, busy time is the model's.")
     return notes
 
 
@@ -140,27 +155,58 @@ def _cells(table: pd.DataFrame, dagger: str, escape=lambda s: s) -> pd.DataFrame
 def _latex_escape(text: str) -> str:
     special = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
                "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
-               "^": r"\textasciicircum{}", "†": r"\dag{}", "‡": r"\ddag{}"}
+               "^": r"\textasciicircum{}", "†": r"\dag{}", "‡": r"\ddag{}", "§": r"\S{}",
+               "¶": r"\P{}"}
     return "".join(special.get(ch, ch) for ch in text)
 
 
-def render(table: pd.DataFrame, fmt: str) -> str:
+def latex(table: pd.DataFrame) -> str:
+    """A booktabs tabular for papers (needs \\usepackage{booktabs}): the paper's columns
+    (PAPER_COLUMNS and the baseline ratio; a column with no value in any row left out),
+    a rule between workloads and between measured and simulated rows, and the marks as
+    footnote symbols: † oversubscribed and ‡ contended on wall-clock cells, § simulated
+    and ¶ emulated on the trainer cell; the notes below say what each means."""
+    table = table.reset_index(drop=True)
+    ratio = next(c for c in table.columns if c.startswith("throughput_vs_"))
+    cols = [c for c in (*PAPER_COLUMNS, ratio) if c in table and not table[c].isna().all()]
+    cells = _cells(table, r"\textsuperscript{\dag}", _latex_escape)
+    cells = cells.iloc[:, [list(table.columns).index(c) for c in cols]]
+    trainer = cols.index("trainer")
+    for flag in ("simulated", "emulated"):  # whole rows; † and ‡ mark the cells they affect
+        mark = ROW_MARKS[flag]
+        for row in table.index[table[flag]] if flag in table else []:
+            cells.iat[row, trainer] += rf"\textsuperscript{{{_latex_escape(mark)}}}"
+    spec = "".join("l" if c in ("workload", "trainer") else "r" for c in cols)
+    lines = ["% fsbench report: needs \\usepackage{booktabs}", rf"\begin{{tabular}}{{{spec}}}",
+             r"\toprule", " & ".join(cells.columns) + r" \\", r"\midrule"]
+    group = list(zip(table["workload"], table["simulated"]))
+    for i in range(len(cells)):
+        if i and group[i] != group[i - 1]:
+            lines.append(r"\midrule")
+        lines.append(" & ".join(cells.iloc[i]) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    notes = "".join(f"\\par\\noindent{{\\footnotesize {_latex_escape(n)}}}\n"
+                    for n in footnotes(table, symbols=True))
+    return "\n".join(lines) + "\n" + notes
+
+
+def render(table: pd.DataFrame, fmt: str, images: dict[str, bytes] | None = None,
+           sources: list[dict] | None = None) -> str:
     """The report table as md | latex | csv | html. CSV keeps raw numbers (fractions, not
-    percentages) and the flags as boolean columns, for machines."""
+    percentages) and the flags as boolean columns, for machines. html is a whole page
+    (fsbench.report_page), with `images` (PNG bytes by fsbench.plots.PLOTS key) and
+    `sources` (report_page.run_sources) embedded when given."""
     check_format(fmt)
     table = table.reset_index(drop=True)
-    notes = footnotes(table)
     if fmt == "csv":
         return table.to_csv(index=False)
     if fmt == "md":
-        return markdown(_cells(table, "†")) + "".join(f"\n\n{n}" for n in notes) + "\n"
+        return markdown(_cells(table, "†")) + "".join(f"\n\n{n}" for n in footnotes(table)) + "\n"
     if fmt == "html":
-        body = _cells(table, "†").to_html(index=False, escape=True, border=0)
-        return body + "\n" + "".join(f"<p>{html.escape(n)}</p>\n" for n in notes)
-    # LaTeX: cells are escaped here, so pandas must not escape again (it would mangle \dag).
-    cells = _cells(table, r"\textsuperscript{\dag}", _latex_escape)
-    body = cells.to_latex(index=False, escape=False, column_format="l" * 2 + "r" * (cells.shape[1] - 2))
-    return body + "".join(f"\\par\\noindent{{\\footnotesize {_latex_escape(n)}}}\n" for n in notes)
+        figures = [(PLOTS[k].caption, data) for k, data in (images or {}).items()]
+        return report_page.page(table, _cells(table, "†"), footnotes(table, symbols=True),
+                                ROW_MARKS, figures, sources or [])
+    return latex(table)
 
 
 # ---------------------------------------------------------------------------- selection
@@ -210,122 +256,29 @@ def _is_store(path: Path) -> bool:
             and any((d / "manifest.json").is_file() for d in path.iterdir() if d.is_dir()))
 
 
-def choose_step_run(runs: pd.DataFrame, baseline: str) -> str | None:
-    """The measured run of `baseline` at its largest world size (any trainer's if the
-    baseline has no measured run); ties go to the last run directory by name."""
-    measured = _normalized(runs)
-    measured = measured[~measured["simulated"]]
-    pool = measured[measured["trainer"] == baseline]
-    pool = pool if len(pool) else measured
-    if pool.empty:
-        return None
-    return str(pool.sort_values(["world_size", "run_dir"]).iloc[-1]["run_dir"])
-
-
-# ---------------------------------------------------------------------------- plots
-
-def median_step_busy_idle(spans: pd.DataFrame) -> tuple[int, float, pd.DataFrame]:
-    """The measured step with the median step time (the lower median, so a real step),
-    its T in ms, and per rank busy_ms and idle_ms = T - busy (clipped at 0: thread CPU
-    time can exceed wall time by clock granularity)."""
-    steps = metrics.step_metrics(spans)
-    measured = steps[~steps["warmup"]].sort_values(["step_time_ms", "step"])
-    if measured.empty:
-        raise ConfigError("no measured steps in the run's timelines")
-    step = int(measured.iloc[(len(measured) - 1) // 2]["step"])
-    per_rank = metrics.rank_step_busy(spans)
-    per_rank = per_rank[per_rank["step"] == step].sort_values("rank")
-    t_ns = float(per_rank["end_ns"].max() - per_rank["start_ns"].min())
-    out = pd.DataFrame({"rank": per_rank["rank"].to_numpy(),
-                        "busy_ms": per_rank["busy_ns"].to_numpy() / 1e6,
-                        "idle_ms": (t_ns - per_rank["busy_ns"].to_numpy()).clip(min=0) / 1e6})
-    return step, t_ns / 1e6, out
-
-
-def _figure(ncols: int = 1):
-    """A matplotlib Figure on the Agg canvas, without pyplot's global state."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ConfigError("plots need matplotlib: pip install -e '.[report]' (or pass --no-plots)")
-    fig = Figure(figsize=(5 * ncols, 3.8), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig, fig.subplots(1, ncols, squeeze=False)[0]
-
-
-def plot_vs_world_size(table: pd.DataFrame, column: str, ylabel: str, scale: float, path: Path) -> None:
-    """One panel per workload, a line per trainer (dashed if simulated); hollow markers
-    on oversubscribed points, whose wall-clock values measure time-sharing."""
-    workloads = list(dict.fromkeys(table["workload"]))
-    colors = {t: f"C{i % 10}" for i, t in enumerate(dict.fromkeys(table["trainer"]))}
-    fig, axes = _figure(len(workloads))
-    for ax, workload in zip(axes, workloads):
-        rows = table[table["workload"] == workload]
-        legend_over = "oversubscribed (time-sharing)"
-        for (trainer, sim), g in rows.groupby(["trainer", "simulated"], sort=False):
-            g = g.sort_values("world_size")
-            label = trainer + (" (simulated)" if sim else "")
-            color = colors[trainer]  # a trainer keeps its colour, measured or simulated
-            ax.plot(g["world_size"], g[column] * scale, "--" if sim else "-",
-                    marker="s" if sim else "o", color=color, label=label)
-            over = g[g["oversubscribed"]]
-            ax.plot(over["world_size"], over[column] * scale, "o", mfc="white", mec=color,
-                    label=legend_over if len(over) else None)
-            legend_over = legend_over if over.empty else None  # one legend entry per panel
-        sizes = sorted(rows["world_size"].unique())
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sizes, [str(n) for n in sizes])
-        ax.set(title=workload, xlabel="world size (ranks)", ylabel=ylabel)
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    fig.savefig(path, dpi=120)
-
-
-def plot_rank_busy_idle(run_dir: str | os.PathLike, path: Path) -> None:
-    from fsbench.timeline import read_timelines
-
-    run_dir = Path(run_dir)
-    spans = read_timelines(run_dir)
-    if spans.empty:
-        raise ConfigError(f"{run_dir} has no timelines (rank-*.jsonl) to plot; choose a run "
-                          "with --step-run, or pass --no-plots")
-    step, t_ms, per_rank = median_step_busy_idle(spans)
-    fig, (ax,) = _figure()
-    ax.bar(per_rank["rank"], per_rank["busy_ms"], label="busy (compute CPU time)")
-    ax.bar(per_rank["rank"], per_rank["idle_ms"], bottom=per_rank["busy_ms"], label="idle (T - busy)",
-           color="lightgray", hatch="//", edgecolor="gray")
-    ax.axhline(t_ms, color="black", lw=0.8, ls=":", label=f"T = {t_ms:.2f} ms")
-    ax.set_xticks(per_rank["rank"], [str(r) for r in per_rank["rank"]])
-    manifest = run_dir / "manifest.json"
-    over = manifest.exists() and store.read_json(manifest).get("oversubscribed")
-    title = f"{run_dir.name}\nstep {step} (median step time)"
-    if over:  # the idle bars then include waiting for a core, not only for other ranks
-        title += ", oversubscribed: idle includes time-sharing"
-    ax.set(xlabel="rank", ylabel="ms", title=title)
-    ax.title.set_fontsize("small")
-    fig.legend(fontsize="small", loc="outside lower center", ncols=3)  # never over the bars
-    fig.savefig(path, dpi=120)
-
+# ---------------------------------------------------------------------------- writing
 
 def write_report(runs: pd.DataFrame, baseline: str | None, fmt: str, out_dir: str | os.PathLike,
                  step_run: str | None = None, plots: bool = True) -> tuple[pd.DataFrame, list[Path]]:
-    """Write report.<ext> and (unless plots=False) the PNGs into out_dir."""
+    """Write report.<ext> into out_dir and (unless plots=False) the plots: for html,
+    embedded in the one page; for the other formats, as PNGs beside the table."""
     ext = check_format(fmt)
     table = report_table(runs, baseline)
     baseline = next(c for c in table.columns if c.startswith("throughput_vs_"))[len("throughput_vs_"):]
     if step_run is not None and not any(Path(step_run).glob("rank-*.jsonl")):
         raise ConfigError(f"--step-run {step_run} is not a run directory (no rank-*.jsonl timelines)")
     out_dir = store.check_writable_dir(out_dir)  # after the input checks: bad input writes nothing
-    written = [out_dir / f"report.{ext}"]
-    written[0].write_text(render(table, fmt))
-    if plots:
-        plot_vs_world_size(table, "bubble_ratio", "bubble %", 100, out_dir / PLOTS[0])
-        plot_vs_world_size(table, "samples_per_s", "samples/s", 1, out_dir / PLOTS[1])
-        written += [out_dir / p for p in PLOTS[:2]]
-        step_run = step_run or choose_step_run(runs, baseline)
-        if step_run is not None:  # none when every selected run is simulated
-            plot_rank_busy_idle(step_run, out_dir / PLOTS[2])
-            written.append(out_dir / PLOTS[2])
+    report = out_dir / f"report.{ext}"
+    sources = report_page.run_sources(runs) if fmt == "html" else None
+    report.write_text(render(table, fmt, sources=sources))  # first: the table needs no matplotlib
+    if not plots:
+        return table, [report]
+    images = render_plots(table, runs, baseline, step_run)
+    if fmt == "html":
+        report.write_text(render(table, fmt, images=images, sources=sources))
+        return table, [report]
+    written = [report]
+    for key, data in images.items():
+        written.append(out_dir / PLOTS[key].file)
+        written[-1].write_bytes(data)
     return table, written

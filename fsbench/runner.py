@@ -13,7 +13,7 @@ from typing import Callable, Iterable
 
 import pandas as pd
 
-from fsbench import metrics, store
+from fsbench import memory, metrics, store
 from fsbench.columns import SUMMARY_KEYS  # noqa: F401  (re-exported: the keys every summary has)
 from fsbench.config import RunConfig
 from fsbench.kineto import read_run_gpu_busy
@@ -69,6 +69,8 @@ def summarize_run(run_dir: Path) -> dict:
         "steps": manifest["config"]["workload"]["steps"],
         "warmup": manifest["config"]["workload"]["warmup"],
         "oversubscribed": manifest["oversubscribed"],
+        # compute=emulated: busy time is the calibrated model's, not measured (fsbench.emulation)
+        "emulated": manifest["config"]["workload"].get("compute") == "emulated",
     }
     spans, stats = read_timelines(run_dir), read_step_stats(run_dir)
     inputs = [(int(p.stem.split("-")[-1]), store.read_json(p))
@@ -87,10 +89,24 @@ def summarize_run(run_dir: Path) -> dict:
     summary.update(metrics.plan_accuracy(spans, stats))
     summary.update(merge_monitors(run_dir))
     summary.update(peak_memory(run_dir))
+    summary.update(quality(run_dir, spans, gpu_busy))
     if inputs:  # 0 on every rank: no trainer generated data in its training process
         summary["batches_generated_in_rank"] = max(i["batches_generated_in_rank"] for _, i in inputs)
         summary["input_workers"] = inputs[0][1]["input_workers"]
     return summary
+
+
+def quality(run_dir: Path, spans: pd.DataFrame, gpu_busy: pd.DataFrame | None) -> dict:
+    """HR@10, NDCG@10 and time to quality from rank 0's eval.json (fsbench.evaluate);
+    each None for a run without --eval."""
+    from fsbench import evaluate  # torch: only when summarizing
+
+    path = run_dir / evaluate.EVAL_FILE
+    if not path.exists():
+        return evaluate.summarize(None, {})
+    steps = metrics.step_metrics(spans, gpu_busy)  # T per step, warm-up steps included
+    return evaluate.summarize(store.read_json(path),
+                              dict(zip(steps["step"].astype(int), steps["step_time_ms"])))
 
 
 def peak_memory(run_dir: Path) -> dict:
@@ -106,16 +122,33 @@ def peak_memory(run_dir: Path) -> dict:
             "peak_memory_kind": kind.removesuffix("_mb")}
 
 
-def run_once(run: RunConfig, out_dir: str | Path, timeout_s: float | None = None) -> tuple[Path, dict]:
-    """Launch one run on local ranks, then summarize it. Returns (run_dir, summary)."""
+def prepare_run_dir(run: RunConfig, out_dir: str | Path, **manifest: object) -> Path:
+    """The run's directory with its manifest (plus `manifest` entries, e.g. a sweep's
+    repeat index), before any rank starts."""
     run_dir = store.create_run_dir(out_dir, run)
+    # What the run was expected to need per rank, beside what it measures (peak_memory).
+    store.update_manifest(run_dir, **manifest, memory_estimate=memory.estimate(
+        run, available_source="measure").to_dict())
+    return run_dir
+
+
+def finish_run(run_dir: Path) -> dict:
+    """Summarize a run whose ranks all finished; mark it complete. Returns the summary."""
+    summary = summarize_run(run_dir)
+    store.write_json_atomic(run_dir / "summary.json", summary)
+    ran = run_dir / "trainer-ran.json"
+    store.update_manifest(run_dir, status="complete",
+                          **({"trainer_ran": store.read_json(ran)} if ran.exists() else {}))
+    return summary
+
+
+def run_once(run: RunConfig, out_dir: str | Path, timeout_s: float | None = None,
+             **manifest: object) -> tuple[Path, dict]:
+    """Launch one run on local ranks, then summarize it. Returns (run_dir, summary)."""
+    run_dir = prepare_run_dir(run, out_dir, **manifest)
     try:
         launch_local(run_dir, run.world_size, run.threads_per_rank, timeout_s=timeout_s)
-        summary = summarize_run(run_dir)
-        store.write_json_atomic(run_dir / "summary.json", summary)
-        ran = run_dir / "trainer-ran.json"
-        store.update_manifest(run_dir, status="complete",
-                              **({"trainer_ran": store.read_json(ran)} if ran.exists() else {}))
+        summary = finish_run(run_dir)
     except KeyboardInterrupt:
         store.update_manifest(run_dir, status="interrupted")
         raise
@@ -127,19 +160,61 @@ def run_once(run: RunConfig, out_dir: str | Path, timeout_s: float | None = None
     return run_dir, summary
 
 
-def sweep_plan(trainers: list[str], world_sizes: list[int], repeats: int) -> list[tuple[int, int, str]]:
-    """(repeat, world_size, trainer) in run order. Repeats are the outer loop, so drift on
-    a shared machine (another job, thermal state) hits every combination alike."""
-    return [(r, n, t) for r, n, t in itertools.product(range(repeats), world_sizes, trainers)]
+def sweep_plan(trainers: list[str], world_sizes: list[int], repeats: int,
+               workloads: list[str] = ("",)) -> list[tuple[int, str, int, str]]:
+    """(repeat, workload, world_size, trainer) in run order. Repeats are the outer loop, so
+    drift on a shared machine (another job, thermal state) hits every combination alike."""
+    return [(r, w, n, t) for r, w, n, t in
+            itertools.product(range(repeats), workloads, world_sizes, trainers)]
 
 
-def sweep(make_run: Callable[[str, int], RunConfig], trainers: list[str], world_sizes: list[int],
+def finished_runs(out_dir: str | Path) -> dict[tuple[str, int], tuple[Path, dict]]:
+    """Complete runs in the store by (their exact configuration, repeat index): what a
+    resumed sweep need not run again."""
+    done = {}
+    if not Path(out_dir).is_dir():
+        return done
+    for run_dir in sorted(Path(out_dir).iterdir()):
+        manifest, summary = run_dir / "manifest.json", run_dir / "summary.json"
+        if not (manifest.exists() and summary.exists()):
+            continue
+        try:
+            m = store.read_json(manifest)
+            if m.get("status") == "complete" and "repeat" in m:
+                done[(json.dumps(m["config"], sort_keys=True), int(m["repeat"]))] = (
+                    run_dir, store.read_json(summary))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # unreadable: not a finished run; run_row warns about it elsewhere
+    return done
+
+
+def sweep(make_run: Callable[..., RunConfig], trainers: list[str], world_sizes: list[int],
           repeats: int, out_dir: str | Path,
-          progress: Callable[[Iterable], Iterable] = lambda it: it) -> pd.DataFrame:
-    """Run every (trainer, world size) `repeats` times; one row per run."""
-    rows = []
-    for repeat, n, trainer in progress(sweep_plan(trainers, world_sizes, repeats)):
-        run_dir, summary = run_once(make_run(trainer, n), out_dir)
+          progress: Callable[[Iterable], Iterable] = lambda it: it,
+          workloads: list[str] = ("",), rerun: bool = False,
+          on_skip: Callable[[int, int], None] = lambda skipped, total: None) -> pd.DataFrame:
+    """Run every (workload, trainer, world size) `repeats` times; one row per run.
+
+    Resumable: a run whose exact configuration and repeat index the store already holds,
+    complete, is not run again (unless `rerun`); its stored summary is used. Stopped with
+    Ctrl-C, every finished run stays complete on disk and the one in progress is marked
+    interrupted, so running the same sweep again picks up where it stopped.
+    `make_run(trainer, world_size[, workload])`: workload only when `workloads` are named."""
+    from fsbench.config import to_dict
+
+    plan = sweep_plan(trainers, world_sizes, repeats, list(workloads))
+    done = {} if rerun else finished_runs(out_dir)
+    todo, rows = [], []
+    for repeat, workload, n, trainer in plan:
+        run = make_run(trainer, n, workload) if workload else make_run(trainer, n)
+        key = (json.dumps(to_dict(run), sort_keys=True), repeat)
+        if key in done:
+            run_dir, summary = done[key]
+            rows.append({**summary, "repeat": repeat, "run_dir": str(run_dir)})
+        else:
+            todo.append((repeat, run))
+    on_skip(len(plan) - len(todo), len(plan))
+    for repeat, run in progress(todo):
+        run_dir, summary = run_once(run, out_dir, repeat=repeat)
         rows.append({**summary, "repeat": repeat, "run_dir": str(run_dir)})
     return pd.DataFrame(rows)
-

@@ -3,9 +3,15 @@
 On a shared VM the CPU's own speed wanders: a fixed matmul's thread CPU time moves by
 about ±15% within seconds (scripts/machine_noise.py cpu-speed), so the median step time of
 identical code differs by up to 30% between runs a minute apart, which hides a 10% slowdown
-from any gate. Before each step's start barrier (outside the timed step, so no metric of
-the step sees it) every CPU rank times a fixed burst of work, two 256x256 float32 matmuls
-on its own thread (about 0.8 ms). `step_time_norm` is then the step time over the probe's
+from any gate. Right after each step's start barrier, before the timed step begins (so no
+metric of the step sees it), every CPU rank times a fixed burst of work, two 256x256
+float32 matmuls on its own thread (about 0.8 ms).
+
+Why after the barrier, all ranks at once: a virtual CPU's speed depends on what its
+sibling hyperthread runs. Probed before the barrier, a rank probed while the other rank was
+still computing or already waiting, which the code under test decides: an injected +11%
+step time then read as 0.79x normalized (runs/gate_calibration_probe, 10 rounds). After
+the barrier every rank probes while every other rank probes too. `step_time_norm` is then the step time over the probe's
 time around that step: step time in units of "what this CPU does in a fixed burst right
 now", which cancels the drift and keeps what the code under test changed.
 

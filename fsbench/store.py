@@ -128,8 +128,8 @@ def host_info() -> dict:
 
 def is_oversubscribed(run: RunConfig, cpus: int | None = None) -> bool:
     """More busy threads than cores: wall-clock figures then measure time-sharing."""
-    if run.device == "cuda":
-        return False
+    if run.device == "cuda" or run.workload.compute == "emulated":
+        return False  # emulated compute sleeps: ranks wait for no core (cpu wait still shows)
     return run.world_size * run.threads_per_rank > (cpus or usable_cpus())
 
 
@@ -271,7 +271,7 @@ def run_row(run_dir: Path) -> dict | None:
         "git_sha": manifest.get("git_sha"),
         "hostname": (manifest.get("host") or {}).get("hostname"),
         "oversubscribed": manifest.get("oversubscribed"),
-        "simulated": False,
+        "simulated": bool(manifest.get("simulated", False)),  # fsbench simulate's runs
     }
     summary_path = run_dir / "summary.json"
     if row["status"] == "complete" and summary_path.exists():

@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from fsbench.clock import emulated_ns, now_ns
+
 # `probe`: the CPU-speed probe before a step's barrier (fsbench.speed_probe), outside every
 # step window, so in no partition.
 SPAN_KINDS = ("compute", "comm", "wait", "input", "step", "flight", "probe")
@@ -60,7 +62,7 @@ class Timeline:
     """Collects one rank's spans and appends them to `path` as JSON lines."""
 
     def __init__(self, path: str | os.PathLike | None, rank: int = 0, enabled: bool = True,
-                 device: object = None) -> None:
+                 device: object = None, emulated: bool = False) -> None:
         self.path = Path(path) if path is not None else None
         self.rank = rank
         # enabled=False makes span() free: the baseline of the instrumentation-overhead
@@ -71,6 +73,9 @@ class Timeline:
         self.cuda = device is not None and getattr(device, "type", device) == "cuda"
         self.step = -1
         self.warmup = False
+        # compute=emulated (fsbench.emulation): a span's busy time is the emulated compute
+        # inside it; its real thread CPU is recorded apart, as `overhead_ns`.
+        self.emulated = emulated
         self._pending: list[tuple[dict, object, object]] = []  # (record, start, end event)
         self._buffer: list[dict] = []
         # Flights finish on the communication library's threads: appends and the flush's
@@ -95,17 +100,20 @@ class Timeline:
         events = self._cuda_events() if self.cuda and kind == "compute" else None
         nested = self._open > 0
         self._open += kind != "step"
-        q0, cpu0, t0 = runqueue_wait_ns(), time.thread_time_ns(), time.monotonic_ns()
+        e0 = emulated_ns() if self.emulated else 0
+        q0, cpu0, t0 = runqueue_wait_ns(), time.thread_time_ns(), now_ns()
         try:
             yield
         finally:
-            t1, cpu1, q1 = time.monotonic_ns(), time.thread_time_ns(), runqueue_wait_ns()
+            t1, cpu1, q1 = now_ns(), time.thread_time_ns(), runqueue_wait_ns()
             self._open -= kind != "step"
             rec = {
                 "rank": self.rank, "step": self.step, "warmup": self.warmup,
                 "name": name, "kind": kind,
                 "start_ns": t0, "dur_ns": t1 - t0, "cpu_ns": cpu1 - cpu0, "runq_ns": q1 - q0,
             }
+            if self.emulated:
+                rec["overhead_ns"], rec["cpu_ns"] = rec["cpu_ns"], emulated_ns() - e0
             if nested:
                 rec["nested"] = True
             if events:
@@ -157,12 +165,12 @@ class Flight:
         self.timeline = timeline
         self.rec = None if not timeline.enabled else {
             "rank": timeline.rank, "step": timeline.step, "warmup": timeline.warmup,
-            "name": name, "kind": "flight", "start_ns": time.monotonic_ns(), "dur_ns": 0,
+            "name": name, "kind": "flight", "start_ns": now_ns(), "dur_ns": 0,
             "cpu_ns": 0, "runq_ns": 0}
 
     def finish(self) -> None:
         if self.rec is not None and not self.rec["dur_ns"]:
-            self.rec["dur_ns"] = max(time.monotonic_ns() - self.rec["start_ns"], 1)
+            self.rec["dur_ns"] = max(now_ns() - self.rec["start_ns"], 1)
             self.timeline._append(self.rec)
 
 
@@ -235,8 +243,16 @@ def read_timelines(run_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
                     except json.JSONDecodeError:
                         break  # a torn last line from a killed rank: keep what precedes it
     cols = ["rank", "step", "warmup", "name", "kind", "start_ns", "dur_ns", "cpu_ns", "runq_ns",
-            "gpu_ns", "nested"]
+            "gpu_ns", "nested", "overhead_ns"]
     df = pd.DataFrame(rows, columns=cols)
+    # Every rank's stamps on rank 0's clock (fsbench.clock); runs from before offsets
+    # were measured, and one-host runs, have none or ~0.
+    for p in Path(run_dir).glob("clock-rank-*.json"):
+        offset = json.loads(p.read_text())["offset_ns"]
+        if offset:
+            rank = int(p.stem.split("-")[-1])
+            df.loc[df["rank"] == rank, "start_ns"] += offset
     df["runq_ns"] = df["runq_ns"].fillna(0).astype("int64")  # absent in older runs
+    df["overhead_ns"] = df["overhead_ns"].fillna(0).astype("int64")  # emulated runs only
     df["nested"] = df["nested"].eq(True)  # absent (NaN) in most records
     return df

@@ -112,6 +112,12 @@ class Trainer(Protocol):
     (on the trainer's own groups: the harness's start barrier has its own group, so it
     never waits for it). Training state may not go stale: step k+1 computes with the
     parameters step k produced.
+
+    Evaluation (`--eval`, fsbench.evaluate): `trained_model()` is called on every rank
+    between steps (outside the step span; a collective where parameters are sharded) and
+    returns, on rank 0, the whole trained model as a CPU `fsbench.models.RecModel` (None on
+    the other ranks), so that one function scores every trainer. A trainer without it
+    cannot run with --eval.
     """
 
     options: Any
@@ -122,6 +128,8 @@ class Trainer(Protocol):
     def make_preparer(self) -> Preparer: ...
 
     def step(self, inputs: Iterator[StepInput]) -> StepStats: ...
+
+    def trained_model(self) -> Any: ...
 
     def close(self) -> None: ...
 

@@ -111,3 +111,38 @@ def test_version_names_the_commit(capsys):
     assert done.value.code == 0
     out = capsys.readouterr().out.strip()
     assert out.startswith("fsbench ") and "(git " in out
+
+
+def test_list_json_holds_workload_fields_length_targets_and_trainer_switches(capsys):
+    import json
+
+    from fsbench.workloads.distributions import LENGTH_PRESETS
+    from fsbench.workloads.presets import get_workload
+
+    assert main(["list", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    small = get_workload("small")
+    assert doc["workloads"]["small"]["model"]["dim"] == small.model.dim
+    assert doc["workloads"]["small"]["item_vocab"] == small.item_vocab
+    assert doc["workloads"]["small"]["lengths"] == small.lengths
+    beauty = doc["length_presets"]["amazon-beauty"]
+    assert (beauty["median"], beauty["p90"]) == (LENGTH_PRESETS["amazon-beauty"].median,
+                                                 LENGTH_PRESETS["amazon-beauty"].p90)
+    assert set(doc["trainers"]) == {"ddp", "torchrec", "deepspeed", "freescale"}
+    tables = doc["trainers"]["freescale"]["switches"]["tables"]
+    assert tables == {"default": "sharded", "allowed": ["sharded", "replicated"]}
+    assert doc["trainers"]["freescale"]["switches"]["window"]["allowed"] == "integer >= 1"
+    assert doc["trainers"]["ddp"]["installed"] is True
+
+
+def test_list_json_says_which_trainer_is_not_installed(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['deepspeed'] = None\n"
+            "from fsbench.cli import main\nsys.exit(main(['list', '--format', 'json']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    ds = json.loads(proc.stdout)["trainers"]["deepspeed"]
+    assert ds["installed"] is False and "deepspeed" in ds["why_not"] and ds["switches"] is None

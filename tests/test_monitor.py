@@ -13,10 +13,17 @@ SUMMARY_KEYS = {"sm_occupancy", "sm_util", "sm_occupancy_reason", "gpu_util_perc
                 "monitor_samples", "monitor_interval_s"}
 
 
-def _spin(seconds: float) -> None:
+def _until_samples(mon: RankMonitor, seconds: float, n: int, busy: bool) -> None:
+    """Spin (busy) or sleep for `seconds`, then go on until `mon` holds `n` samples.
+
+    A busy neighbour can keep the sampler thread off the CPU for a while; waiting for the
+    samples, not for a fixed time, keeps these tests about what the monitor records.
+    """
     end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
+    deadline = end + 30.0
+    while time.perf_counter() < end or (len(mon.samples()) < n and time.perf_counter() < deadline):
+        if not busy:
+            time.sleep(0.01)
 
 
 def _monitor_threads() -> list[threading.Thread]:
@@ -27,7 +34,7 @@ def test_busy_cpu_run_is_measured_and_the_thread_ends():
     mon = RankMonitor(device=torch.device("cpu"), interval_s=0.05)
     mon.start()
     assert mon.running
-    _spin(0.3)
+    _until_samples(mon, 0.3, 3, busy=True)
     mon.stop()
     s = mon.summary()
 
@@ -47,7 +54,7 @@ def test_busy_cpu_run_is_measured_and_the_thread_ends():
 def test_idle_sleep_shows_low_cpu_utilization():
     mon = RankMonitor(device="cpu", interval_s=0.05)
     mon.start()
-    time.sleep(0.3)
+    _until_samples(mon, 0.3, 3, busy=False)
     mon.stop()
     s = mon.summary()
     assert s["monitor_samples"] >= 3
@@ -59,7 +66,7 @@ def test_cuda_device_without_nvml_reports_why_and_still_samples_cpu():
     # A real nvmlInit on this machine: it has no NVIDIA driver, so NVML is not found.
     mon = RankMonitor(device=torch.device("cuda", 0), interval_s=0.05)
     mon.start()
-    _spin(0.2)
+    _until_samples(mon, 0.2, 2, busy=True)
     mon.stop()
     s = mon.summary()
     reason = s["sm_occupancy_reason"]
@@ -72,7 +79,7 @@ def test_cuda_device_without_nvml_reports_why_and_still_samples_cpu():
 def test_samples_are_rows_on_the_monotonic_clock():
     t0 = time.monotonic_ns()
     with RankMonitor(device="cpu", interval_s=0.02) as mon:
-        _spin(0.15)
+        _until_samples(mon, 0.15, 3, busy=True)
     t1 = time.monotonic_ns()
     rows = mon.samples()
     assert len(rows) == mon.summary()["monitor_samples"] >= 3
@@ -90,11 +97,11 @@ def test_summary_before_start_and_restart_are_safe():
     assert s["monitor_samples"] == 0 and s["cpu_util_percent"] is None
     mon.stop()  # stop without start: no-op
     mon.start()
-    _spin(0.12)
+    _until_samples(mon, 0.12, 2, busy=True)
     mon.stop()
     first = mon.summary()["monitor_samples"]
     mon.start()  # a new measured window replaces the old samples
-    time.sleep(0.12)
+    _until_samples(mon, 0.12, 2, busy=False)
     mon.stop()
     assert first >= 2 and mon.summary()["monitor_samples"] >= 2
     assert mon.summary()["cpu_util_percent"] < 30

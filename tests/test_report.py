@@ -8,8 +8,8 @@ import pytest
 
 from fsbench.cli import main
 from fsbench.config import ConfigError
-from fsbench.report import (choose_step_run, median_step_busy_idle, render, report_table,
-                            write_report)
+from fsbench.plots import PLOTS, cause_bars, choose_step_run, median_step_busy_idle, step_timeline
+from fsbench.report import render, report_table, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -141,6 +141,116 @@ def test_median_step_busy_idle_picks_the_median_measured_step():
     assert per_rank.to_dict("list") == {"rank": [0, 1], "busy_ms": [8.0, 4.0], "idle_ms": [12.0, 16.0]}
 
 
+def test_cause_bars_stack_to_the_bubble_ratio_of_every_row():
+    def run(trainer, n, causes, sim=False):
+        r = _run(trainer, n, 100.0 * n, 10.0, sim=sim, bubble=sum(causes))
+        r.update(zip(("straggler_bubble_ratio", "exposed_comm_ratio", "input_stall_ratio",
+                      "other_idle_ratio"), causes))
+        return r
+
+    older = _run("fs", 4, 300.0, 20.0, bubble=0.3)  # a run from before the bubble was split
+    older["straggler_bubble_ratio"] = older["exposed_comm_ratio"] = None
+    runs = pd.DataFrame([
+        older,
+        run("ddp", 1, (0.0, 0.0, 0.05, 0.05)),
+        # Three repeats whose causes' medians (0.2, 0.2, 0, 0.1) sum to 0.5, while the
+        # median bubble is 0.4: the bar must keep the bubble's height.
+        run("ddp", 2, (0.1, 0.2, 0.0, 0.1)), run("ddp", 2, (0.3, 0.0, 0.0, 0.1)),
+        run("ddp", 2, (0.2, 0.2, 0.0, 0.1)),
+        run("fs", 2, (0.02, 0.03, 0.01, 0.04)),
+        run("fs", 8, (0.1, 0.1, 0.0, 0.0), sim=True),
+    ])
+    table = report_table(runs, None)
+    bars = cause_bars(table)
+    causes = ["straggler_bubble_ratio", "exposed_comm_ratio", "input_stall_ratio", "other_idle_ratio"]
+    stacked = bars[causes + ["unsplit"]].sum(axis=1)
+    assert stacked.to_numpy() == pytest.approx(table["bubble_ratio"].to_numpy())
+    assert list(bars["trainer"]) == list(table["trainer"]) and list(bars["simulated"]) == list(table["simulated"])
+    d2 = bars[(bars["trainer"] == "ddp") & (bars["world_size"] == 2)].iloc[0]
+    assert d2["bubble_ratio"] == pytest.approx(0.4)
+    assert d2[causes].tolist() == pytest.approx([0.16, 0.16, 0.0, 0.08])  # 0.2:0.2:0:0.1 of 0.4
+    f2 = bars[(bars["trainer"] == "fs") & (bars["world_size"] == 2)].iloc[0]
+    assert f2[causes].tolist() == pytest.approx([0.02, 0.03, 0.01, 0.04])  # one repeat: as measured
+    f4 = bars[bars["world_size"] == 4].iloc[0]
+    assert f4["unsplit"] == pytest.approx(0.3) and f4[causes].sum() == 0
+    assert (bars.loc[bars["world_size"] != 4, "unsplit"] == 0).all()
+
+
+def _span(rank, step, kind, name, start_ms, dur_ms, cpu_ms=None, nested=False, warmup=False):
+    return {"rank": rank, "step": step, "warmup": warmup, "name": name, "kind": kind,
+            "start_ns": int(start_ms * 1e6), "dur_ns": int(dur_ms * 1e6),
+            "cpu_ns": int((dur_ms if cpu_ms is None else cpu_ms) * 1e6), "runq_ns": 0,
+            "gpu_ns": None, "nested": nested, "overhead_ns": 0}
+
+
+def test_step_timeline_keeps_each_ranks_partition_inside_its_step_window():
+    rows = []
+    for step, t in ((0, 90), (1, 30), (2, 50), (3, 40)):  # measured 30, 50, 40: median step 3
+        base = step * 1000
+        for rank in (0, 1):
+            s = base + 10 + rank  # rank 1's step starts 1 ms later
+            rows += [_span(rank, step, "probe", "probe", base, 3, warmup=step == 0),
+                     _span(rank, step, "wait", "barrier", base + 4, s - base - 4, warmup=step == 0),
+                     _span(rank, step, "step", "step", s, t - rank, warmup=step == 0),
+                     _span(rank, step, "input", "input", s, 2, warmup=step == 0),
+                     _span(rank, step, "compute", "forward", s + 2, 10 + 5 * rank, warmup=step == 0),
+                     _span(rank, step, "compute", "backward", s + 12 + 5 * rank, 10, cpu_ms=6,
+                           warmup=step == 0),
+                     _span(rank, step, "compute", "hook", s + 13 + 5 * rank, 1, nested=True,
+                           warmup=step == 0),
+                     _span(rank, step, "flight", "allreduce", s + 20, 200, warmup=step == 0),
+                     _span(rank, step, "comm", "allreduce", s + 22 + 5 * rank, 3, warmup=step == 0),
+                     _span(rank, step, "wait", "sync", s + 25 + 5 * rank, 2, warmup=step == 0)]
+    step, windows, segments = step_timeline(pd.DataFrame(rows))
+    assert step == 3
+    assert windows.to_dict("list") == {"rank": [0, 1], "start_ms": [0.0, 1.0], "end_ms": [40.0, 40.0]}
+    assert set(segments["kind"]) == {"compute", "comm", "input"}
+    assert set(segments["name"]) == {"input", "forward", "backward", "allreduce", "sync"}, \
+        "no nested, flight, probe, barrier or step spans"
+    w = windows.set_index("rank")
+    assert (segments["start_ms"] >= segments["rank"].map(w["start_ms"])).all()
+    assert (segments["end_ms"] <= segments["rank"].map(w["end_ms"])).all()
+    r1 = segments[segments["rank"] == 1].set_index("name")
+    assert (r1.loc["forward", "start_ms"], r1.loc["forward", "end_ms"]) == (3.0, 18.0)
+    assert r1.loc["backward", "busy_ms"] == 6.0 and r1.loc["sync", "kind"] == "comm"
+    assert segments.groupby("rank").size().tolist() == [5, 5]
+    assert step_timeline(pd.DataFrame(rows), step=1)[0] == 1
+
+
+def _flagged_runs() -> pd.DataFrame:
+    runs = [_run("ddp", 1, 100.0, 10.0), _run("ddp", 2, 180.0, 11.0),
+            _run("fs", 2, 190.0, 10.5), _run("fs", 4, 300.0, 14.0, over=True),
+            _run("ddp", 8, 700.0, 12.0, sim=True), _run("fs", 8, 760.0, 11.0, sim=True)]
+    runs[2]["contended"] = True
+    runs[1]["emulated"] = True
+    return pd.DataFrame(runs)
+
+
+def test_latex_is_a_booktabs_table_with_every_mark():
+    table = report_table(_flagged_runs(), None)
+    tex = render(table, "latex")
+    body = tex[tex.index(r"\begin{tabular}"):tex.index(r"\end{tabular}")]
+    lines = body.splitlines()
+    assert (lines[1], lines[3], lines[-1]) == (r"\toprule", r"\midrule", r"\bottomrule")
+    assert r"\hline" not in tex
+    rows = [ln for ln in lines[4:] if ln.endswith(r"\\")]
+    assert len(rows) == len(table)
+    assert lines.count(r"\midrule") == 2, "under the header, and between measured and simulated"
+    header = lines[2]
+    assert r"bubble \%" in header and r"straggler \%" in header and "oversub" not in header
+    assert "SM occ" not in header, "a column with no value in any row is left out"
+    cells = {(r.split(" & ")[1].split(r"\textsuperscript")[0], r.split(" & ")[2]): r for r in rows}
+    assert cells[("ddp", "8")].split(" & ")[1] == r"ddp\textsuperscript{\S{}}"
+    assert cells[("ddp", "2")].split(" & ")[1] == r"ddp\textsuperscript{\P{}}"
+    assert cells[("fs", "4")].count(r"\textsuperscript{\dag}") >= 5  # its wall-clock cells
+    assert cells[("fs", "2")].count(r"\textsuperscript{\ddag}") >= 5
+    assert cells[("fs", "2")].split(" & ")[1] == "fs", "† and ‡ mark cells, not the trainer"
+    assert r"\textsuperscript{" not in cells[("ddp", "1")]
+    for note in (r"\dag{} oversubscribed", r"\ddag{} contended", r"\S{} simulated", r"\P{} emulated"):
+        assert note in tex
+    assert not any(ch in tex for ch in "†‡§¶")
+
+
 def test_step_run_is_the_baselines_largest_measured_world_size(runs):
     assert choose_step_run(runs, "ddp") == "/runs/ddp-n8-640.0"
     assert choose_step_run(runs, "fs") == "/runs/fs-n4-300.0"
@@ -180,8 +290,12 @@ def test_report_cli_writes_table_and_plots(tiny_runs, tmp_path, capsys):
     assert rows[0][:4] == ["workload", "trainer", "ranks", "simulated"]
     assert [r[:4] for r in rows[2:]] == [["tiny", "ddp", "1", "no"], ["tiny", "ddp", "2", "no"]]
     assert (out / "report.md").read_text().startswith("| workload |")
-    for name in ("bubble_vs_world_size.png", "throughput_vs_world_size.png", "rank_busy_idle.png"):
-        assert _valid_png(out / name), name
+    for plot in PLOTS.values():  # md: every plot as a PNG beside the table
+        assert _valid_png(out / plot.file), plot.file
+    html = tmp_path / "html"  # one page, the plots inside it, nothing beside it
+    assert main(["report", "--runs", str(tiny_runs), "--format", "html", "--out", str(html)]) == 0
+    assert [p.name for p in html.iterdir()] == ["report.html"]
+    assert (html / "report.html").read_text().count('src="data:image/png;base64,') == len(PLOTS)
     run_dirs = sorted(str(d) for d in tiny_runs.iterdir() if d.is_dir())
     assert main(["report", *run_dirs, "--format", "csv", "--out", str(tmp_path / "csv"),
                  "--no-plots", "--step-run", run_dirs[0]]) == 0

@@ -18,7 +18,9 @@ from pathlib import Path
 import torch
 
 from fsbench import dist as fsdist
+from fsbench.clock import measure_offset
 from fsbench.config import run_from_dict
+from fsbench.evaluate import Evaluator
 from fsbench.monitor import RankMonitor
 from fsbench.speed_probe import PROBE_SPAN, SpeedProbe
 from fsbench.store import write_json_atomic
@@ -32,9 +34,18 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
     """The measured loop. Step k: barrier, then the timed step, in which the trainer pulls
     its prepared input from the pipeline (prepared ahead, in a loader worker) and trains."""
     ctx.run_dir = run_dir
-    timeline = Timeline(run_dir / f"rank-{ctx.rank}.jsonl", rank=ctx.rank, device=ctx.device)
+    # Before anything is stamped: this rank's clock against rank 0's (other hosts' clocks
+    # have other zeros; fsbench.clock).
+    write_json_atomic(run_dir / f"clock-rank-{ctx.rank}.json",
+                      measure_offset(ctx.rank, ctx.world_size, ctx.barrier_group))
+    emulated = run.workload.compute == "emulated"
+    if emulated:  # before the trainer builds its model: the encoder waits instead of computing
+        activate_emulation(run, run_dir)
+    timeline = Timeline(run_dir / f"rank-{ctx.rank}.jsonl", rank=ctx.rank, device=ctx.device,
+                        emulated=emulated)
     set_current(timeline)
-    source = MeteredSource(make_batch_source(run.workload, run.seed),
+    # --eval: every trainer trains without each user's last item (fsbench.evaluate).
+    source = MeteredSource(make_batch_source(run.workload, run.seed, holdout_last=run.eval.on),
                            run.workload.synthetic.input_delay_ms)
     cls = resolve_trainer_class(run.trainer)
     trainer = cls()
@@ -42,6 +53,7 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
     trainer.setup(ctx, run, source)
     if ctx.is_main and hasattr(trainer, "describe"):  # what really ran (e.g. a transport)
         write_json_atomic(run_dir / "trainer-ran.json", trainer.describe())
+    evaluator = Evaluator(run, ctx, run_dir) if run.eval.on else None
     measured = measured_steps(run.workload.warmup, run.workload.steps,
                               getattr(trainer, "step_alignment", 1))
     inputs = InputPipeline(trainer.make_preparer(), run.workload.steps, ctx.device,
@@ -64,14 +76,14 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
                     profiler.stop()
                     steal1 = cpu_steal_ticks()
                 timeline.begin_step(step, warmup=step not in measured)
-                if probe is not None:
-                    with timeline.span(PROBE_SPAN, kind="probe"):
-                        probe.run()
                 # The start barrier (its own group): every rank enters the timed step
                 # together, so step time measures the step and not the ranks' skew in
                 # reaching it.
                 with timeline.span("barrier"):
                     ctx.barrier()
+                if probe is not None:  # every rank at once, as in compute (fsbench.speed_probe)
+                    with timeline.span(PROBE_SPAN, kind="probe"):
+                        probe.run()
                 with timeline.span("step"), profiler.step(step):
                     stats = trainer.step(inputs)
                 if stats.step is not None and stats.step != step:
@@ -82,8 +94,12 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
                                              **(stats.extra or {})}) + "\n")
                 stats_file.flush()
                 timeline.flush()
+                if evaluator is not None:  # between steps: in no step's span, before the barrier
+                    evaluator.after_step(step, trainer)
         monitor.stop()
         profiler.stop()
+        if evaluator is not None:  # the final model, after the measured window closed
+            evaluator.after_training(trainer)
         steal1 = steal1 or cpu_steal_ticks()
         write_json_atomic(run_dir / f"machine-rank-{ctx.rank}.json",
                           {"steal_ticks": steal1[0] - steal0[0], "total_ticks": steal1[1] - steal0[1]})
@@ -149,6 +165,29 @@ def parse_options(cls: type, name: str, given: dict[str, str]):
     return cls.Options.parse(merged, prefix=name) if hasattr(cls, "Options") else merged
 
 
+def activate_emulation(run, run_dir: Path) -> None:
+    """compute=emulated: the cost fit the CLI made sure the store holds (fsbench.emulation)."""
+    from fsbench import emulation
+    from fsbench.calibrate import load_fit
+
+    fit = load_fit(run_dir.parent, run.workload, run.device)
+    if fit is None:
+        raise RuntimeError(f"compute=emulated needs a cost fit in {run_dir.parent}/calibrations/ "
+                           f"(fsbench calibrate --workload {run.workload.name} --out {run_dir.parent})")
+    emulation.activate(fit)
+
+
+def record_failure(run_dir: Path, rank: int, error: BaseException, ctx) -> None:
+    """The failing rank's error (the launcher reads it to name the rank) and its memory
+    peak up to the crash (what an out-of-memory failure needs to be diagnosed)."""
+    (run_dir / f"error-rank-{rank}.txt").write_text(
+        f"{type(error).__name__}: {error}\n\n{traceback.format_exc()}")
+    with contextlib.suppress(Exception):  # never mask the error being reported
+        if ctx is not None:
+            write_json_atomic(run_dir / f"memory-rank-{rank}.json",
+                              {**peak_memory(ctx.device), "crashed": True})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="fsbench per-rank worker (started by a launcher)")
     parser.add_argument("run_dir", type=Path, help="run directory holding run_spec.json")
@@ -162,14 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx = fsdist.init_distributed(run.resolved_backend, run.device)
         run_rank(ctx, run, args.run_dir)
     except BaseException as e:  # noqa: BLE001 - report every failure, then re-raise
-        # The launcher reads this file to name the failing rank and its error.
-        (args.run_dir / f"error-rank-{rank}.txt").write_text(
-            f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}")
-        # The peak up to the crash: what an out-of-memory failure needs to be diagnosed.
-        with contextlib.suppress(Exception):  # never mask the error being reported
-            if ctx is not None:
-                write_json_atomic(args.run_dir / f"memory-rank-{rank}.json",
-                                  {**peak_memory(ctx.device), "crashed": True})
+        record_failure(args.run_dir, rank, e, ctx)
         raise
     finally:
         fsdist.shutdown()

@@ -8,6 +8,8 @@ because trainers replicate or shard the tables while sharing the dense part.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
@@ -20,7 +22,7 @@ from fsbench.workloads.batch import JaggedBatch
 
 __all__ = ["Bucketing", "DenseArch", "EmbeddingLookups", "JaggedLayout", "RecModel",
            "SparseArch", "TableSpec", "assemble_lookups", "build_model", "initial_table_weight",
-           "table_ids", "table_specs"]
+           "model_from_state", "table_ids", "table_specs"]
 
 
 class RecModel(nn.Module):
@@ -53,4 +55,15 @@ def build_model(workload: WorkloadConfig, seed: int) -> nn.Module:
         model = RecModel(workload)
     model.to_empty(device="cpu")
     model.init_weights(seed)
+    return model
+
+
+def model_from_state(workload: WorkloadConfig, state: Mapping[str, torch.Tensor]) -> RecModel:
+    """A float32 CPU `RecModel` holding `state` (RecModel's state-dict keys, tensors on any
+    device): how a trainer hands over its trained weights, however it held them (replicas,
+    shards, a framework's modules). Strict: every parameter must be given, none unknown."""
+    with torch.device("meta"):
+        model = RecModel(workload)
+    model.to_empty(device="cpu")
+    model.load_state_dict(state, strict=True)
     return model

@@ -61,15 +61,20 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-def make_batch_source(workload: WorkloadConfig, seed: int) -> SyntheticBatches | RealDataBatches:
-    """The batch source `workload.data` names; both have `global_batch(step)`."""
+def make_batch_source(workload: WorkloadConfig, seed: int,
+                      holdout_last: bool = False) -> SyntheticBatches | RealDataBatches:
+    """The batch source `workload.data` names; both have `global_batch(step)`.
+    `holdout_last` (real data only, a run with evaluation on): train without each
+    user's last item, which `fsbench.evaluate` tests on."""
     from fsbench.workloads.generator import SyntheticBatches
     from fsbench.workloads.realdata import RealDataBatches, load_histories
 
     spec = parse_data(workload.data)
     if spec.kind == "synthetic":
+        if holdout_last:
+            raise ValueError("holdout_last needs real data (data=sasrec|recbole|otto:PATH)")
         return SyntheticBatches(workload, seed)
-    return RealDataBatches(workload, seed, load_histories(spec))
+    return RealDataBatches(workload, seed, load_histories(spec), holdout_last=holdout_last)
 
 
 __all__ = [

@@ -11,7 +11,8 @@ chronological item list, ids remapped to 1..V):
                   "ts": t, "type": ...}, ...]}; every event type counts as an interaction
 
 Batches stay a pure function of (seed, step), like the synthetic ones, so every rank can
-build the global batch itself.
+build the global batch itself. With `holdout_last` (a run's `--eval`) they are drawn from the
+histories without each user's last item, which `fsbench.evaluate` holds out to test on.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from fsbench.workloads.batch import JaggedBatch
 from fsbench.workloads.generator import step_rng
 
 __all__ = ["DATA_KINDS", "DataSpec", "Histories", "RealDataBatches", "context_ids_for_users",
-           "histories_from_events", "load_histories", "parse_data_spec"]
+           "histories_from_events", "load_histories", "parse_data_spec", "recent_windows"]
 
 
 def parse_data_spec(spec: str) -> DataSpec:
@@ -56,6 +57,16 @@ class Histories:
 
     def history(self, user_id: int) -> np.ndarray:
         return self.items[self.offsets[user_id - 1]:self.offsets[user_id]]
+
+    def without_last(self) -> "Histories":
+        """The same users and item ids with each user's last (most recent) item removed:
+        what a model trains on when that item is held out for evaluation. The item count
+        stays that of the full data (a held-out item is still a candidate)."""
+        keep = np.ones(len(self.items), dtype=bool)
+        keep[self.offsets[1:] - 1] = False  # every user has >= 1 item: these are distinct
+        return Histories(items=self.items[keep],
+                         offsets=self.offsets - np.arange(len(self.offsets), dtype=np.int64),
+                         num_items=self.num_items)
 
 
 def histories_from_events(users: np.ndarray, items: np.ndarray,
@@ -175,11 +186,27 @@ def context_ids_for_users(user_ids: np.ndarray, context_vocabs: tuple[int, ...])
     return out
 
 
+def recent_windows(h: Histories, users: np.ndarray,
+                   max_seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(item_ids, targets, lengths) of each user's most recent `max_seq_len + 1` items,
+    packed: inputs and their next items, shifted by one. Every user needs >= 2 items."""
+    ends = h.offsets[users]
+    starts = np.maximum(h.offsets[users - 1], ends - (max_seq_len + 1))
+    lengths = ends - starts - 1
+    # positions of each window's inputs in h.items; its targets sit one further on
+    pos = (np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
+           + np.arange(int(lengths.sum())))
+    return h.items[pos], h.items[pos + 1], lengths.astype(np.int64)
+
+
 class RealDataBatches:
     """Global batches of real users: each sample is one user's most recent
-    `max_seq_len + 1` items, inputs and targets shifted by one."""
+    `max_seq_len + 1` items, inputs and targets shifted by one. With `holdout_last`, of
+    the histories without each user's last item (`Histories.without_last`): the item
+    held out for evaluation is then never a training input, target or negative."""
 
-    def __init__(self, workload: WorkloadConfig, seed: int, histories: Histories) -> None:
+    def __init__(self, workload: WorkloadConfig, seed: int, histories: Histories,
+                 holdout_last: bool = False) -> None:
         for what, have, key, vocab in (("items", histories.num_items, "item_vocab",
                                         workload.item_vocab),
                                        ("users", histories.num_users, "user_vocab",
@@ -190,11 +217,15 @@ class RealDataBatches:
                                   f"use --set {key}={have + 1}")
         self.workload = workload
         self.seed = seed
-        self.histories = histories
+        self.holdout_last = holdout_last
+        if holdout_last:
+            histories = histories.without_last()
+        self.histories = histories  # what is trained on
         self.eligible = np.flatnonzero(histories.lengths >= 2) + 1  # user ids
         if len(self.eligible) == 0:
-            raise ConfigError(f"data={workload.data!r}: no user has the 2 interactions a "
-                              "sample needs (one input, one target)")
+            held = " besides the held-out last one (--eval)" if holdout_last else ""
+            raise ConfigError(f"data={workload.data!r}: no user has the 2 interactions{held} "
+                              "a sample needs (one input, one target)")
         counts = np.bincount(histories.items, minlength=histories.num_items + 1)
         self.negative_cdf = np.cumsum(counts) / counts.sum()  # counts[0] = 0: no padding
 
@@ -204,20 +235,15 @@ class RealDataBatches:
         # Distinct users when there are enough of them; small datasets repeat users.
         users = rng.choice(self.eligible, w.global_batch_size,
                            replace=w.global_batch_size > len(self.eligible))
-        ends = h.offsets[users]
-        starts = np.maximum(h.offsets[users - 1], ends - (w.max_seq_len + 1))
-        lengths = ends - starts - 1
-        # positions of each window's inputs in h.items; its targets sit one further on
-        pos = (np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
-               + np.arange(int(lengths.sum())))
+        item_ids, targets, lengths = recent_windows(h, users, w.max_seq_len)
         negatives = np.searchsorted(self.negative_cdf, rng.random(w.num_negatives),
                                     side="right")
         # Hazard: float rounding can leave the cdf's last entry a hair below 1.0.
         negatives = np.minimum(negatives, h.num_items).astype(np.int64)
         return JaggedBatch(
-            item_ids=torch.from_numpy(h.items[pos]),
-            targets=torch.from_numpy(h.items[pos + 1]),
-            lengths=torch.from_numpy(lengths.astype(np.int64)),
+            item_ids=torch.from_numpy(item_ids),
+            targets=torch.from_numpy(targets),
+            lengths=torch.from_numpy(lengths),
             user_ids=torch.from_numpy(users.astype(np.int64)),
             context_ids=torch.from_numpy(context_ids_for_users(users, w.context_vocabs)),
             negative_ids=torch.from_numpy(negatives),

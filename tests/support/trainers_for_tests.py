@@ -100,3 +100,37 @@ class InjectedDDP(DDPTrainer):
                 while time.thread_time_ns() < target:
                     pass
         return stats
+
+
+def wrap_with_model_dump(trainer_cls):
+    """A subclass of a real trainer that also saves the model its `trained_model()` hands
+    to the evaluation (rank 0) to $FSBENCH_TEST_DUMP/trained-model.pt: the last call,
+    after training, leaves the final one."""
+
+    class ModelDump(trainer_cls):
+        def trained_model(self):
+            model = super().trained_model()
+            if model is not None:
+                path = Path(os.environ["FSBENCH_TEST_DUMP"]) / "trained-model.pt"
+                torch.save(model.state_dict(), path)
+            return model
+
+    ModelDump.__name__ = f"ModelDump{trainer_cls.__name__}"
+    return ModelDump
+
+
+ModelDumpDDP = wrap_with_model_dump(DDPTrainer)
+ModelDumpFreeScale = wrap_with_model_dump(_freescale())
+
+
+def __getattr__(name: str):
+    # Built on first use: torchrec (and fbgemm) and deepspeed are slow optional extras.
+    if name == "ModelDumpTorchRec":
+        from baselines.torchrec_trainer import TorchRecTrainer
+
+        return wrap_with_model_dump(TorchRecTrainer)
+    if name == "ModelDumpDeepSpeed":
+        from baselines.deepspeed_trainer import DeepSpeedTrainer
+
+        return wrap_with_model_dump(DeepSpeedTrainer)
+    raise AttributeError(name)

@@ -1,0 +1,110 @@
+"""`fsbench simulate` and `fsbench calibrate --comm`: scaling studies' entry points
+(fsbench.cli holds the rest and dispatches here through `COMMANDS`)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from typing import Callable
+
+from fsbench.errors import ConfigError
+
+# `--set` keys of the simulator itself (everything else is a workload field or a switch).
+SIM_KEYS = ("batch_per_rank",)
+
+
+def add_parsers(sub, csv: Callable, default_out: str) -> None:
+    from fsbench.simulate import CLUSTERS
+
+    p = sub.add_parser(
+        "simulate", help="SIMULATED step time and bubbles at 8..1024 GPUs (calibrated model)",
+        description="Project each (trainer, world size) with the calibrated simulator "
+                    "(fsbench/simulate.py: per-sample compute cost, an alpha-beta model per "
+                    "collective, each trainer's split and overlap) over the workload's real "
+                    "sampled batches. Writes one run per (trainer, world size) with summary.json "
+                    "in the measured schema and \"simulated\": true. Clusters: "
+                    + "; ".join(f"{c.name}: {c.description}" for c in CLUSTERS.values()))
+    p.add_argument("--workload", default="small")
+    p.add_argument("--trainers", type=csv(str), default=["ddp", "freescale"])
+    p.add_argument("--world-sizes", type=csv(int), default=[8, 64, 256, 1024])
+    p.add_argument("--cluster", default="h100", choices=sorted(CLUSTERS))
+    p.add_argument("--scaling", default="weak", choices=["weak", "strong"],
+                   help="weak: batch_per_rank samples per rank at every size (default); "
+                        "strong: the workload's global batch at every size")
+    p.add_argument("--steps", type=int, help="steps per simulated run, warm-up included")
+    p.add_argument("--warmup", type=int, help="leading steps left out of the summary")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="batch_per_rank=N (weak scaling; default 128), a workload field, or "
+                        "a trainer switch (freescale.window=4, freescale.balance=off, ...)")
+    p.add_argument("--store", default=default_out,
+                   help="where the calibrations are (--cluster local); default: %(default)s")
+    p.add_argument("--out", default=f"{default_out}/simulated",
+                   help="where simulated runs go; default: %(default)s")
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from fsbench.cli import build_workload, parse_sets
+    from fsbench.columns import FLAGS, RUN_VIEW
+    from fsbench.config import RunConfig
+    from fsbench.simulate import CLUSTERS, Costs, scaled_workload, write_simulated
+    from fsbench.table import format_table, progress
+    from fsbench.trainer import trainer_options
+
+    sim = {k.split("=", 1)[0]: k.split("=", 1)[1] for k in args.set if k.split("=", 1)[0] in SIM_KEYS}
+    args.set = [k for k in args.set if k.split("=", 1)[0] not in SIM_KEYS]
+    try:
+        batch_per_rank = int(sim.get("batch_per_rank", 128))
+    except ValueError:
+        raise ConfigError(f"--set batch_per_rank={sim['batch_per_rank']!r}: expected an integer") from None
+    if batch_per_rank < 1:
+        raise ConfigError(f"--set batch_per_rank={batch_per_rank} must be >= 1")
+    if not args.world_sizes or min(args.world_sizes) < 1:
+        raise ConfigError(f"--world-sizes={args.world_sizes}: give world sizes >= 1")
+    workload = build_workload(args)
+    _, trainer_sets = parse_sets(args.set)
+    cluster = CLUSTERS[args.cluster]
+    if cluster.compute == "fit":
+        import torch
+
+        torch.set_num_threads(1)  # the fits' key: the thread count ranks run with
+    Costs(cluster, workload, args.store)  # a missing calibration fails here, in one line
+    rows = []
+    for trainer in progress([(t, n) for n in args.world_sizes for t in args.trainers], "simulating", "run"):
+        name, n = trainer
+        w = scaled_workload(workload, n, args.scaling, batch_per_rank)
+        run = RunConfig(workload=w, trainer=name, world_size=n, seed=args.seed,
+                        trainer_options=trainer_options(name, trainer_sets.get(name, {})))
+        _, summary = write_simulated(run, cluster, args.out, args.store, args.scaling)
+        rows.append(summary)
+    print(f"SIMULATED ({cluster.name}: {cluster.description}); {args.scaling} scaling"
+          + (f", {batch_per_rank} samples per rank" if args.scaling == "weak" else ""))
+    print(format_table(pd.DataFrame(rows), ["trainer", "world_size", *[
+        c for c in RUN_VIEW if c in ("step_time_ms_median", "samples_per_s", "bubble_ratio",
+                                     "straggler_bubble_ratio", "exposed_comm_ratio", "load_imbalance")],
+        *[f for f in FLAGS if f in rows[0]]]))
+    print(f"simulated runs stored in {args.out}/", file=sys.stderr)
+    return 0
+
+
+def cmd_calibrate_comm(args: argparse.Namespace) -> int:
+    from fsbench.commcal import calibrate_comm, comm_fit_path
+    from fsbench.table import progress
+
+    sizes = args.comm_world_sizes
+    if not sizes or min(sizes) < 2:
+        raise ConfigError(f"--comm-world-sizes={sizes}: give world sizes >= 2")
+    fits = calibrate_comm(args.out, sizes, progress=lambda it: progress(it, "world sizes", "size"))
+    print("| collective | alpha0 (us) | alpha1 (us per rank) | bandwidth (MB/s) | worst fit error |")
+    print("|---|--:|--:|--:|--:|")
+    for f in fits.values():
+        bw = 1 / f.beta_s_per_byte / 1e6 if f.beta_s_per_byte > 0 else float("inf")
+        print(f"| {f.collective} | {f.alpha0_s * 1e6:.1f} | {f.alpha1_s * 1e6:.1f} | {bw:.0f} | "
+              f"{100 * f.max_rel_error:.0f}% |")
+    print(f"stored in {comm_fit_path(args.out)}")
+    return 0
+
+
+COMMANDS = {"simulate": cmd_simulate}

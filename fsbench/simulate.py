@@ -1,0 +1,323 @@
+"""`fsbench simulate`: project step time and bubbles to world sizes nobody here owns.
+
+SIMULATED numbers, labelled so everywhere (`"simulated": true` in every summary and
+manifest; reports draw them apart). Per step, over the workload's real sampled global
+batches (the same length draws the generator makes for that seed and step):
+
+  compute   each rank's samples under the trainer's own split (contiguous for the
+            baselines; FreeScale's balanced plan, look-ahead window included), each sample
+            costing cost(L): the calibrated fit `fsbench calibrate` stored (cluster
+            `local`), or the encoder's FLOPs at a stated share of peak (GPU presets).
+            A third in forward, the rest in backward.
+  comm      an alpha-beta model per collective: fitted on this machine by
+            `fsbench calibrate --comm` (`local`), or a preset's links (`h100`: 8 GPUs per
+            node on NVLink 4, 400 Gb/s per GPU across nodes).
+              gradients: all-reduce of the dense parameters (and of the tables where a
+              trainer replicates them), in DDP's 25 MiB buckets: all but the last bucket
+              hide under the backward of the fastest rank;
+              sharded tables: all-to-all of each rank's unique rows (expected count under
+              the workload's Zipf popularity) forward and of their gradients backward;
+              blocking, overlapped (rows waited for at first use, gradients sent from
+              backward hooks) or prioritized (the next step's rows sent during this step).
+  SM        overlapped communication on SMs slows the compute it overlaps by
+            `sm_slowdown` (a preset's parameter; `fsbench micro sm-contention` measures it
+            where a GPU exists); copy-engine transport (FreeScale's sm_free) costs nothing.
+
+  T = exposed forward exchange + max_r compute_r + max(exposed all-reduce, exposed
+  gradient exchange);  busy_r = compute_r;  straggler_r = max compute - compute_r;
+  exposed communication = T - max compute on every rank; input stall and other idle 0.
+
+What is not modelled: the optimizer and framework overhead (Python, launch), input
+stalls, contention between communication and compute for CPU cores, network congestion.
+A trainer class declares how it behaves with `sim_profile(options, world_size)`
+(`SimProfile`); trainers that do not are modelled as DDP.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from fsbench.config import RunConfig, WorkloadConfig
+from fsbench.errors import ConfigError
+from fsbench.memory import REPLICATED, TableMemory
+
+DDP_BUCKET_BYTES = 25 * 2**20
+EXCHANGES = ("none", "blocking", "overlapped", "prioritized")
+
+
+@dataclasses.dataclass(frozen=True)
+class SimProfile:
+    """How a trainer splits, holds tables and communicates, for the simulator."""
+    tables: TableMemory = REPLICATED
+    exchange: str = "none"
+    """Embedding rows of sharded tables: blocking, overlapped or prioritized (EXCHANGES)."""
+    sm_free: bool = False
+    """The embedding exchange runs on copy engines: it slows no compute."""
+    plan: Callable[[list[np.ndarray], int], list[list[np.ndarray]]] | None = None
+    """costs of a window's batches, N -> per step, each rank's indices into the window's
+    concatenated samples; None: each batch split contiguously (the baselines)."""
+    window: int = 1
+    chunks: int = 1
+    """Pieces of the row exchange: the first is waited for, the rest hide under compute."""
+
+    def __post_init__(self) -> None:
+        assert self.exchange in EXCHANGES, self.exchange
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    name: str
+    description: str
+    compute: str                 # "fit": the store's calibrated cost; "flops": FLOPs at mfu x peak
+    gpus_per_node: int = 1
+    intra_gbs: float = 0.0       # GB/s per GPU inside a node (bus bandwidth)
+    inter_gbs: float = 0.0       # GB/s per GPU across nodes
+    alpha_s: float = 0.0         # per-collective latency per log2(N) step
+    peak_tflops: float = 0.0
+    mfu: float = 0.0
+    layer_overhead_ms: float = 0.0
+    """Per encoder layer and step, forward + backward: kernel launches and small ops that
+    no FLOP count sees (GPU presets)."""
+    sm_slowdown: float = 0.0
+
+
+CLUSTERS = {
+    "h100": Cluster(
+        "h100", "8x H100 per node, NVLink 4 (370 GB/s bus bandwidth per GPU), 400 Gb/s (50 GB/s) "
+        "per GPU across nodes, 10 us per log2(N) step; encoder at 20% of 989 TFLOPS (bf16 dense) "
+        "plus 0.3 ms per layer and step of launches; SM-contention slowdown 10% of overlapped "
+        "compute (ASSUMED figures, not yet measured on a GPU: `fsbench calibrate --device cuda` "
+        "and `fsbench micro sm-contention` measure them)",
+        "flops", gpus_per_node=8, intra_gbs=370.0, inter_gbs=50.0, alpha_s=10e-6,
+        peak_tflops=989.0, mfu=0.20, layer_overhead_ms=0.3, sm_slowdown=0.10),
+    "local": Cluster(
+        "local", "this machine: gloo collectives fitted by `fsbench calibrate --comm`, encoder "
+        "cost from `fsbench calibrate` (CPU: no SMs to contend for)", "fit"),
+}
+
+
+def encoder_flops(workload: WorkloadConfig, lengths: np.ndarray) -> np.ndarray:
+    """Forward + backward FLOPs of one sample of length L (backward = 2x forward): per layer
+    and token the projections (HSTU 5 D^2, SASRec 12 D^2 multiply-adds), causal attention
+    L^2 D / 2 per matmul twice, the sampled softmax (1 + negatives) D per token."""
+    m = workload.model
+    proj = 5 if m.family == "hstu" else 12
+    L = np.asarray(lengths, dtype=np.float64)
+    fwd = m.num_layers * (2 * proj * m.dim**2 * L + 2 * m.dim * L * L) \
+        + 2 * (1 + workload.num_negatives) * m.dim * L
+    return 3 * fwd
+
+
+class Costs:
+    """Per-sample encoder cost in ms, and the communication model, of one cluster."""
+
+    def __init__(self, cluster: Cluster, workload: WorkloadConfig, store: str | Path) -> None:
+        self.cluster, self.workload = cluster, workload
+        if cluster.compute == "fit":
+            from fsbench.calibrate import fit_path, load_fit
+            from fsbench.commcal import comm_fit_path, load_comm_fits
+
+            self.fit = load_fit(store, workload, "cpu")
+            self.comm = load_comm_fits(store)
+            if self.fit is None:
+                raise ConfigError(f"--cluster local needs the encoder's cost fit "
+                                  f"({fit_path(store, workload, 'cpu')}): run fsbench calibrate "
+                                  f"--workload {workload.name} --out {store}")
+            if self.comm is None:
+                raise ConfigError(f"--cluster local needs collective fits ({comm_fit_path(store)}): "
+                                  f"run fsbench calibrate --comm --out {store}")
+
+    def sample_ms(self, lengths: np.ndarray) -> np.ndarray:
+        if self.cluster.compute == "fit":
+            return self.fit.cost_ms(lengths)
+        c = self.cluster
+        return encoder_flops(self.workload, lengths) / (c.peak_tflops * 1e12 * c.mfu) * 1e3
+
+    def collective_ms(self, collective: str, n: int, nbytes: float) -> float:
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        if self.cluster.compute == "fit":
+            return self.comm[collective].seconds(n, nbytes) * 1e3
+        c = self.cluster
+        from fsbench.commcal import volume_factor
+
+        alpha = c.alpha_s * math.ceil(math.log2(n))
+        if collective == "all_to_all":  # intra-node peers over NVLink, the rest over the NICs
+            local = min(n, c.gpus_per_node)
+            seconds = alpha + nbytes * ((local - 1) / n / (c.intra_gbs * 1e9)
+                                        + (n - local) / n / (c.inter_gbs * 1e9))
+        else:  # ring all-reduce, limited by the slowest link in the ring
+            bw = c.intra_gbs if n <= c.gpus_per_node else c.inter_gbs
+            seconds = alpha + volume_factor(collective, n) * nbytes / (bw * 1e9)
+        return seconds * 1e3
+
+
+@functools.lru_cache(maxsize=8)
+def _zipf_bins(vocab: int, s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Item probabilities of zipf:s over `vocab` ranks, grouped in log-spaced bins
+    (count, mean probability): enough for expected distinct counts, without 10M terms."""
+    edges = np.unique(np.geomspace(1, vocab, 2000).astype(np.int64))
+    edges = np.append(edges, vocab + 1)
+    counts = np.diff(edges).astype(np.float64)
+    mids = (edges[:-1] + edges[1:] - 1) / 2.0
+    weights = mids**-s * counts
+    return counts, weights / weights.sum() / counts
+
+
+def expected_distinct(n_draws: np.ndarray, vocab: int, s: float) -> np.ndarray:
+    """Expected number of distinct items among n draws from zipf:s (per value of n)."""
+    counts, p = _zipf_bins(vocab, s)
+    n = np.asarray(n_draws, dtype=np.float64)[:, None]
+    return (counts * -np.expm1(-n * p)).sum(axis=1)
+
+
+def contiguous_plan(costs: list[np.ndarray], n: int) -> list[list[np.ndarray]]:
+    from fsbench.workloads.batch import contiguous_split
+
+    out, offset = [], 0
+    for c in costs:
+        out.append([np.asarray(idx, dtype=np.int64) + offset for idx in contiguous_split(c.size, n)])
+        offset += c.size
+    return out
+
+
+def profile_of(trainer: str, options: dict[str, str], n: int) -> SimProfile:
+    from fsbench.trainer import option_defaults, resolve_trainer_class
+
+    cls = resolve_trainer_class(trainer)
+    declare = getattr(cls, "sim_profile", None)
+    return declare({**option_defaults(cls), **options}, n) if declare else SimProfile()
+
+
+def dense_bytes(workload: WorkloadConfig) -> float:
+    from fsbench.memory import dense_parameters
+
+    return 4.0 * dense_parameters(workload.model, len(workload.context_vocabs), workload.max_seq_len)
+
+
+def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
+                 profile: SimProfile | None = None) -> tuple[dict, list[dict]]:
+    """Summary (the measured schema, `simulated: true`) and per-step rows of one
+    (trainer, world size) on `cluster`."""
+    from fsbench.specs import parse_popularity
+    from fsbench.workloads.distributions import parse_length_spec
+    from fsbench.workloads.generator import step_rng
+
+    w, n = run.workload, run.world_size
+    prof = profile or profile_of(run.trainer, run.trainer_options, n)
+    costs_model = Costs(cluster, w, store)
+    dist = parse_length_spec(w.lengths)
+    zipf_s = float(parse_popularity(w.popularity).s)
+    dim_bytes = 4.0 * w.model.dim
+    held_rows = prof.tables.rows_held([w.item_vocab, w.user_vocab, *w.context_vocabs], n)
+    ar_bytes = dense_bytes(w) + (held_rows * dim_bytes if prof.tables.placement == "replicated" else 0)
+    buckets = max(1, math.ceil(ar_bytes / DDP_BUCKET_BYTES))
+    transport_slow = cluster.sm_slowdown
+    plan = prof.plan or contiguous_plan
+    rows = []
+    for start in range(0, w.steps, prof.window):
+        window = range(start, min(start + prof.window, w.steps))
+        lengths = [dist.sample(step_rng(run.seed, k), w.global_batch_size, w.max_seq_len) for k in window]
+        costs = [costs_model.sample_ms(L) for L in lengths]
+        all_lengths, all_costs = np.concatenate(lengths), np.concatenate(costs)
+        for k, owners in zip(window, plan(costs, n)):
+            c = np.array([all_costs[idx].sum() for idx in owners]) + \
+                cluster.layer_overhead_ms * w.model.num_layers
+            tokens = np.array([all_lengths[idx].sum() for idx in owners], dtype=np.float64)
+            samples = np.array([len(idx) for idx in owners], dtype=np.float64)
+            pre = post_emb = hidden_emb = 0.0
+            if prof.exchange != "none":
+                # Unique rows a rank reads: items and targets (one table), shared negatives,
+                # one user row and one row per context table per sample.
+                rows_r = (expected_distinct(tokens + samples + w.num_negatives, w.item_vocab, zipf_s)
+                          + samples * (1 + len(w.context_vocabs)))
+                t_x = costs_model.collective_ms("all_to_all", n, float(rows_r.max()) * dim_bytes)
+                fwd_min, bwd_min = c.min() / 3, 2 * c.min() / 3
+                if prof.exchange == "blocking":
+                    pre, post_emb = t_x, t_x
+                else:
+                    first = t_x / prof.chunks
+                    pre = (max(0.0, t_x - c.min()) if prof.exchange == "prioritized"
+                           else max(first, t_x - fwd_min))
+                    post_emb = max(first, t_x - bwd_min)
+                hidden_emb = 2 * t_x - pre - post_emb
+            t_ar = costs_model.collective_ms("all_reduce", n, ar_bytes)
+            post_ar = max(t_ar / buckets, t_ar - (1 - 1 / buckets) * 2 * c.min() / 3) if t_ar else 0.0
+            # Communication kernels on SMs slow the compute they overlap.
+            hidden = (t_ar - post_ar) + (0.0 if prof.sm_free else hidden_emb)
+            c = c + transport_slow * min(hidden, float(c.min()))
+            t = pre + float(c.max()) + max(post_ar, post_emb)
+            rows.append({
+                "step": k, "step_time_ms": t, "busy_max_ms": float(c.max()),
+                "idle_ms": float((t - c).sum()), "straggler_ms": float((c.max() - c).sum()),
+                "exposed_comm_ms": n * (t - float(c.max())), "capacity_ms": n * t,
+                "num_samples": float(samples.sum()), "num_targets": float(tokens.sum()),
+                # No split of whole samples can beat the larger of the mean load and the
+                # costliest single sample: the bubble's floor for this batch.
+                "bound_busy_max_ms": max(float(c.mean()), float(all_costs[np.concatenate(owners)].max())),
+                "busy_mean_ms": float(c.mean()),
+            })
+    return summarize_steps(run, rows, cluster), rows
+
+
+def summarize_steps(run: RunConfig, rows: list[dict], cluster: Cluster) -> dict:
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    m = df[df["step"] >= run.workload.warmup]
+    cap, secs = m["capacity_ms"].sum(), m["step_time_ms"].sum() / 1e3
+    bound = 1 - (m["busy_mean_ms"] / m["bound_busy_max_ms"]).mean()
+    return {
+        "run_id": None, "trainer": run.trainer, "workload": run.workload.name,
+        "world_size": run.world_size, "seed": run.seed, "steps": run.workload.steps,
+        "warmup": run.workload.warmup, "simulated": True, "emulated": False,
+        "oversubscribed": False, "contended": False, "cluster": cluster.name,
+        "steps_measured": int(len(m)),
+        "step_time_ms_median": float(m["step_time_ms"].median()),
+        "step_time_ms_mean": float(m["step_time_ms"].mean()),
+        "samples_per_s": float(m["num_samples"].sum() / secs),
+        "tokens_per_s": float(m["num_targets"].sum() / secs),
+        "bubble_ratio": float(m["idle_ms"].sum() / cap),
+        "straggler_bubble_ratio": float(m["straggler_ms"].sum() / cap),
+        "exposed_comm_ratio": float(m["exposed_comm_ms"].sum() / cap),
+        "input_stall_ratio": 0.0, "other_idle_ratio": 0.0,
+        "load_imbalance": float(1 - m["busy_mean_ms"].sum() / m["busy_max_ms"].sum()),
+        "whole_sample_bound_bubble": float(bound),
+        "comm_overlap_ratio": None, "cpu_wait_ratio": None, "sm_occupancy": None,
+        "peak_memory_mb": None,
+    }
+
+
+def write_simulated(run: RunConfig, cluster: Cluster, out_dir: str | Path, store: str | Path,
+                    scaling: str, profile: SimProfile | None = None) -> tuple[Path, dict]:
+    """Simulate one (trainer, world size) and store it as a run: manifest (`simulated`),
+    summary.json in the measured schema, steps.csv."""
+    import pandas as pd
+
+    from fsbench import store as runs_store
+
+    summary, rows = simulate_run(run, cluster, store, profile)
+    run_dir = runs_store.create_run_dir(out_dir, run)
+    summary["run_id"] = run_dir.name
+    pd.DataFrame(rows).to_csv(run_dir / "steps.csv", index=False)
+    runs_store.write_json_atomic(run_dir / "summary.json", summary)
+    runs_store.update_manifest(run_dir, status="complete", simulated=True, oversubscribed=False,
+                               cluster=dataclasses.asdict(cluster), scaling=scaling)
+    return run_dir, summary
+
+
+def scaled_workload(workload: WorkloadConfig, world_size: int, scaling: str,
+                    batch_per_rank: int | None) -> WorkloadConfig:
+    """weak: batch_per_rank samples per rank at every world size; strong: the workload's
+    global batch at every world size."""
+    if scaling == "weak":
+        return dataclasses.replace(workload, global_batch_size=world_size * batch_per_rank)
+    if workload.global_batch_size < world_size:
+        raise ConfigError(f"--scaling strong: global_batch_size={workload.global_batch_size} "
+                          f"is smaller than world size {world_size}")
+    return workload

@@ -1,0 +1,172 @@
+"""`fsbench report --format html`: one self-contained page, checked as text and as rendered
+by headless Chromium."""
+import base64
+import html
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fsbench import store
+from fsbench.cli import main
+from fsbench.plots import PLOTS, step_timeline
+from fsbench.report import select_runs, write_report
+from fsbench.report_page import run_command
+from fsbench.timeline import read_timelines
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+DATA_PNG = "data:image/png;base64,"
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+# Matplotlib's C1 (orange): the exposed-communication bars and the second trainer's lines
+# and markers. The page's CSS never uses it: in a screenshot only the plots can hold it.
+PLOT_ORANGE = (255, 127, 14)
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    assert main(["sweep", "--workload", "tiny", "--trainers", "ddp,freescale", "--world-sizes", "1,2",
+                 "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def page(tiny_runs, tmp_path_factory):
+    """report.html over real runs, one of them marked contended, and a simulated row
+    (a projection has no run directory) beside them."""
+    runs = select_runs([], tiny_runs)
+    # The flags under test are set here: a real run of a busy machine could carry its own.
+    runs["contended"] = (runs["trainer"] == "freescale") & (runs["world_size"] == 2)
+    runs["oversubscribed"] = runs["emulated"] = False
+    projected = {**runs.iloc[-1].to_dict(), "world_size": 8, "simulated": True, "contended": False,
+                 "run_dir": str(tmp_path_factory.mktemp("none") / "projection")}
+    runs = pd.concat([runs, pd.DataFrame([projected])], ignore_index=True)
+    out = tmp_path_factory.mktemp("report") / "rep"
+    table, written = write_report(runs, None, "html", out)
+    return table, written, out
+
+
+def _results_rows(text: str) -> list[str]:
+    results = text[text.index('<table class="results">'):]
+    return re.findall(r"<tr[ >].*?</tr>", results[:results.index("</table>")], re.S)
+
+
+@pytest.mark.dist
+def test_html_report_is_one_self_contained_page(page, tiny_runs):
+    table, written, out = page
+    assert written == [out / "report.html"] and [p.name for p in out.iterdir()] == ["report.html"]
+    text = written[0].read_text()
+    assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</html>")
+    assert "<style>" in text and "<script" not in text and "<link" not in text
+    assert "http" not in text, "nothing fetched, nothing linked"
+    sources = re.findall(r'src="([^"]*)"', text)
+    assert len(sources) == len(PLOTS) == text.count("<img"), "one embedded image per plot"
+    for src in sources:
+        assert src.startswith(DATA_PNG) and base64.b64decode(src[len(DATA_PNG):])[:8] == PNG_MAGIC
+    rows = _results_rows(text)
+    assert len(rows) == len(table) + 1  # the header and one row per table row
+    for (_, r), tr in zip(table.iterrows(), rows[1:]):
+        assert f'<td class="text">{r["trainer"]}' in tr and f'<td class="num">{r["world_size"]}</td>' in tr
+    (sim,) = [tr for tr in rows if tr.startswith('<tr class="simulated">')]
+    assert '<td class="num">8</td>' in sim and "§ simulated</span>" in sim
+    (cont,) = [tr for tr in rows if tr.startswith('<tr class="contended">')]
+    assert ">freescale<span" in cont and "‡ contended</span>" in cont and "‡</td>" in cont
+    assert sum(tr.startswith("<tr>") for tr in rows[1:]) == len(table) - 2, "the rest unmarked"
+    assert "‡ contended (ranks waited" in text and "§ simulated: projected" in text
+
+
+@pytest.mark.dist
+def test_html_report_says_where_the_runs_came_from(page, tiny_runs):
+    text = page[2].joinpath("report.html").read_text()
+    manifests = [store.read_json(d / "manifest.json") for d in sorted(tiny_runs.iterdir())
+                 if (d / "manifest.json").is_file()]
+    assert len(manifests) == 4
+    for m in manifests:
+        assert m["run_id"] in text
+        switches = "".join(f" --set {m['trainer']}.{k}={v}"  # as resolved: defaults may change
+                           for k, v in m["config"]["trainer_options"].items())
+        assert (f"<code>fsbench run --workload tiny --trainer {m['trainer']} --world-size "
+                f"{m['world_size']} --seed 0{switches}</code>") in text
+    host = manifests[0]["host"]
+    assert f"<td class=\"text\">{host['hostname']}</td>" in text and str(host["platform"]) in text
+    assert f"<td class=\"text\">torch</td><td class=\"text\">{manifests[0]['packages']['torch']}</td>" in text
+    if manifests[0]["git_sha"]:
+        assert manifests[0]["git_sha"] in text
+    batch = manifests[0]["config"]["workload"]["global_batch_size"]
+    assert html.escape(f'"global_batch_size": {batch},') in text  # the workload's configuration
+
+
+def test_run_command_repeats_overrides_counts_and_switches():
+    manifest = {"workload": "small+lengths=yelp,context_vocabs=10,20", "trainer": "freescale",
+                "world_size": 4, "seed": 3,
+                "config": {"workload": {"steps": 7, "warmup": 2}, "threads_per_rank": 2,
+                           "input_workers": 1, "device": "cpu",
+                           "trainer_options": {"balance": "lpt"}}}
+    assert run_command(manifest) == (
+        "fsbench run --workload small --trainer freescale --world-size 4 --seed 3 --steps 7 "
+        "--warmup 2 --threads 2 --set lengths=yelp --set context_vocabs=10,20 "
+        "--set freescale.balance=lpt")
+
+
+@pytest.mark.dist
+def test_step_timeline_of_a_real_run_stays_inside_each_ranks_step(tiny_runs):
+    (run,) = [d for d in tiny_runs.iterdir() if "-ddp-n2-" in d.name]
+    step, windows, segments = step_timeline(read_timelines(run))
+    assert windows["rank"].tolist() == [0, 1]
+    assert set(segments["rank"]) == {0, 1} and "compute" in set(segments["kind"])
+    w = windows.set_index("rank")
+    assert (segments["start_ms"] >= segments["rank"].map(w["start_ms"])).all()
+    assert (segments["end_ms"] <= segments["rank"].map(w["end_ms"])).all()
+    compute = segments[segments["kind"] == "compute"]
+    assert (compute["busy_ms"] <= compute["end_ms"] - compute["start_ms"] + 1e-9).all()
+
+
+# ---------------------------------------------------------------------------- Chromium
+
+def _chromium() -> str | None:
+    return next((p for p in map(shutil.which, CHROMIUM_NAMES) if p), None)
+
+
+def _headless(binary: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+           f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,3000", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def _orange_pixels(image) -> int:
+    pixels = np.asarray(image, dtype=int)
+    return int(np.all(np.abs(pixels - PLOT_ORANGE) <= 8, axis=-1).sum())
+
+
+@pytest.mark.dist
+def test_report_html_renders_in_headless_chromium(request, tmp_path):
+    binary = _chromium()
+    if binary is None:  # before the fixture: a skip costs no runs
+        pytest.skip("no Chromium binary on PATH (looked for " + ", ".join(CHROMIUM_NAMES)
+                    + "); .ci/run installs Debian's `chromium` when it can")
+    Image = pytest.importorskip("PIL.Image")
+    table, (report,), _ = request.getfixturevalue("page")
+    dom = _headless(binary, tmp_path, "--dump-dom", report.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert dom.stdout.count(f'src="{DATA_PNG}') == len(PLOTS), "Chromium parsed every image"
+    assert '<table class="results">' in dom.stdout and "‡ contended" in dom.stdout
+    # The same page without its images: the control the screenshot is compared with.
+    bare = tmp_path / "bare.html"
+    bare.write_text(re.sub(r'src="data:image/png;base64,[^"]*"', 'src=""', report.read_text()))
+    shots = {}
+    for name, page_file in (("report", report), ("bare", bare)):
+        shot = tmp_path / f"{name}.png"
+        proc = _headless(binary, tmp_path, f"--screenshot={shot}", page_file.as_uri())
+        assert shot.exists(), proc.stderr[-2000:]
+        shots[name] = Image.open(shot).convert("RGB")
+    full = shots["report"]
+    assert full.size == (1200, 3000)
+    top = full.crop((0, 0, 1200, 500))  # title, lead and the table: dark text on white
+    assert sum(top.convert("L").histogram()[:100]) > 2_000, "the table is not on the screen"
+    colours = np.unique(np.asarray(full).reshape(-1, 3), axis=0)
+    assert len(colours) > 1_000, "a blank or flat screenshot"
+    assert _orange_pixels(full) > 300 and _orange_pixels(shots["bare"]) == 0, \
+        "the plots' colours appear only where the images are"

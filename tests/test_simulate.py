@@ -1,0 +1,98 @@
+"""fsbench simulate: the calibrated model's arithmetic on the real sampled batches, its
+labels, and the alpha-beta fit of `calibrate --comm`."""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from fsbench.cli import main
+from fsbench.commcal import fit as fit_comm
+from fsbench.config import RunConfig
+from fsbench.simulate import CLUSTERS, Costs, simulate_run
+from fsbench.store import load_runs
+from fsbench.workloads.generator import SyntheticBatches
+from fsbench.workloads.presets import get_workload
+
+H100 = CLUSTERS["h100"]
+# A cluster whose compute dominates its communication (about a CPU core's FLOPs, H100 links):
+# what the split does is then what the bubble shows.
+SLOW = dataclasses.replace(H100, name="slow", peak_tflops=0.05, layer_overhead_ms=0.0, sm_slowdown=0.0)
+
+
+def small(global_batch: int, steps: int = 6):
+    return dataclasses.replace(get_workload("small"), global_batch_size=global_batch,
+                               steps=steps, warmup=1)
+
+
+def test_one_rank_takes_the_sum_of_its_samples_costs():
+    w = small(64)
+    summary, rows = simulate_run(RunConfig(workload=w, trainer="ddp", world_size=1), SLOW, ".")
+    costs = Costs(SLOW, w, ".")
+    source = SyntheticBatches(w, seed=0)
+    for row in rows:  # no communication at one rank: T is the batch's compute
+        expected = costs.sample_ms(source.global_batch(row["step"]).lengths.numpy()).sum()
+        assert row["step_time_ms"] == pytest.approx(expected, rel=1e-12)
+    assert summary["bubble_ratio"] == pytest.approx(0.0, abs=1e-12)
+    assert summary["simulated"] is True
+
+
+def test_freescale_balances_and_hides_what_ddp_cannot():
+    w = small(64 * 8)
+    ddp, _ = simulate_run(RunConfig(workload=w, trainer="ddp", world_size=64), SLOW, ".")
+    fs, _ = simulate_run(RunConfig(workload=w, trainer="freescale", world_size=64), SLOW, ".")
+    assert ddp["straggler_bubble_ratio"] > 0.2  # heavy-tailed lengths, contiguous split
+    assert fs["straggler_bubble_ratio"] < ddp["straggler_bubble_ratio"] / 2
+    assert fs["bubble_ratio"] < ddp["bubble_ratio"]
+    # No split of whole samples beats the bound; FreeScale's straggler share sits above it.
+    assert fs["straggler_bubble_ratio"] >= fs["whole_sample_bound_bubble"] - 1e-9
+    # Each technique is a switch: with balancing off FreeScale splits like DDP (the same
+    # loads; its step time differs by its exchange).
+    off, _ = simulate_run(RunConfig(workload=w, trainer="freescale", world_size=64,
+                                    trainer_options={"balance": "off"}), SLOW, ".")
+    assert off["load_imbalance"] == pytest.approx(ddp["load_imbalance"], rel=1e-12)
+
+
+def test_alpha_beta_fit_recovers_its_parameters():
+    truth = dict(a0=50e-6, a1=20e-6, beta=1 / 400e6)
+    points = [(n, b, truth["a0"] + truth["a1"] * (n - 1) + truth["beta"] * 2 * (n - 1) / n * b)
+              for n in (2, 4, 8) for b in (4096, 1 << 20, 8 << 20)]
+    f = fit_comm("all_reduce", points)
+    assert f.alpha0_s == pytest.approx(truth["a0"], rel=1e-6)
+    assert f.alpha1_s == pytest.approx(truth["a1"], rel=1e-6)
+    assert f.beta_s_per_byte == pytest.approx(truth["beta"], rel=1e-6)
+    assert f.max_rel_error < 1e-9
+
+
+def test_simulate_command_stores_labelled_runs(tmp_path, capsys):
+    out = tmp_path / "sim"
+    assert main(["simulate", "--workload", "small", "--trainers", "ddp,freescale",
+                 "--world-sizes", "8,16", "--steps", "4", "--warmup", "1", "--set", "batch_per_rank=16",
+                 "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("SIMULATED")
+    runs = load_runs(out)
+    assert len(runs) == 4 and runs["simulated"].all()
+    assert sorted(runs["world_size"].unique()) == [8, 16]
+    manifest = json.loads(open(f"{runs['run_dir'].iloc[0]}/manifest.json").read())
+    assert manifest["simulated"] is True and manifest["cluster"]["name"] == "h100"
+
+
+def test_local_cluster_without_calibration_is_refused_in_one_line(tmp_path, capsys):
+    assert main(["simulate", "--cluster", "local", "--store", str(tmp_path), "--world-sizes", "2",
+                 "--out", str(tmp_path / "sim")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fsbench calibrate" in err[0]
+
+
+@pytest.mark.dist
+def test_calibrate_comm_measures_real_gloo_collectives(tmp_path):
+    from fsbench.commcal import calibrate_comm, load_comm_fits
+
+    fits = calibrate_comm(tmp_path, [2], sizes=(4096, 1 << 20), repeats=3)
+    assert set(fits) == {"all_reduce", "all_to_all"}
+    stored = load_comm_fits(tmp_path)
+    for name, f in stored.items():
+        assert len(f.points) == 2 and all(p[2] > 0 for p in f.points)
+        # a megabyte takes longer than four kilobytes on any real link
+        assert f.seconds(2, 1 << 20) > f.seconds(2, 4096)
