@@ -266,41 +266,34 @@ def test_missing_matplotlib_is_one_clear_line(runs, tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------- end to end
 
-@pytest.fixture(scope="module")
-def tiny_runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("runs")
-    assert main(["sweep", "--workload", "tiny", "--trainers", "ddp", "--world-sizes", "1,2",
-                 "--out", str(out)]) == 0
-    return out
-
-
 def _valid_png(path) -> bool:
     data = path.read_bytes()
     return data[:8] == PNG_MAGIC and len(data) > 5_000
 
 
 @pytest.mark.dist
-def test_report_cli_writes_table_and_plots(tiny_runs, tmp_path, capsys):
+def test_report_cli_writes_table_and_plots(tiny_sweep, tmp_path, capsys):
     capsys.readouterr()
     out = tmp_path / "rep"
-    assert main(["report", "--runs", str(tiny_runs), "--out", str(out)]) == 0
+    assert main(["report", "--runs", str(tiny_sweep), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in printed.splitlines()
             if line.startswith("|")]
     assert rows[0][:4] == ["workload", "trainer", "ranks", "simulated"]
-    assert [r[:4] for r in rows[2:]] == [["tiny", "ddp", "1", "no"], ["tiny", "ddp", "2", "no"]]
+    assert [r[:4] for r in rows[2:]] == [["tiny", t, n, "no"] for t in ("ddp", "freescale")
+                                         for n in ("1", "2")]
     assert (out / "report.md").read_text().startswith("| workload |")
     for plot in PLOTS.values():  # md: every plot as a PNG beside the table
         assert _valid_png(out / plot.file), plot.file
     html = tmp_path / "html"  # one page, the plots inside it, nothing beside it
-    assert main(["report", "--runs", str(tiny_runs), "--format", "html", "--out", str(html)]) == 0
+    assert main(["report", "--runs", str(tiny_sweep), "--format", "html", "--out", str(html)]) == 0
     assert [p.name for p in html.iterdir()] == ["report.html"]
     assert (html / "report.html").read_text().count('src="data:image/png;base64,') == len(PLOTS)
-    run_dirs = sorted(str(d) for d in tiny_runs.iterdir() if d.is_dir())
+    run_dirs = sorted(str(d) for d in tiny_sweep.iterdir() if d.is_dir())
     assert main(["report", *run_dirs, "--format", "csv", "--out", str(tmp_path / "csv"),
                  "--no-plots", "--step-run", run_dirs[0]]) == 0
     back = pd.read_csv(tmp_path / "csv" / "report.csv")
-    assert back["world_size"].tolist() == [1, 2] and back["repeats"].tolist() == [1, 1]
+    assert back["world_size"].tolist() == [1, 2, 1, 2] and back["repeats"].tolist() == [1] * 4
     assert back["scaling_efficiency"].iloc[0] == 1.0
 
 
@@ -309,13 +302,13 @@ def test_report_cli_writes_table_and_plots(tiny_runs, tmp_path, capsys):
     (["--workload", "nope"], "no complete runs matched in"),
     (["--trainers", "magic"], "(trainers=magic)"),
     (["--format", "pdf"], "--format 'pdf' is unknown; choose one of: md, latex, csv, html"),
-    (["--baseline", "magic"], "baseline 'magic' has no runs here; trainers present: ddp"),
+    (["--baseline", "magic"], "baseline 'magic' has no runs here; trainers present: "),
     (["--step-run", "{tmp}"], "is not a run directory"),
     (["{tmp}"], "is not a run directory (no manifest.json)"),
 ])
-def test_report_bad_input_is_one_line_and_exit_2(tiny_runs, tmp_path, capsys, args, expected):
+def test_report_bad_input_is_one_line_and_exit_2(tiny_sweep, tmp_path, capsys, args, expected):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    code = main(["report", "--runs", str(tiny_runs), "--out", str(tmp_path / "rep"), *args])
+    code = main(["report", "--runs", str(tiny_sweep), "--out", str(tmp_path / "rep"), *args])
     err = capsys.readouterr().err
     assert code == 2 and expected in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "rep").exists(), "bad input writes nothing"
@@ -327,12 +320,12 @@ def test_report_of_a_missing_runs_dir_is_exit_2(tmp_path, capsys):
 
 
 @pytest.mark.dist
-def test_many_runs_show_a_progress_bar_on_stderr(tiny_runs, tmp_path, capsys):
+def test_many_runs_show_a_progress_bar_on_stderr(tiny_sweep, tmp_path, capsys):
     import shutil
 
     from fsbench.report import PROGRESS_MIN_RUNS
 
-    (one,) = [d for d in tiny_runs.iterdir() if d.is_dir() and "-n2-" in d.name]
+    (one,) = [d for d in tiny_sweep.iterdir() if d.is_dir() and "-ddp-n2-" in d.name]
     for i in range(PROGRESS_MIN_RUNS):
         shutil.copytree(one, tmp_path / "runs" / f"copy-{i:02d}")
     capsys.readouterr()

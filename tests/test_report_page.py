@@ -26,18 +26,10 @@ PLOT_ORANGE = (255, 127, 14)
 
 
 @pytest.fixture(scope="module")
-def tiny_runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("runs")
-    assert main(["sweep", "--workload", "tiny", "--trainers", "ddp,freescale", "--world-sizes", "1,2",
-                 "--out", str(out)]) == 0
-    return out
-
-
-@pytest.fixture(scope="module")
-def page(tiny_runs, tmp_path_factory):
+def page(tiny_sweep, tmp_path_factory):
     """report.html over real runs, one of them marked contended, and a simulated row
     (a projection has no run directory) beside them."""
-    runs = select_runs([], tiny_runs)
+    runs = select_runs([], tiny_sweep)
     # The flags under test are set here: a real run of a busy machine could carry its own.
     runs["contended"] = (runs["trainer"] == "freescale") & (runs["world_size"] == 2)
     runs["oversubscribed"] = runs["emulated"] = False
@@ -55,7 +47,7 @@ def _results_rows(text: str) -> list[str]:
 
 
 @pytest.mark.dist
-def test_html_report_is_one_self_contained_page(page, tiny_runs):
+def test_html_report_is_one_self_contained_page(page, tiny_sweep):
     table, written, out = page
     assert written == [out / "report.html"] and [p.name for p in out.iterdir()] == ["report.html"]
     text = written[0].read_text()
@@ -79,9 +71,9 @@ def test_html_report_is_one_self_contained_page(page, tiny_runs):
 
 
 @pytest.mark.dist
-def test_html_report_says_where_the_runs_came_from(page, tiny_runs):
+def test_html_report_says_where_the_runs_came_from(page, tiny_sweep):
     text = page[2].joinpath("report.html").read_text()
-    manifests = [store.read_json(d / "manifest.json") for d in sorted(tiny_runs.iterdir())
+    manifests = [store.read_json(d / "manifest.json") for d in sorted(tiny_sweep.iterdir())
                  if (d / "manifest.json").is_file()]
     assert len(manifests) == 4
     for m in manifests:
@@ -112,8 +104,8 @@ def test_run_command_repeats_overrides_counts_and_switches():
 
 
 @pytest.mark.dist
-def test_step_timeline_of_a_real_run_stays_inside_each_ranks_step(tiny_runs):
-    (run,) = [d for d in tiny_runs.iterdir() if "-ddp-n2-" in d.name]
+def test_step_timeline_of_a_real_run_stays_inside_each_ranks_step(tiny_sweep):
+    (run,) = [d for d in tiny_sweep.iterdir() if "-ddp-n2-" in d.name]
     step, windows, segments = step_timeline(read_timelines(run))
     assert windows["rank"].tolist() == [0, 1]
     assert set(segments["rank"]) == {0, 1} and "compute" in set(segments["kind"])
