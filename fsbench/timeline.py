@@ -101,11 +101,13 @@ class Timeline:
         nested = self._open > 0
         self._open += kind != "step"
         e0 = emulated_ns() if self.emulated else 0
-        q0, cpu0, t0 = runqueue_wait_ns(), time.thread_time_ns(), now_ns()
+        # The wall interval encloses the CPU-time one (read first, read last), so a span's
+        # cpu_ns never exceeds its dur_ns by the cost of the clock reads themselves.
+        q0, t0, cpu0 = runqueue_wait_ns(), now_ns(), time.thread_time_ns()
         try:
             yield
         finally:
-            t1, cpu1, q1 = now_ns(), time.thread_time_ns(), runqueue_wait_ns()
+            cpu1, t1, q1 = time.thread_time_ns(), now_ns(), runqueue_wait_ns()
             self._open -= kind != "step"
             rec = {
                 "rank": self.rank, "step": self.step, "warmup": self.warmup,

@@ -108,9 +108,10 @@ def render(df: pd.DataFrame, args, sweep: gate.Sweep) -> str:
         f"({len(false_alarms)} metric verdicts of {len(aa)}).",
         f"- **A/S (+{SLOWDOWN:.0%} step time) detected by the gate: {int(slow_gate.sum())} of "
         f"{len(slow_gate)}**; by `step_time_ms` alone {int((slow['verdict'] == 'regressed').sum())}, "
-        f"by the speed-normalized `step_time_norm` alone {int((slow_norm['verdict'] == 'regressed').sum())}; "
-        f"measured change (median over draws): {slow['effect'].median():.3f}x "
-        f"(normalized {slow_norm['effect'].median():.3f}x).",
+        + (f"by the speed-normalized `step_time_norm` alone "
+           f"{int((slow_norm['verdict'] == 'regressed').sum())}; " if len(slow_norm) else "")
+        + f"measured change (median over draws): {slow['effect'].median():.3f}x"
+        + (f" (normalized {slow_norm['effect'].median():.3f}x)." if len(slow_norm) else "."),
         f"- **A/B (straggler) detected as a bubble regression: {int((strag['verdict'] == 'regressed').sum())} "
         f"of {len(strag)}**; measured change: {100 * strag['effect'].median():+.1f} points.",
         "\n## Smallest change the default gate detects, per metric\n",

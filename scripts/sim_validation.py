@@ -45,7 +45,8 @@ def main() -> None:
     ap.add_argument("--trainers", default="ddp,freescale")
     ap.add_argument("--table", default="results/sim_validation_cpu.md")
     args = ap.parse_args()
-    store = Path(args.store).resolve()
+    # One store for runs and fits: an emulated rank reads its cost fit beside its run directory.
+    store = Path(args.store).resolve() / "runs"
     torch.set_num_threads(1)  # the ranks' setting: part of the cost fit's key
     if load_comm_fits(store) is None:
         calibrate_comm(store, [2, 4, 8, 16])
@@ -61,7 +62,7 @@ def main() -> None:
             for trainer in args.trainers.split(","):
                 run = RunConfig(workload=w, trainer=trainer, world_size=n,
                                 trainer_options=trainer_options(trainer, {}))
-                _, measured = run_once(run, store / "runs")
+                _, measured = run_once(run, store)
                 sim, _ = simulate_run(dataclasses.replace(run, workload=dataclasses.replace(w, compute="model")),
                                       CLUSTERS["local"], store)
                 row = {"preset": preset, "trainer": trainer, "ranks": n, "against": compute,

@@ -14,7 +14,7 @@ from fsbench.cli import main
 pytestmark = pytest.mark.dist
 
 ARGS = ["sweep", "--workload", "tiny", "--trainers", "ddp", "--world-sizes", "1",
-        "--repeats", "2", "--steps", "3", "--warmup", "1"]
+        "--repeats", "3", "--steps", "3", "--warmup", "1"]
 
 
 def statuses(out):
@@ -41,22 +41,26 @@ def test_interrupted_sweep_resumes_without_redoing_finished_runs(tmp_path, capsy
     proc.communicate(timeout=120)
     before = statuses(out)
     finished = {name for name, s in before.items() if s == "complete"}
-    assert len(finished) == 1, before
-    assert "interrupted" in before.values(), before
+    # On a busy machine the second run can finish before the signal lands (then the third
+    # is interrupted, or not yet started); nothing is left marked running.
+    assert 1 <= len(finished) <= 2, before
+    assert set(before.values()) <= {"complete", "interrupted"}, before
+    if len(finished) == 1:
+        assert "interrupted" in before.values(), before
 
     assert main([*ARGS, "--out", str(out)]) == 0
-    assert "resuming: 1 of 2 runs" in capsys.readouterr().err
+    assert f"resuming: {len(finished)} of 3 runs" in capsys.readouterr().err
     after = statuses(out)
     new = set(after) - set(before)
-    assert len(new) == 1  # only the missing repeat ran
-    assert sum(s == "complete" for s in after.values()) == 2
+    assert len(new) == 3 - len(finished)  # only the missing repeats ran
+    assert sum(s == "complete" for s in after.values()) == 3
     assert all(after[name] == "complete" for name in finished)  # untouched
 
     assert main([*ARGS, "--out", str(out)]) == 0  # nothing left to do
-    assert "resuming: 2 of 2 runs" in capsys.readouterr().err
+    assert "resuming: 3 of 3 runs" in capsys.readouterr().err
     assert statuses(out) == after
     assert main([*ARGS, "--out", str(out), "--rerun"]) == 0
-    assert sum(s == "complete" for s in statuses(out).values()) == 4
+    assert sum(s == "complete" for s in statuses(out).values()) == 6
 
 
 def test_sweep_over_two_workloads(tmp_path, capsys):
