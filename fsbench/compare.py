@@ -1,20 +1,25 @@
 """`fsbench compare BASE NEW`: did a change make training slower or bubblier?
 
-For each (workload, trainer, world size) present on both sides and each metric, the two
-sides' per-step samples (measured steps of every run; peak memory: one value per rank and
-run) are compared:
+For each (workload, trainer, world size) present on both sides and each metric:
 
-  effect   times and memory: ratio of medians NEW/BASE; ratios (bubble and its causes,
-           which sit near zero): difference of medians in percentage points. Beside it a
-           95% bootstrap interval that resamples whole runs, then their steps (a run's
-           steps share its machine state: the run is the independent unit).
-  test     two-sided Mann-Whitney U (asv's rule), p adjusted by Holm over the metrics of
-           one key (several metrics, one question: did this key change?).
-  verdict  regressed / improved when the adjusted p < `alpha` AND the effect is beyond the
-           metric's threshold AND the run-level interval excludes no change, in the bad /
-           good direction; else unchanged. Significance alone flags tiny real changes on
-           quiet machines; a threshold alone flags noise; per-step significance alone
-           trusts one drifting run.
+  effect   times and memory: a ratio NEW/BASE; ratios (bubble and its causes, which sit
+           near zero): a difference in percentage points.
+  paired   (runs with one seed per run on both sides, as `fsbench gate` makes them: the
+           same batches step by step) per step the log ratio (or difference) NEW vs BASE,
+           averaged per unit, where the unit is a block of steps when the two runs took
+           turns block by block (fsbench.pacing: both blocks ran a second apart) and
+           else the whole run (a run's steps share its machine state). Effect: the mean
+           over units (a geometric mean ratio for times); interval and p from a one-sample
+           t-test on the units; peak memory pairs rank by rank.
+  unpaired (any other two sets of runs) the ratio or difference of medians of the per-step
+           samples (peak memory: one value per rank and run), two-sided Mann-Whitney U
+           (asv's rule) on them, and a 95% bootstrap interval that resamples whole runs,
+           then their steps.
+  verdict  regressed / improved when the p (Holm-adjusted over the metrics of one key:
+           several metrics, one question) is below `alpha` AND the effect is beyond the
+           metric's threshold AND the interval excludes no change, in the bad / good
+           direction; else unchanged. Significance alone flags tiny real changes on quiet
+           machines; a threshold alone flags noise.
 
 Runs that cannot be compared are named and left out: another workload (name or version),
 trainer, world size or summary schema, or a side that ran `contended` (a neighbour took
@@ -71,6 +76,8 @@ class Row:
     n_base: int
     n_new: int
     verdict: str
+    pairing: str = "none"   # "blocks of K steps", "runs", or "none" (unpaired)
+    units: int = 0          # paired units the interval and p rest on
 
 
 def load_side(path: str | Path) -> pd.DataFrame:
@@ -125,32 +132,89 @@ def statistic(kind: str, base: np.ndarray, new: np.ndarray) -> float:
     return float(np.median(new) / np.median(base))
 
 
-def run_bootstrap(kind: str, base: list[np.ndarray], new: list[np.ndarray], paired: bool = False,
+def run_bootstrap(kind: str, base: list[np.ndarray], new: list[np.ndarray],
                   n_resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
     """95% interval of `statistic` resampling whole runs (then their steps): consecutive
     steps of one run share its machine state, so a run, not a step, is the independent
-    unit. `paired`: base[i] and new[i] ran side by side (a gate's pair, same seed), so
-    pairs are resampled together and drift common to a pair cancels. Two runs or more
-    per side; else the interval is the point."""
+    unit. Two runs or more per side; else the interval is the point."""
     point = statistic(kind, np.concatenate(base), np.concatenate(new))
     if len(base) < 2 or len(new) < 2:
         return point, point
     rng = np.random.default_rng(seed)
     draws = []
     for _ in range(n_resamples):
-        picks = [rng.integers(0, len(base), len(base))]
-        picks.append(picks[0] if paired else rng.integers(0, len(new), len(new)))
+        picks = [rng.integers(0, len(base), len(base)), rng.integers(0, len(new), len(new))]
         sides = [np.concatenate([rng.choice(runs[i], len(runs[i])) for i in pick])
                  for runs, pick in zip((base, new), picks)]
         draws.append(statistic(kind, *sides))
     return float(np.quantile(draws, 0.025)), float(np.quantile(draws, 0.975))
 
 
+def pace_of(run_dir: str | Path) -> tuple[str, int] | None:
+    """(turn-taking group, block steps) of a run made under fsbench.pacing, else None."""
+    path = Path(run_dir) / "pace.json"
+    if not path.exists():
+        return None
+    pace = json.loads(path.read_text())
+    return pace["group"], int(pace["block_steps"])
+
+
+def paired_units(kind: str, metric: str, pairs: list[tuple[pd.DataFrame, pd.DataFrame, int | None]]
+                 ) -> np.ndarray:
+    """Per unit the mean of the steps' paired changes (log ratio for times, difference for
+    ratios); `pairs`: (base steps, new steps, block steps when paced together, else None)."""
+    units = []
+    for tb, tn, block in pairs:
+        if metric not in tb or metric not in tn:
+            continue
+        j = tb[["step", metric]].merge(tn[["step", metric]], on="step", suffixes=("_b", "_n")).dropna()
+        b, n = j[f"{metric}_b"].to_numpy(float), j[f"{metric}_n"].to_numpy(float)
+        if kind == "ratio":
+            change = n - b
+        else:
+            ok = (b > 0) & (n > 0)
+            j, change = j[ok], np.log(n[ok] / b[ok])
+        unit = (j["step"] // block).to_numpy() if block else np.zeros(len(j), dtype=int)
+        units += list(pd.Series(change).groupby(unit).mean())
+    return np.asarray(units, dtype=float)
+
+
+def paired_memory(base: list[np.ndarray], new: list[np.ndarray]) -> np.ndarray:
+    """Peak memory, paired run by run and rank by rank: log ratios."""
+    units = []
+    for b, n in zip(base, new):
+        k = min(len(b), len(n))
+        ok = (b[:k] > 0) & (n[:k] > 0)
+        units += list(np.log(n[:k][ok] / b[:k][ok]))
+    return np.asarray(units, dtype=float)
+
+
+def paired_test(kind: str, units: np.ndarray) -> tuple[float, float, float, float]:
+    """(effect, 95% low, 95% high, two-sided p) from a one-sample t-test on the units;
+    times and memory back on the ratio scale. Fewer than two units: nothing to test."""
+    from scipy import stats
+
+    n, mean = len(units), float(np.mean(units)) if len(units) else 0.0
+    if n < 2:
+        p, half = 1.0, 0.0
+    else:
+        sd = float(np.std(units, ddof=1))
+        if sd == 0:
+            p, half = (1.0 if mean == 0 else 0.0), 0.0
+        else:
+            se = sd / math.sqrt(n)
+            p = float(2 * stats.t.sf(abs(mean) / se, n - 1))
+            half = float(stats.t.ppf(0.975, n - 1) * se)
+    out = (mean, mean - half, mean + half)
+    if kind != "ratio":
+        out = tuple(math.exp(v) for v in out)
+    return (*out, p)
+
+
 def verdict(kind: str, better: str, effect: float, ci: tuple[float, float], p_adj: float,
             alpha: float, threshold: float) -> str:
-    """Regressed/improved: significant (per-step Mann-Whitney, Holm), beyond the threshold,
-    and the run-level interval entirely on that side of "no change" (so that one drifting
-    run cannot make a verdict alone)."""
+    """Regressed/improved: significant (Holm-adjusted), beyond the threshold, and the
+    interval entirely on that side of "no change"."""
     none = 0.0 if kind == "ratio" else 1.0
     change = effect - none  # + means the metric went up
     if not p_adj < alpha or abs(change) <= threshold:
@@ -203,8 +267,15 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, alpha: float = DEFAULT_ALPHA,
         if paired:
             b, n = b.sort_values("seed"), n.sort_values("seed")
         sides = {side: ([step_samples(d) for d in runs["run_dir"]],
-                        [np.asarray(peak_samples(d), dtype=float) for d in runs["run_dir"]])
+                        [np.asarray(peak_samples(d), dtype=float) for d in runs["run_dir"]],
+                        [pace_of(d) for d in runs["run_dir"]])
                  for side, runs in (("base", b), ("new", n))}
+        # Blocks pair only where every pair of runs took turns together, in one block size.
+        blocks = [pb[1] if pb and pb == pn else None
+                  for pb, pn in zip(sides["base"][2], sides["new"][2])]
+        if None in blocks or len(set(blocks)) != 1:
+            blocks = [None] * len(blocks)
+        pairing = "none" if not paired else f"blocks of {blocks[0]} steps" if blocks[0] else "runs"
         found = []
         for metric, (kind, better) in METRICS.items():
             per_run = {s: ([x for x in sides[s][1] if len(x)] if metric == "peak_memory_mb"
@@ -214,16 +285,23 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, alpha: float = DEFAULT_ALPHA,
             if not per_run["base"] or not per_run["new"]:
                 continue
             xb, xn = np.concatenate(per_run["base"]), np.concatenate(per_run["new"])
-            found.append((metric, kind, better, per_run, xb, xn, mann_whitney(xb, xn)))
-        adjusted = holm([f[-1] for f in found])
-        for (metric, kind, better, per_run, xb, xn, p), p_adj in zip(found, adjusted):
-            effect = statistic(kind, xb, xn)
-            ci = run_bootstrap(kind, per_run["base"], per_run["new"],
-                               paired and len(per_run["base"]) == len(per_run["new"]))
+            if paired:
+                units = (paired_memory(sides["base"][1], sides["new"][1]) if metric == "peak_memory_mb"
+                         else paired_units(kind, metric, list(zip(sides["base"][0], sides["new"][0],
+                                                                  blocks))))
+                effect, lo, hi, p = paired_test(kind, units)
+                found.append((metric, kind, better, xb, xn, effect, (lo, hi), p, len(units)))
+            else:
+                ci = run_bootstrap(kind, per_run["base"], per_run["new"])
+                found.append((metric, kind, better, xb, xn, statistic(kind, xb, xn), ci,
+                              mann_whitney(xb, xn), 0))
+        adjusted = holm([f[7] for f in found])
+        for (metric, kind, better, xb, xn, effect, ci, p, units), p_adj in zip(found, adjusted):
             rows.append(Row(key[0], key[2], int(key[3]), metric, float(np.median(xb)),
                             float(np.median(xn)), effect, ci[0], ci[1], p, p_adj, len(xb), len(xn),
                             verdict(kind, better, effect, ci, p_adj, alpha,
-                                    thresholds.get(metric, thresholds[kind]))))
+                                    thresholds.get(metric, thresholds[kind])),
+                            "per rank" if paired and metric == "peak_memory_mb" else pairing, units))
     if not rows and not notes:
         notes.append("no (workload, trainer, world size) is present on both sides")
     return rows, notes
@@ -256,6 +334,11 @@ def markdown(rows: list[Row], notes: list[str]) -> str:
     lines.append("")
     lines.append(f"{regressions} regression(s), "
                  f"{sum(r.verdict == 'improved' for r in rows)} improvement(s) in {len(rows)} comparisons.")
+    for r in rows:
+        if r.metric == "step_time_ms":
+            lines.append(f"- {r.workload} {r.trainer} {r.world_size} ranks: " + (
+                f"paired by {r.pairing} ({r.units} units; t-test)" if r.pairing != "none"
+                else "unpaired (Mann-Whitney U on steps, run-level bootstrap interval)"))
     lines += [f"- not compared: {n}" for n in notes]
     return "\n".join(lines) + "\n"
 

@@ -1,12 +1,15 @@
-"""`fsbench gate --base REV [--new REV]`: the same small sweep of two versions, run in
-randomized interleaved pairs on this machine, then `fsbench compare`.
+"""`fsbench gate --base REV [--new REV]`: the same small sweep of two versions on this
+machine, then `fsbench compare`.
 
 Each version runs from its own git worktree (NEW defaults to this checkout, uncommitted
-changes included) with that tree's own fsbench on PYTHONPATH. Pair i runs A then B or B
-then A (a seeded coin), every trainer of the sweep per side: the RMIT design, so that drift
-on a shared machine (a neighbour starting, thermal state) hits both versions alike instead
-of biasing whichever ran second. Runs are kept under --out (base/, new/); a stopped gate
-keeps what finished.
+changes included) with that tree's own fsbench on PYTHONPATH. For each trainer and seed
+the two versions' runs start together and take turns a block of steps at a time
+(fsbench.pacing), which of the two goes first in each block decided by a seeded coin:
+the RMIT design at the scale of a second, so the machine's drift hits both versions alike
+and compare can pair block k of one with block k of the other. A version that predates
+pacing (no fsbench/pacing.py in its tree) makes the gate fall back to whole runs, A then
+B or B then A, paired run by run: far less sensitive, and said so. Runs are kept under
+--out (base/, new/, logs/); a stopped gate keeps what finished.
 """
 from __future__ import annotations
 
@@ -16,10 +19,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from fsbench import pacing
 from fsbench.errors import ConfigError
 
 
@@ -33,18 +38,17 @@ class Side:
 
 @dataclass(frozen=True)
 class Sweep:
-    """The default gate: `small` at 2 ranks, 34 steps (30 measured). Not `tiny`: its 7 ms
-    steps are half bubble and its run medians vary +-14% on the 2-core VM. On that VM the
-    CPU's speed itself wanders by +-15% within seconds (a fixed matmul's thread CPU time),
-    so a run must span several seconds for its median to settle: 12 steps of `small` left
-    +-12% run-level noise (results/gate_calibration_cpu.md)."""
+    """The default gate: `small` at 2 ranks, 64 steps (60 measured) in blocks of 4 (about
+    1 s of steps per side and block: 15 measured block pairs per run pair), 2 seeds. Not
+    `tiny`: its 7 ms steps are half bubble. Calibration: results/gate_calibration_cpu.md."""
     workload: str = "small"
     trainers: tuple[str, ...] = ("ddp", "freescale")
     world_size: int = 2
-    steps: int = 34
+    steps: int = 64
     warmup: int = 4
-    pairs: int = 4
+    pairs: int = 2
     seed: int = 0
+    block_steps: int = 4
 
 
 def repo_root() -> Path:
@@ -85,35 +89,113 @@ class Worktrees:
             shutil.rmtree(path.parent, ignore_errors=True)
 
 
-def plan(sweep: Sweep, sides: tuple[str, str]) -> list[tuple[int, str, str]]:
-    """(pair, side, trainer) in run order: each pair in a seeded random side order."""
+def supports_pacing(side: Side) -> bool:
+    return (side.tree / "fsbench" / "pacing.py").exists()
+
+
+def plan(sweep: Sweep, sides: tuple[str, str]) -> list[tuple[int, str, tuple[str, str]]]:
+    """(pair, trainer, side order) in run order. The order says which side goes first:
+    in every block of a paced pair (the gate redraws it per block), or for the whole run
+    when the gate falls back to unpaced runs."""
     rng = random.Random(sweep.seed)
-    order = []
-    for pair in range(sweep.pairs):
-        first, second = sides if rng.random() < 0.5 else sides[::-1]
-        order += [(pair, s, t) for s in (first, second) for t in sweep.trainers]
-    return order
+    return [(pair, trainer, sides if rng.random() < 0.5 else sides[::-1])
+            for pair in range(sweep.pairs) for trainer in sweep.trainers]
 
 
-def run_one(side: Side, sweep: Sweep, trainer: str, out: Path, seed: int) -> None:
-    """One run of `side`'s code, as its own process (its tree's fsbench on PYTHONPATH)."""
+def run_command(side: Side, sweep: Sweep, trainer: str, out: Path, seed: int,
+                pace: pacing.Pace | None = None) -> tuple[list[str], dict[str, str]]:
+    """`fsbench run` of `side`'s code, as its own process (its tree's fsbench on PYTHONPATH)."""
     env = {**os.environ, **side.env,
            "PYTHONPATH": os.pathsep.join(p for p in [str(side.tree), side.env.get("PYTHONPATH", ""),
                                                      os.environ.get("PYTHONPATH", "")] if p)}
+    env.pop(pacing.ENV, None)
+    if pace is not None:
+        env[pacing.ENV] = pace.env_value()
     cmd = [sys.executable, "-m", "fsbench.cli", "run", "--workload", sweep.workload,
            "--trainer", trainer, "--world-size", str(sweep.world_size), "--steps", str(sweep.steps),
            "--warmup", str(sweep.warmup), "--seed", str(seed), "--out", str(out / side.name)]
-    done = subprocess.run(cmd, cwd=side.tree, env=env, capture_output=True, text=True)
-    if done.returncode == 130:
+    return cmd, env
+
+
+def _fail(name: str, trainer: str, code: int, log: Path) -> RuntimeError:
+    if code == 130:
         raise KeyboardInterrupt
-    if done.returncode:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [""]
-        raise RuntimeError(f"{side.name} {trainer}: exit {done.returncode}: {tail[0]}")
+    lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+    return RuntimeError(f"{name} {trainer}: exit {code}: {lines[-1] if lines else ''} (log: {log})")
+
+
+def run_one(side: Side, sweep: Sweep, trainer: str, out: Path, seed: int) -> None:
+    """One unpaced run (the fallback, and calibration's pools)."""
+    cmd, env = run_command(side, sweep, trainer, out, seed)
+    log = out / "logs" / f"{side.name}-{trainer.replace(':', '_')}-seed{seed}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f:
+        code = subprocess.run(cmd, cwd=side.tree, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+    if code:
+        raise _fail(side.name, trainer, code, log)
+
+
+def run_paced(sides: tuple[Side, Side], sweep: Sweep, trainer: str, out: Path, seed: int,
+              rng: random.Random) -> None:
+    """Both sides' runs of one trainer and seed, taking turns block by block: start both,
+    wait until both are parked at block 0, then per block release one side, wait until it
+    parks again, release the other (the order a coin per block); at the end release both
+    for their teardown. Either run failing stops the other."""
+    procs: dict[str, subprocess.Popen] = {}
+    logs: dict[str, Path] = {}
+    with tempfile.TemporaryDirectory(prefix="fsbench-pace-") as turns:
+        paces = {s.name: pacing.Pace(Path(turns), s.name, sweep.block_steps) for s in sides}
+        try:
+            for side in sides:
+                cmd, env = run_command(side, sweep, trainer, out, seed, paces[side.name])
+                logs[side.name] = out / "logs" / f"{side.name}-{trainer.replace(':', '_')}-seed{seed}.log"
+                logs[side.name].parent.mkdir(parents=True, exist_ok=True)
+                with open(logs[side.name], "w") as f:
+                    procs[side.name] = subprocess.Popen(cmd, cwd=side.tree, env=env, stdout=f,
+                                                        stderr=subprocess.STDOUT)
+
+            def wait_parked(name: str, block: int) -> None:
+                while not paces[name].parked(block).exists():
+                    code = procs[name].poll()
+                    if code is not None:
+                        raise _fail(name, trainer, code, logs[name])
+                    time.sleep(pacing.POLL_S)
+
+            names = [s.name for s in sides]
+            last = pacing.blocks(sweep.steps, sweep.block_steps) - 1
+            for name in names:
+                wait_parked(name, 0)
+            for block in range(last):
+                for name in rng.sample(names, 2):
+                    paces[name].go(block).touch()
+                    wait_parked(name, block + 1)
+            for name in names:
+                paces[name].go(last).touch()
+            for name in names:
+                code = procs[name].wait()
+                if code:
+                    raise _fail(name, trainer, code, logs[name])
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.terminate()
+                    try:
+                        proc.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
 
 
 def run_pairs(sides: tuple[Side, Side], sweep: Sweep, out: Path,
-              progress: Callable[[Iterable], Iterable] = lambda it: it) -> None:
+              progress: Callable[[Iterable], Iterable] = lambda it: it) -> bool:
+    """Every (pair, trainer) of the plan; True when paced, False on the unpaced fallback.
+    Same seed on both sides of a pair (same batches), another seed per pair."""
+    paced = all(supports_pacing(s) for s in sides)
     by_name = {s.name: s for s in sides}
-    for pair, name, trainer in progress(plan(sweep, (sides[0].name, sides[1].name))):
-        # Same seed on both sides of a pair (same batches), another per pair.
-        run_one(by_name[name], sweep, trainer, out, seed=sweep.seed + pair)
+    rng = random.Random(sweep.seed + 1)
+    for pair, trainer, order in progress(plan(sweep, (sides[0].name, sides[1].name))):
+        if paced:
+            run_paced(sides, sweep, trainer, out, sweep.seed + pair, rng)
+        else:
+            for name in order:
+                run_one(by_name[name], sweep, trainer, out, seed=sweep.seed + pair)
+    return paced

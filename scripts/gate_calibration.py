@@ -1,19 +1,21 @@
 """Calibrate `fsbench compare`/`fsbench gate` against this machine's noise, on real runs.
 
-Runs pools of the default gate's sweep (`small`, 2 ranks, 12 steps), interleaved in
-randomized rounds: identical code (A, ddp and freescale), and a test-only DDP with a known
-extra cost (tests/support/trainers_for_tests.py:InjectedDDP): +10% step time on every
-rank (S), or a straggler on rank 0 (B: about +5 bubble points). Then draws comparisons
-of PAIRS rounds (the same rounds on both sides, as a gate pairs its runs):
+Runs rounds of the default gate's sweep (`small`, 2 ranks, 64 steps), each round one
+seed and four paced duels as the gate runs them (two runs taking turns block by block,
+fsbench.pacing), in a shuffled order:
 
-  A/A   identical code on both sides: any verdict other than unchanged is a false alarm
-  A/S   must say step_time_ms regressed;  A/B   must say bubble_ratio regressed
+  A/A ddp, A/A freescale   identical code on both sides: any verdict but unchanged is a false alarm
+  A/S   a test-only DDP with +10% step time on every rank (tests/support/trainers_for_tests.py:
+        InjectedDDP): step_time_ms must say regressed
+  A/B   the same DDP with a straggler on rank 0 (about +5 bubble points): bubble_ratio must
+        say regressed
 
-and reports the counts, the injected changes as measured, and the smallest change the
-default gate detects per metric (the larger of its threshold and the run-level interval's
-half-width in A/A draws). Writes results/gate_calibration_cpu.md.
+A gate of the default size is two rounds (two seeds); disjoint pairs of rounds give
+independent gates, and every round alone is a one-seed gate. Reports the counts, the
+injected changes as measured, and the smallest change the default gate detects per metric.
+Writes results/gate_calibration_cpu.md.
 
-    python scripts/gate_calibration.py [--rounds 10] [--draws 20] [--out runs/gate_calibration]
+    python scripts/gate_calibration.py [--rounds 12] [--out runs/gate_calibration]
 """
 from __future__ import annotations
 
@@ -41,83 +43,118 @@ TEST_DDP = "trainers_for_tests:InjectedDDP"
 SLOWDOWN, STRAGGLE = 0.10, 0.20
 
 
-def pools(rounds: int, sweep: gate.Sweep, out: Path) -> None:
-    sides = {
-        "a_ddp": (gate.Side("a_ddp", HERE, {"PYTHONPATH": SUPPORT}), TEST_DDP),
-        "a_ddp2": (gate.Side("a_ddp2", HERE, {"PYTHONPATH": SUPPORT}), TEST_DDP),
-        "a_fs": (gate.Side("a_fs", HERE), "freescale"),
-        "a_fs2": (gate.Side("a_fs2", HERE), "freescale"),
-        "slow": (gate.Side("slow", HERE, {"PYTHONPATH": SUPPORT,
-                                          "FSBENCH_TEST_SLOWDOWN": str(SLOWDOWN)}), TEST_DDP),
-        "straggle": (gate.Side("straggle", HERE, {"PYTHONPATH": SUPPORT,
-                                                  "FSBENCH_TEST_STRAGGLE": str(STRAGGLE)}), TEST_DDP),
-    }
+DUELS = ("A/A ddp", "A/A freescale", "A/S", "A/B")
+
+
+def duel_sides(kind: str) -> tuple[tuple[gate.Side, gate.Side], str]:
+    test = {"PYTHONPATH": SUPPORT}
+    tag = kind.replace("/", "").replace(" ", "_").lower()
+    base = gate.Side(f"{tag}_base", HERE, test if kind != "A/A freescale" else {})
+    new_env = {"A/A ddp": test, "A/A freescale": {},
+               "A/S": {**test, "FSBENCH_TEST_SLOWDOWN": str(SLOWDOWN)},
+               "A/B": {**test, "FSBENCH_TEST_STRAGGLE": str(STRAGGLE)}}[kind]
+    trainer = "freescale" if kind == "A/A freescale" else TEST_DDP
+    return (base, gate.Side(f"{tag}_new", HERE, new_env)), trainer
+
+
+def rounds_run(rounds: int, sweep: gate.Sweep, out: Path) -> None:
     rng = random.Random(sweep.seed)
     order = []
     for r in range(rounds):
-        names = list(sides)
-        rng.shuffle(names)
-        order += [(r, n) for n in names]
-    for r, name in tqdm(order, desc="calibration runs"):
-        side, trainer = sides[name]
-        gate.run_one(side, sweep, trainer, out, seed=sweep.seed + r)
+        kinds = list(DUELS)
+        rng.shuffle(kinds)
+        order += [(r, k) for k in kinds]
+    done = out / "done.txt"  # resumable: a stopped calibration keeps its finished duels
+    finished = set(done.read_text().splitlines()) if done.exists() else set()
+    turns = random.Random(sweep.seed + 1)
+    for r, kind in tqdm(order, desc="calibration duels"):
+        if f"{r} {kind}" in finished:
+            continue
+        sides, trainer = duel_sides(kind)
+        gate.run_paced(sides, sweep, trainer, out, seed=sweep.seed + r, rng=turns)
+        with open(done, "a") as f:
+            f.write(f"{r} {kind}\n")
 
 
-def draws(out: Path, n: int, pairs: int, seed: int = 1) -> pd.DataFrame:
-    runs = {d.name: load_runs(d) for d in out.iterdir() if d.is_dir()}  # complete runs only
-    rng = np.random.default_rng(seed)
+def draws(out: Path, pairs: int) -> pd.DataFrame:
+    """Every gate of `pairs` rounds from disjoint rounds (independent), and every round
+    alone (a one-seed gate)."""
     rows = []
-    for i in range(n):
-        # As a gate pairs its runs: both sides from the same rounds (same seeds).
-        rounds = rng.permutation(sorted(set(runs["a_ddp"]["seed"]) & set(runs["a_fs"]["seed"])))[:pairs]
-        pick = lambda pool: runs[pool][runs[pool]["seed"].isin(rounds)]  # noqa: E731
-        for kind, base_pool, new_pool in (("A/A ddp", "a_ddp", "a_ddp2"), ("A/A freescale", "a_fs", "a_fs2"),
-                                          ("A/S", "a_ddp", "slow"), ("A/B", "a_ddp", "straggle")):
-            base, new = pick(base_pool), pick(new_pool)
-            result, notes = compare.compare(base.reset_index(drop=True), new.reset_index(drop=True))
+    for kind in DUELS:
+        (base_side, new_side), _ = duel_sides(kind)
+        base, new = load_runs(out / base_side.name), load_runs(out / new_side.name)
+        seeds = sorted(set(base["seed"]) & set(new["seed"]))
+        groups = [("gate", seeds[i:i + pairs]) for i in range(0, len(seeds) - pairs + 1, pairs)]
+        groups += [("one seed", [s]) for s in seeds]
+        for size, group in groups:
+            pick = lambda runs: runs[runs["seed"].isin(group)].reset_index(drop=True)  # noqa: E731
+            result, notes = compare.compare(pick(base), pick(new))
             for r in result:
-                rows.append({"draw": i, "kind": kind, "metric": r.metric, "verdict": r.verdict,
-                             "effect": r.effect, "ci_low": r.ci_low, "ci_high": r.ci_high,
-                             "left_out": len(notes)})
+                rows.append({"gate": f"{size} {'+'.join(map(str, group))}", "size": size, "kind": kind,
+                             "metric": r.metric, "verdict": r.verdict, "effect": r.effect,
+                             "ci_low": r.ci_low, "ci_high": r.ci_high, "p_adjusted": r.p_adjusted,
+                             "units": r.units, "left_out": len(notes)})
     return pd.DataFrame(rows)
 
 
-def render(df: pd.DataFrame, args, sweep: gate.Sweep) -> str:
+def detected(df: pd.DataFrame, kind: str, metric: str | None = None) -> pd.Series:
+    """Per gate: did it fail (any regression, or a regression of `metric`)?"""
+    g = df[df["kind"] == kind]
+    if metric:
+        g = g[g["metric"] == metric]
+    return g.groupby("gate")["verdict"].apply(lambda v: bool((v == "regressed").any()))
+
+
+def counts(df: pd.DataFrame, size: str) -> list[str]:
+    d = df[df["size"] == size]
+    aa = d[d["kind"].str.startswith("A/A")]
+    alarms = aa[aa["verdict"] != "unchanged"]
+    n_aa = aa.groupby(["gate", "kind"]).ngroups
+    fails = alarms[alarms["verdict"] == "regressed"].groupby(["gate", "kind"]).ngroups
+    slow, strag = detected(d, "A/S"), detected(d, "A/B", "bubble_ratio")
+    eff = lambda kind, metric: d[(d["kind"] == kind) & (d["metric"] == metric)]["effect"].median()  # noqa: E731
+    return [
+        f"- **A/A: {fails} failed gates of {n_aa}** (any verdict but unchanged: "
+        f"{alarms.groupby(['gate', 'kind']).ngroups}; {len(alarms)} metric verdicts of {len(aa)}).",
+        f"- **A/S (+{SLOWDOWN:.0%} step time) detected: {int(slow.sum())} of {len(slow)}**; measured "
+        f"change (median): {eff('A/S', 'step_time_ms'):.3f}x.",
+        f"- **A/B (straggler) detected as a bubble regression: {int(strag.sum())} of {len(strag)}**; "
+        f"measured change (median): {100 * eff('A/B', 'bubble_ratio'):+.1f} points.",
+    ]
+
+
+def render(df: pd.DataFrame, args, sweep: gate.Sweep, elapsed_s: float) -> str:
+    from scipy import stats
+
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                          cwd=HERE).stdout.strip()
-    n = df["draw"].nunique()
-    aa = df[df["kind"].str.startswith("A/A")]
-    false_alarms = aa[aa["verdict"] != "unchanged"]
-    slow = df[(df["kind"] == "A/S") & (df["metric"] == "step_time_ms")]
-    slow_norm = df[(df["kind"] == "A/S") & (df["metric"] == "step_time_norm")]
-    # The gate fails on any regression: a draw is detected when either step-time metric says so.
-    slow_gate = df[df["kind"] == "A/S"].groupby("draw")["verdict"].apply(lambda v: (v == "regressed").any())
-    strag = df[(df["kind"] == "A/B") & (df["metric"] == "bubble_ratio")]
+    gates = df[df["size"] == "gate"]
+    aa = gates[gates["kind"].str.startswith("A/A")]
+    units = int(aa[aa["metric"] == "step_time_ms"]["units"].median()) if len(aa) else 0
+    # A change is flagged when |t| clears the Holm-adjusted alpha; with one metric moving,
+    # about alpha / (number of metrics): half-width x t(1 - alpha/2m) / t(0.975).
+    widen = (stats.t.ppf(1 - compare.DEFAULT_ALPHA / (2 * len(compare.METRICS)), units - 1)
+             / stats.t.ppf(0.975, units - 1)) if units > 1 else float("nan")
     lines = [
-        "# Regression gate calibration (A/A, A/B)\n",
+        "# Regression gate calibration (A/A, A/S, A/B)\n",
         f"Machine: {os.cpu_count()} cores ({platform.machine()}), no GPU, torch {torch.__version__}, "
         f"gloo. Commit `{sha}`. Default gate sweep: `{sweep.workload}`, {sweep.world_size} ranks, "
-        f"{sweep.steps} steps ({sweep.warmup} warm-up); {args.rounds} interleaved rounds of six "
-        f"pools (identical ddp x2, identical freescale x2, +{SLOWDOWN:.0%} step time, rank-0 "
-        f"straggler +{STRAGGLE:.1%} compute); {n} draws of {args.pairs} of the rounds, the same "
-        f"rounds on both sides (paired by seed, as a gate pairs its runs; draws share rounds, so "
-        f"they are not independent); default thresholds {compare.DEFAULT_THRESHOLDS}, alpha "
-        f"{compare.DEFAULT_ALPHA}. Command: `python scripts/gate_calibration.py`.\n",
-        f"- **A/A false alarms: {false_alarms['draw'].astype(str).add(false_alarms['kind']).nunique()} "
-        f"comparisons of {2 * n}** with any verdict other than unchanged "
-        f"({len(false_alarms)} metric verdicts of {len(aa)}).",
-        f"- **A/S (+{SLOWDOWN:.0%} step time) detected by the gate: {int(slow_gate.sum())} of "
-        f"{len(slow_gate)}**; by `step_time_ms` alone {int((slow['verdict'] == 'regressed').sum())}, "
-        + (f"by the speed-normalized `step_time_norm` alone "
-           f"{int((slow_norm['verdict'] == 'regressed').sum())}; " if len(slow_norm) else "")
-        + f"measured change (median over draws): {slow['effect'].median():.3f}x"
-        + (f" (normalized {slow_norm['effect'].median():.3f}x)." if len(slow_norm) else "."),
-        f"- **A/B (straggler) detected as a bubble regression: {int((strag['verdict'] == 'regressed').sum())} "
-        f"of {len(strag)}**; measured change: {100 * strag['effect'].median():+.1f} points.",
+        f"{sweep.steps} steps ({sweep.warmup} warm-up), the two versions taking turns every "
+        f"{sweep.block_steps} steps (fsbench.pacing), {sweep.pairs} seeds per gate. {args.rounds} "
+        f"rounds (one seed each) of four paced duels in shuffled order: identical ddp, identical "
+        f"freescale, +{SLOWDOWN:.0%} step time (A/S), rank-0 straggler +{STRAGGLE:.0%} compute (A/B). "
+        f"Default thresholds {compare.DEFAULT_THRESHOLDS}, alpha {compare.DEFAULT_ALPHA} (Holm over "
+        f"{len(compare.METRICS)} metrics). {elapsed_s / 60:.0f} min of runs. Command: "
+        f"`python scripts/gate_calibration.py --rounds {args.rounds}`.\n",
+        f"## Default gates ({sweep.pairs} seeds; disjoint rounds, so independent)\n",
+        *counts(df, "gate"),
+        "\n## One-seed gates (every round alone; half the default's units)\n",
+        *counts(df, "one seed"),
         "\n## Smallest change the default gate detects, per metric\n",
-        "The larger of the metric's threshold and the median half-width of the run-level 95% "
-        "interval in A/A draws (a change must clear both).\n",
-        "| metric | threshold | A/A interval half-width (median) | smallest detectable change |",
+        f"The larger of the metric's threshold and the change that clears the Holm-adjusted alpha "
+        f"with one metric moving: the median A/A 95% half-width x {widen:.2f} "
+        f"(t quantiles at {units - 1} degrees of freedom; {units} paired blocks per gate).\n",
+        "| metric | threshold | A/A 95% half-width (median) | smallest detectable change |",
         "|---|---:|---:|---:|",
     ]
     for metric, (kind, _) in compare.METRICS.items():
@@ -125,30 +162,34 @@ def render(df: pd.DataFrame, args, sweep: gate.Sweep) -> str:
         if not len(g):
             continue
         half = float(((g["ci_high"] - g["ci_low"]) / 2).median())
+        if kind != "ratio":  # ratios: as a relative change
+            half = float((((g["ci_high"] - g["ci_low"]) / 2) / g["effect"]).median())
         thr = compare.DEFAULT_THRESHOLDS[kind]
         fmt = (lambda v: f"{100 * v:.1f} pp") if kind == "ratio" else (lambda v: f"{100 * v:.1f}%")
-        lines.append(f"| {metric} | {fmt(thr)} | {fmt(half)} | {fmt(max(thr, half))} |")
-    if len(false_alarms):
-        lines += ["\n## False alarms\n", "```", false_alarms.to_string(index=False), "```"]
+        lines.append(f"| {metric} | {fmt(thr)} | {fmt(half)} | {fmt(max(thr, half * widen))} |")
+    alarms = df[df["kind"].str.startswith("A/A") & (df["verdict"] != "unchanged")]
+    if len(alarms):
+        lines += ["\n## A/A verdicts other than unchanged\n", "```", alarms.to_string(index=False), "```"]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
+    import time
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--draws", type=int, default=20)
-    ap.add_argument("--pairs", type=int, default=gate.Sweep().pairs)
-    ap.add_argument("--out", default="runs/gate_calibration_probe")
-    ap.add_argument("--skip-runs", action="store_true", help="only redraw from stored pools")
+    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--out", default="runs/gate_calibration")
+    ap.add_argument("--skip-runs", action="store_true", help="only re-analyse the stored duels")
     ap.add_argument("--table", default="results/gate_calibration_cpu.md")
     args = ap.parse_args()
     sweep = gate.Sweep(trainers=())
     out = Path(args.out).resolve()
+    start = time.time()
     if not args.skip_runs:
-        pools(args.rounds, sweep, out)
-    df = draws(out, args.draws, args.pairs)
+        rounds_run(args.rounds, sweep, out)
+    df = draws(out, sweep.pairs)
     df.to_csv(out / "draws.csv", index=False)
-    Path(args.table).write_text(render(df, args, sweep))
+    Path(args.table).write_text(render(df, args, sweep, time.time() - start))
     print(Path(args.table).read_text())
 
 

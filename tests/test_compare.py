@@ -52,12 +52,73 @@ def test_change_points_find_a_step():
 
 
 def test_gate_plan_alternates_sides_reproducibly():
-    sweep = gate.Sweep(trainers=("ddp",), pairs=6, seed=3)
+    sweep = gate.Sweep(trainers=("ddp", "freescale"), pairs=6, seed=3)
     order = gate.plan(sweep, ("base", "new"))
     assert order == gate.plan(sweep, ("base", "new"))
-    firsts = [order[2 * i][1] for i in range(6)]
-    assert set(firsts) == {"base", "new"}  # both sides go first in some pair
-    assert all({order[2 * i][1], order[2 * i + 1][1]} == {"base", "new"} for i in range(6))
+    assert [(p, t) for p, t, _ in order] == [(p, t) for p in range(6) for t in ("ddp", "freescale")]
+    assert {o for _, _, o in order} == {("base", "new"), ("new", "base")}  # both go first
+
+
+def _steps(values, start=4):
+    import pandas as pd
+
+    return pd.DataFrame({"step": np.arange(start, start + len(values)), "step_time_ms": values})
+
+
+def test_blocks_cancel_drift_that_runs_cannot():
+    """The machine's speed drifts block to block by +-20%; NEW is 10% slower. Paired by
+    block (both sides ran each block a second apart) the drift cancels and the change is
+    found with a tight interval; paired by whole runs (two runs) nothing can be said."""
+    rng = np.random.default_rng(0)
+    pairs = []
+    for _ in range(2):
+        drift = np.repeat(np.exp(rng.normal(0, 0.2, 15)), 4)  # per 4-step block
+        data = rng.uniform(150, 250, 60)                       # the batches: same both sides
+        noise = lambda: np.exp(rng.normal(0, 0.03, 60))        # noqa: E731
+        pairs.append((_steps(data * drift * noise()), _steps(1.10 * data * drift * noise())))
+    by_block = compare.paired_units("time", "step_time_ms", [(b, n, 4) for b, n in pairs])
+    by_run = compare.paired_units("time", "step_time_ms", [(b, n, None) for b, n in pairs])
+    assert len(by_block) == 30 and len(by_run) == 2
+    effect, lo, hi, p = compare.paired_test("time", by_block)
+    assert 1.08 < lo < effect < hi < 1.12 and p < 1e-6
+    assert compare.verdict("time", "lower", effect, (lo, hi), p, 0.01, 0.05) == "regressed"
+    assert compare.paired_test("time", by_run)[3] > 0.01  # one degree of freedom: untestable
+
+
+def test_paired_test_on_ratios_and_degenerate_units():
+    effect, lo, hi, p = compare.paired_test("ratio", np.array([0.05, 0.06, 0.04, 0.05]))
+    assert effect == pytest.approx(0.05) and lo < 0.05 < hi and p < 0.01
+    assert compare.paired_test("ratio", np.array([0.0, 0.0, 0.0]))[3] == 1.0
+    assert compare.paired_test("time", np.array([np.log(1.2)] * 3))[3] == 0.0  # exact change
+    assert compare.paired_test("time", np.array([0.1]))[3] == 1.0  # one unit: no test
+    mem = compare.paired_memory([np.array([100.0, 102.0])], [np.array([110.0, 112.2])])
+    assert np.exp(mem) == pytest.approx([1.1, 1.1])
+
+
+@pytest.mark.dist
+def test_paced_runs_take_turns_block_by_block(tmp_path):
+    """The gate's real turn-taking: two runs of this checkout, blocks of 2 steps. In every
+    block the two sides' step spans do not overlap in time (one ran, the other waited),
+    and compare pairs them by block."""
+    from fsbench.timeline import read_timelines
+
+    sides = (gate.Side("base", gate.repo_root()), gate.Side("new", gate.repo_root()))
+    sweep = gate.Sweep(workload="tiny", trainers=("ddp",), steps=8, warmup=2, block_steps=2)
+    gate.run_paced(sides, sweep, "ddp", tmp_path, seed=0, rng=__import__("random").Random(0))
+    spans = {}
+    for side in ("base", "new"):
+        (run_dir,) = [d for d in (tmp_path / side).iterdir() if d.is_dir()]
+        assert compare.pace_of(run_dir)[1] == 2
+        tl = read_timelines(run_dir)
+        steps = tl[tl["name"] == "step"].assign(end_ns=lambda t: t["start_ns"] + t["dur_ns"])
+        spans[side] = steps.groupby(steps["step"] // 2).agg(start=("start_ns", "min"), end=("end_ns", "max"))
+    b, n = spans["base"], spans["new"]
+    assert len(b) == len(n) == 4
+    assert ((b["end"] <= n["start"]) | (n["end"] <= b["start"])).all()
+    rows, _ = compare.compare(*(compare.load_side(tmp_path / s).assign(contended=False)
+                                for s in ("base", "new")))
+    timed = [r for r in rows if r.metric != "peak_memory_mb"]
+    assert {(r.pairing, r.units) for r in timed} == {("blocks of 2 steps", 3)}  # steps 2..7
 
 
 @pytest.mark.dist

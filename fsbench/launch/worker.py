@@ -22,6 +22,7 @@ from fsbench.clock import measure_offset
 from fsbench.config import run_from_dict
 from fsbench.evaluate import Evaluator
 from fsbench.monitor import RankMonitor
+from fsbench.pacing import Pacer
 from fsbench.speed_probe import PROBE_SPAN, SpeedProbe
 from fsbench.store import write_json_atomic
 from fsbench.timeline import Timeline, cpu_steal_ticks, set_current
@@ -64,6 +65,8 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
     steal0 = steal1 = None
     # CPU runs: the CPU's own speed, timed before each step's barrier (step_time_norm).
     probe = SpeedProbe() if ctx.device.type == "cpu" else None
+    # Under `fsbench gate`: take turns with the other version's run (fsbench.pacing).
+    pacer = Pacer(ctx.rank, run_dir, run.workload.steps)
     try:
         with open(run_dir / f"steps-rank-{ctx.rank}.jsonl", "a") as stats_file:
             for step in range(run.workload.steps):
@@ -75,6 +78,7 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
                     monitor.stop()
                     profiler.stop()
                     steal1 = cpu_steal_ticks()
+                pacer.before_step(step)  # before the barrier: parked time is in no step
                 timeline.begin_step(step, warmup=step not in measured)
                 # The start barrier (its own group): every rank enters the timed step
                 # together, so step time measures the step and not the ranks' skew in
@@ -96,6 +100,7 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
                 timeline.flush()
                 if evaluator is not None:  # between steps: in no step's span, before the barrier
                     evaluator.after_step(step, trainer)
+        pacer.before_step(run.workload.steps)  # the other side's last block runs undisturbed
         monitor.stop()
         profiler.stop()
         if evaluator is not None:  # the final model, after the measured window closed
