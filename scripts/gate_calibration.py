@@ -107,6 +107,8 @@ def detected(df: pd.DataFrame, kind: str, metric: str | None = None) -> pd.Serie
 
 def counts(df: pd.DataFrame, size: str) -> list[str]:
     d = df[df["size"] == size]
+    if not len(d):
+        return ["- none: too few rounds"]
     aa = d[d["kind"].str.startswith("A/A")]
     alarms = aa[aa["verdict"] != "unchanged"]
     n_aa = aa.groupby(["gate", "kind"]).ngroups
