@@ -1,4 +1,5 @@
-"""Per-sample cost model, calibrated by measurement: cost(L) = a L^2 + b L + c.
+"""Per-sample cost model, calibrated by measurement: cost(L) = a L^2 + b L + c, and the
+optimizer's cost per table element and step (`table_ns_per_element`).
 
 `fsbench calibrate --workload W` times forward + backward of the workload's model on this
 device for batches of identical length L over a grid of lengths, divides by the number
@@ -41,6 +42,11 @@ class CostFit:
     lengths: list[int]
     per_sample_ms: list[float]
     created: str = ""
+    table_ns_per_element: float | None = None
+    table_optimizer: str | None = None
+    """The workload's optimizer step over an embedding table, per element (rows x dim)
+    and step: what a trainer pays every step for each table element it updates (all of
+    a replicated table's, under a dense gradient). None in fits made before it existed."""
 
     def cost_ms(self, lengths: np.ndarray) -> np.ndarray:
         L = np.asarray(lengths, dtype=np.float64)
@@ -120,6 +126,33 @@ def measure_per_sample_ms(workload: WorkloadConfig, length: int, repeats: int = 
     return statistics.median(times) * 1e3 / n
 
 
+def measure_table_ns_per_element(workload: WorkloadConfig, device: str = "cpu",
+                                 rows: tuple[int, int] = (20_000, 200_000), repeats: int = 5) -> float:
+    """Slope of the optimizer step's time over table size: a dense table of `rows[i]` x
+    dim with a dense gradient, stepped by the workload's optimizer; (t1 - t0) / (elements1
+    - elements0), so fixed per-step costs cancel."""
+    from fsbench.optim import make_optimizer
+
+    times = []
+    for n_rows in rows:
+        table = torch.nn.Parameter(torch.zeros(n_rows, workload.model.dim, device=device))
+        table.grad = torch.full_like(table, 1e-3)
+        opt = make_optimizer([table], workload)
+        samples = []
+        for i in range(2 + repeats):
+            if device == "cuda":
+                torch.cuda.synchronize()  # note: CPU-GPU sync point, so the timer sees the work
+            t0 = time.perf_counter()
+            opt.step()
+            if device == "cuda":
+                torch.cuda.synchronize()  # note: CPU-GPU sync point
+            if i >= 2:
+                samples.append(time.perf_counter() - t0)
+        times.append(statistics.median(samples))
+    elements = [n * workload.model.dim for n in rows]
+    return max(0.0, (times[1] - times[0]) / (elements[1] - elements[0]) * 1e9)
+
+
 def calibrate(workload: WorkloadConfig, out_dir: str | Path, device: str = "cpu",
               lengths: list[int] | None = None, repeats: int = 5, progress=lambda it: it) -> CostFit:
     """Measure, fit, store; returns the fit."""
@@ -128,7 +161,9 @@ def calibrate(workload: WorkloadConfig, out_dir: str | Path, device: str = "cpu"
     a, b, c, r2 = fit_quadratic(lengths, per_sample)
     fit = CostFit(a=a, b=b, c=c, r2=r2, model=model_key(workload), device=device_key(device),
                   lengths=list(lengths), per_sample_ms=per_sample,
-                  created=datetime.datetime.now(datetime.timezone.utc).isoformat())
+                  created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                  table_ns_per_element=measure_table_ns_per_element(workload, device),
+                  table_optimizer=workload.optimizer)
     path = fit_path(out_dir, workload, device)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, dataclasses.asdict(fit))

@@ -8,9 +8,9 @@ For each (workload, trainer, world size) present on both sides and each metric:
            same batches step by step) per step the log ratio (or difference) NEW vs BASE,
            averaged per unit, where the unit is a block of steps when the two runs took
            turns block by block (fsbench.pacing: both blocks ran a second apart) and
-           else the whole run (a run's steps share its machine state). Effect: the mean
-           over units (a geometric mean ratio for times); interval and p from a one-sample
-           t-test on the units; peak memory pairs rank by rank.
+           else the whole run (a run's steps share its machine state). Effect, interval
+           and p over the units: Hodges-Lehmann, bootstrap, Wilcoxon signed-rank
+           (`paired_test`); peak memory pairs rank by rank, with a t-test.
   unpaired (any other two sets of runs) the ratio or difference of medians of the per-step
            samples (peak memory: one value per rank and run), two-sided Mann-Whitney U
            (asv's rule) on them, and a 95% bootstrap interval that resamples whole runs,
@@ -189,23 +189,43 @@ def paired_memory(base: list[np.ndarray], new: list[np.ndarray]) -> np.ndarray:
     return np.asarray(units, dtype=float)
 
 
-def paired_test(kind: str, units: np.ndarray) -> tuple[float, float, float, float]:
-    """(effect, 95% low, 95% high, two-sided p) from a one-sample t-test on the units;
-    times and memory back on the ratio scale. Fewer than two units: nothing to test."""
+def hodges_lehmann(x: np.ndarray) -> float:
+    """Median of the pairwise averages (Walsh averages): the location estimate that goes
+    with the signed-rank test, robust to a few steps a neighbour's burst stretched."""
+    i, j = np.triu_indices(len(x))
+    return float(np.median((x[i] + x[j]) / 2))
+
+
+def paired_test(kind: str, units: np.ndarray, seed: int = 0) -> tuple[float, float, float, float]:
+    """(effect, 95% low, 95% high, two-sided p) over paired units; times and memory back
+    on the ratio scale.
+
+    Timing metrics: Wilcoxon's signed-rank p, the Hodges-Lehmann estimate and its
+    bootstrap interval over units (scipy.stats.bootstrap, percentile). Why: the gate
+    draws which version goes first in every block, so under "no change" each unit's sign
+    is a coin flip (the signed-rank null), and the machine's noise has heavy tails.
+    Peak memory: a one-sample t-test and its interval; it is a size, not a timing, its
+    units (runs x ranks) are few and jitter by about 1%, too few for a rank test ever to
+    reach alpha (4 units: p >= 0.125)."""
     from scipy import stats
 
-    n, mean = len(units), float(np.mean(units)) if len(units) else 0.0
-    if n < 2:
-        p, half = 1.0, 0.0
+    units = np.asarray(units, dtype=float)
+    units = units[np.isfinite(units)]
+    n = len(units)
+    if n < 2 or np.ptp(units) == 0:
+        # Nothing to test (one unit), or every unit the same: exactly no change (p = 1),
+        # or one exact change (a size that moved by the same amount on every rank).
+        center = float(units[0]) if n else 0.0
+        out, p = (center, center, center), (1.0 if n < 2 or center == 0 else 0.0)
+    elif kind == "memory":
+        mean, se = float(units.mean()), float(units.std(ddof=1) / math.sqrt(n))
+        half = float(stats.t.ppf(0.975, n - 1) * se)
+        out, p = (mean, mean - half, mean + half), float(2 * stats.t.sf(abs(mean) / se, n - 1))
     else:
-        sd = float(np.std(units, ddof=1))
-        if sd == 0:
-            p, half = (1.0 if mean == 0 else 0.0), 0.0
-        else:
-            se = sd / math.sqrt(n)
-            p = float(2 * stats.t.sf(abs(mean) / se, n - 1))
-            half = float(stats.t.ppf(0.975, n - 1) * se)
-    out = (mean, mean - half, mean + half)
+        ci = stats.bootstrap((units,), hodges_lehmann, vectorized=False, n_resamples=999,
+                             method="percentile", random_state=seed).confidence_interval
+        out = (hodges_lehmann(units), float(ci.low), float(ci.high))
+        p = float(stats.wilcoxon(units).pvalue)
     if kind != "ratio":
         out = tuple(math.exp(v) for v in out)
     return (*out, p)
@@ -337,7 +357,7 @@ def markdown(rows: list[Row], notes: list[str]) -> str:
     for r in rows:
         if r.metric == "step_time_ms":
             lines.append(f"- {r.workload} {r.trainer} {r.world_size} ranks: " + (
-                f"paired by {r.pairing} ({r.units} units; t-test)" if r.pairing != "none"
+                f"paired by {r.pairing} ({r.units} units; signed-rank test)" if r.pairing != "none"
                 else "unpaired (Mann-Whitney U on steps, run-level bootstrap interval)"))
     lines += [f"- not compared: {n}" for n in notes]
     return "\n".join(lines) + "\n"

@@ -9,6 +9,10 @@ batches (the same length draws the generator makes for that seed and step):
             costing cost(L): the calibrated fit `fsbench calibrate` stored (cluster
             `local`), or the encoder's FLOPs at a stated share of peak (GPU presets).
             A third in forward, the rest in backward.
+  tables    the optimizer's step over the table elements a rank updates, after backward,
+            on every rank: all rows x dim of a replicated table (a dense gradient), the
+            expected distinct rows of the global batch over N for sharded ones; at the
+            `fsbench calibrate` fit's cost per element (`local`) or a preset's.
   comm      an alpha-beta model per collective: fitted on this machine by
             `fsbench calibrate --comm` (`local`), or a preset's links (`h100`: 8 GPUs per
             node on NVLink 4, 400 Gb/s per GPU across nodes).
@@ -27,8 +31,10 @@ batches (the same length draws the generator makes for that seed and step):
   gradient exchange);  busy_r = compute_r;  straggler_r = max compute - compute_r;
   exposed communication = T - max compute on every rank; input stall and other idle 0.
 
-What is not modelled: the optimizer and framework overhead (Python, launch), input
-stalls, contention between communication and compute for CPU cores, network congestion.
+  T += the table step (the same on every rank: busy time).
+
+What is not modelled: the dense parameters' optimizer step and framework overhead
+(Python, launch), input stalls, contention between communication and compute for CPU cores, network congestion.
 A trainer class declares how it behaves with `sim_profile(options, world_size)`
 (`SimProfile`); trainers that do not are modelled as DDP.
 """
@@ -84,6 +90,8 @@ class Cluster:
     """Per encoder layer and step, forward + backward: kernel launches and small ops that
     no FLOP count sees (GPU presets)."""
     sm_slowdown: float = 0.0
+    table_ns_per_element: float = 0.0
+    """Optimizer step per table element (GPU presets; `local` takes its fit's)."""
 
 
 CLUSTERS = {
@@ -91,10 +99,11 @@ CLUSTERS = {
         "h100", "8x H100 per node, NVLink 4 (370 GB/s bus bandwidth per GPU), 400 Gb/s (50 GB/s) "
         "per GPU across nodes, 10 us per log2(N) step; encoder at 20% of 989 TFLOPS (bf16 dense) "
         "plus 0.3 ms per layer and step of launches; SM-contention slowdown 10% of overlapped "
-        "compute (ASSUMED figures, not yet measured on a GPU: `fsbench calibrate --device cuda` "
+        "compute; an optimizer step of 28 bytes per table element at 3.35 TB/s (ASSUMED figures, not yet measured on a GPU: `fsbench calibrate --device cuda` "
         "and `fsbench micro sm-contention` measure them)",
         "flops", gpus_per_node=8, intra_gbs=370.0, inter_gbs=50.0, alpha_s=10e-6,
-        peak_tflops=989.0, mfu=0.20, layer_overhead_ms=0.3, sm_slowdown=0.10),
+        peak_tflops=989.0, mfu=0.20, layer_overhead_ms=0.3, sm_slowdown=0.10,
+        table_ns_per_element=28 / 3.35e12 * 1e9),
     "local": Cluster(
         "local", "this machine: gloo collectives fitted by `fsbench calibrate --comm`, encoder "
         "cost from `fsbench calibrate` (CPU: no SMs to contend for)", "fit"),
@@ -131,12 +140,20 @@ class Costs:
             if self.comm is None:
                 raise ConfigError(f"--cluster local needs collective fits ({comm_fit_path(store)}): "
                                   f"run fsbench calibrate --comm --out {store}")
+            if self.fit.table_ns_per_element is None or self.fit.table_optimizer != workload.optimizer:
+                raise ConfigError(f"--cluster local needs the {workload.optimizer} step's cost per table "
+                                  f"element in the fit ({fit_path(store, workload, 'cpu')}): run fsbench "
+                                  f"calibrate --workload {workload.name} --out {store}")
 
     def sample_ms(self, lengths: np.ndarray) -> np.ndarray:
         if self.cluster.compute == "fit":
             return self.fit.cost_ms(lengths)
         c = self.cluster
         return encoder_flops(self.workload, lengths) / (c.peak_tflops * 1e12 * c.mfu) * 1e3
+
+    def table_ms(self, elements: float) -> float:
+        ns = self.fit.table_ns_per_element if self.cluster.compute == "fit" else self.cluster.table_ns_per_element
+        return elements * ns / 1e6
 
     def collective_ms(self, collective: str, n: int, nbytes: float) -> float:
         if n <= 1 or nbytes <= 0:
@@ -252,6 +269,15 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             hidden = (t_ar - post_ar) + (0.0 if prof.sm_free else hidden_emb)
             c = c + transport_slow * min(hidden, float(c.min()))
             t = pre + float(c.max()) + max(post_ar, post_emb)
+            # The optimizer steps the tables after the gradients arrived, on every rank.
+            if prof.tables.placement == "replicated":
+                updated = held_rows
+            else:
+                updated = (float(expected_distinct(np.array([tokens.sum() + samples.sum() + w.num_negatives]),
+                                                   w.item_vocab, zipf_s)[0])
+                           + samples.sum() * (1 + len(w.context_vocabs))) / n
+            upd = costs_model.table_ms(updated * w.model.dim)
+            c, t = c + upd, t + upd
             rows.append({
                 "step": k, "step_time_ms": t, "busy_max_ms": float(c.max()),
                 "idle_ms": float((t - c).sum()), "straggler_ms": float((c.max() - c).sum()),
@@ -259,7 +285,8 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                 "num_samples": float(samples.sum()), "num_targets": float(tokens.sum()),
                 # No split of whole samples can beat the larger of the mean load and the
                 # costliest single sample: the bubble's floor for this batch.
-                "bound_busy_max_ms": max(float(c.mean()), float(all_costs[np.concatenate(owners)].max())),
+                "bound_busy_max_ms": max(float(c.mean()),
+                                         float(all_costs[np.concatenate(owners)].max()) + upd),
                 "busy_mean_ms": float(c.mean()),
             })
     return summarize_steps(run, rows, cluster), rows

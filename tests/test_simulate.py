@@ -17,7 +17,8 @@ from fsbench.workloads.presets import get_workload
 H100 = CLUSTERS["h100"]
 # A cluster whose compute dominates its communication (about a CPU core's FLOPs, H100 links):
 # what the split does is then what the bubble shows.
-SLOW = dataclasses.replace(H100, name="slow", peak_tflops=0.05, layer_overhead_ms=0.0, sm_slowdown=0.0)
+SLOW = dataclasses.replace(H100, name="slow", peak_tflops=0.05, layer_overhead_ms=0.0, sm_slowdown=0.0,
+                           table_ns_per_element=0.0)
 
 
 def small(global_batch: int, steps: int = 6):
@@ -51,6 +52,34 @@ def test_freescale_balances_and_hides_what_ddp_cannot():
     off, _ = simulate_run(RunConfig(workload=w, trainer="freescale", world_size=64,
                                     trainer_options={"balance": "off"}), SLOW, ".")
     assert off["load_imbalance"] == pytest.approx(ddp["load_imbalance"], rel=1e-12)
+
+
+def test_replicated_tables_cost_every_rank_their_whole_optimizer_step():
+    """ddp steps every element of its replicated tables each step; freescale only the rows
+    the batch touched, spread over the ranks. The cost lands on every rank alike: step
+    time and busy time grow by it, the straggler share does not."""
+    w = dataclasses.replace(small(64), item_vocab=1_000_000)
+    per_element = dataclasses.replace(SLOW, table_ns_per_element=1.0)
+    run = lambda trainer, cluster, n: simulate_run(  # noqa: E731
+        RunConfig(workload=w, trainer=trainer, world_size=n), cluster, ".")[1]
+    without, with_tables = run("ddp", SLOW, 2), run("ddp", per_element, 2)
+    elements = (w.item_vocab + w.user_vocab + sum(w.context_vocabs)) * w.model.dim
+    for a, b in zip(without, with_tables):
+        assert b["step_time_ms"] - a["step_time_ms"] == pytest.approx(elements / 1e6, rel=1e-9)
+        assert b["straggler_ms"] == pytest.approx(a["straggler_ms"], rel=1e-9)
+    fs_without, fs_with = run("freescale", SLOW, 2), run("freescale", per_element, 2)
+    extra = [b["step_time_ms"] - a["step_time_ms"] for a, b in zip(fs_without, fs_with)]
+    assert 0 < max(extra) < elements / 1e6 / 20  # touched rows only, half each
+
+
+def test_calibrate_measures_the_optimizer_step_per_table_element():
+    from fsbench.calibrate import measure_table_ns_per_element
+
+    w = get_workload("tiny")
+    ns = measure_table_ns_per_element(w, rows=(2_000, 40_000), repeats=3)
+    # A CPU's optimizer step touches a few floats per element: well above zero, well
+    # under a microsecond per element on any machine this runs on.
+    assert 0.01 < ns < 1000
 
 
 def test_alpha_beta_fit_recovers_its_parameters():
