@@ -18,10 +18,14 @@ def add_parsers(sub, csv: Callable, default_out: str) -> None:
         "compare", help="BASE vs NEW runs: per metric change, interval, p, verdict (exit 1 on a regression)",
         description="Compare two sets of runs (each a run directory or a store of runs) per "
                     "workload, trainer and world size, on per-step samples: step time, "
-                    "throughput, the bubble and its four causes, peak memory. A regression "
-                    "needs a Mann-Whitney U p (Holm-adjusted over metrics) below --alpha AND a "
-                    "change beyond the threshold (relative for times and memory, percentage "
-                    "points for ratios). Exit 1 on any regression, 0 otherwise, 2 on bad input.")
+                    "throughput, the bubble and its four causes, peak memory. Runs with one seed "
+                    "each on both sides are paired (by block where they took turns under "
+                    "`fsbench gate`, else by run) and tested with Wilcoxon's signed rank; other "
+                    "runs with Mann-Whitney U on their steps. A regression needs the p "
+                    "(Holm-adjusted over metrics) below --alpha AND a change beyond the "
+                    "threshold (relative for times and memory, percentage points for ratios) "
+                    "AND an interval that excludes no change. Exit 1 on any regression, 0 "
+                    "otherwise, 2 on bad input.")
     p.add_argument("base", metavar="BASE")
     p.add_argument("new", metavar="NEW")
     _verdict_args(p)

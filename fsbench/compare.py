@@ -281,11 +281,17 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, alpha: float = DEFAULT_ALPHA,
         n = new[(new[KEY].astype(str) == pd.Series(key, index=KEY).astype(str)).all(axis=1)]
         if not len(n):
             continue
-        # A gate's runs come in pairs with one seed per pair on both sides.
-        paired = (b["seed"].is_unique and n["seed"].is_unique
-                  and sorted(b["seed"]) == sorted(n["seed"]))
+        # A gate's runs come in pairs, one seed per pair on both sides. A run whose partner
+        # was left out (contended) goes too: unpaired it would turn the comparison into an
+        # unpaired one, which no longer cancels the machine's drift.
+        common = set(b["seed"]) & set(n["seed"])
+        paired = bool(common) and b["seed"].is_unique and n["seed"].is_unique
         if paired:
-            b, n = b.sort_values("seed"), n.sort_values("seed")
+            for side, runs in (("BASE", b), ("NEW", n)):
+                notes += [f"{side} {r.run_id}: its seed-{r.seed} partner was left out, so is it"
+                          for r in runs.itertuples() if r.seed not in common]
+            b = b[b["seed"].isin(common)].sort_values("seed")
+            n = n[n["seed"].isin(common)].sort_values("seed")
         sides = {side: ([step_samples(d) for d in runs["run_dir"]],
                         [np.asarray(peak_samples(d), dtype=float) for d in runs["run_dir"]],
                         [pace_of(d) for d in runs["run_dir"]])
