@@ -44,6 +44,11 @@ class CostFit:
     created: str = ""
     table_ns_per_element: float | None = None
     table_optimizer: str | None = None
+    corun_slowdown: float | None = None
+    """How much slower the encoder runs when every core of this host runs it at once
+    (`corun_processes` processes) than alone: ranks that share a host's cores (and their
+    caches, memory bandwidth, hyperthread siblings) pay it. None in older fits."""
+    corun_processes: int | None = None
     """The workload's optimizer step over an embedding table, per element (rows x dim)
     and step: what a trainer pays every step for each table element it updates (all of
     a replicated table's, under a dense gradient). None in fits made before it existed."""
@@ -153,6 +158,55 @@ def measure_table_ns_per_element(workload: WorkloadConfig, device: str = "cpu",
     return max(0.0, (times[1] - times[0]) / (elements[1] - elements[0]) * 1e9)
 
 
+def _time_encoder(workload: WorkloadConfig, length: int, repeats: int, start=None) -> float:
+    """Median forward+backward seconds of one fixed batch; `start` (a barrier) lines up
+    co-running processes before timing."""
+    torch.set_num_threads(1)
+    n = max(1, TOKENS_PER_POINT // length)
+    w = dataclasses.replace(workload, lengths=f"fixed:{length}", global_batch_size=n)
+    model = build_model(w, seed=0)
+    batch = SyntheticBatches(w, seed=0).global_batch(0)
+    for _ in range(2):
+        model(batch).backward()
+    if start is not None:
+        start.wait()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        model(batch).backward()
+        times.append(time.perf_counter() - t0)
+        model.zero_grad(set_to_none=True)
+    return statistics.median(times)
+
+
+def _corun_child(workload, length, repeats, start, results, index) -> None:
+    results[index] = _time_encoder(workload, length, repeats, start)
+
+
+def measure_corun_slowdown(workload: WorkloadConfig, processes: int | None = None,
+                           length: int = 64, repeats: int = 10) -> tuple[float, int]:
+    """(median co-run time / solo time, processes): the encoder's fixed batch timed alone,
+    then in `processes` (default: this host's cores) processes at once."""
+    import multiprocessing as mp
+    import os
+
+    processes = processes or os.cpu_count() or 1
+    solo = _time_encoder(workload, length, repeats)
+    if processes < 2:
+        return 1.0, 1
+    ctx = mp.get_context("spawn")  # fresh interpreters: no forked torch thread pools
+    start, results = ctx.Barrier(processes), ctx.Array("d", processes)
+    procs = [ctx.Process(target=_corun_child, args=(workload, length, repeats, start, results, i))
+             for i in range(processes)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    if any(p.exitcode for p in procs):
+        raise RuntimeError("co-run calibration: a process failed")
+    return float(statistics.median(results[:]) / solo), processes
+
+
 def calibrate(workload: WorkloadConfig, out_dir: str | Path, device: str = "cpu",
               lengths: list[int] | None = None, repeats: int = 5, progress=lambda it: it) -> CostFit:
     """Measure, fit, store; returns the fit."""
@@ -164,6 +218,9 @@ def calibrate(workload: WorkloadConfig, out_dir: str | Path, device: str = "cpu"
                   created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                   table_ns_per_element=measure_table_ns_per_element(workload, device),
                   table_optimizer=workload.optimizer)
+    if device == "cpu":
+        slowdown, processes = measure_corun_slowdown(workload)
+        fit = dataclasses.replace(fit, corun_slowdown=slowdown, corun_processes=processes)
     path = fit_path(out_dir, workload, device)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, dataclasses.asdict(fit))

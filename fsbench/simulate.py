@@ -13,6 +13,8 @@ batches (the same length draws the generator makes for that seed and step):
             on every rank: all rows x dim of a replicated table (a dense gradient), the
             expected distinct rows of the global batch over N for sharded ones; at the
             `fsbench calibrate` fit's cost per element (`local`) or a preset's.
+  co-run    `local` at 2+ ranks: all of a rank's compute times the fit's measured slowdown
+            of the encoder when every core runs it at once (ranks share the host).
   comm      an alpha-beta model per collective: fitted on this machine by
             `fsbench calibrate --comm` (`local`), or a preset's links (`h100`: 8 GPUs per
             node on NVLink 4, 400 Gb/s per GPU across nodes).
@@ -151,6 +153,14 @@ class Costs:
         c = self.cluster
         return encoder_flops(self.workload, lengths) / (c.peak_tflops * 1e12 * c.mfu) * 1e3
 
+    def corun_factor(self, world_size: int) -> float:
+        """`local`: ranks of one host compute at once, each slower by the fit's measured
+        co-run slowdown (shared cores' caches, memory bandwidth, hyperthread siblings).
+        GPU presets: a GPU per rank, nothing shared."""
+        if self.cluster.compute != "fit" or world_size < 2:
+            return 1.0
+        return self.fit.corun_slowdown or 1.0
+
     def table_ms(self, elements: float) -> float:
         ns = self.fit.table_ns_per_element if self.cluster.compute == "fit" else self.cluster.table_ns_per_element
         return elements * ns / 1e6
@@ -235,12 +245,13 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     ar_bytes = dense_bytes(w) + (held_rows * dim_bytes if prof.tables.placement == "replicated" else 0)
     buckets = max(1, math.ceil(ar_bytes / DDP_BUCKET_BYTES))
     transport_slow = cluster.sm_slowdown
+    corun = costs_model.corun_factor(n)
     plan = prof.plan or contiguous_plan
     rows = []
     for start in range(0, w.steps, prof.window):
         window = range(start, min(start + prof.window, w.steps))
         lengths = [dist.sample(step_rng(run.seed, k), w.global_batch_size, w.max_seq_len) for k in window]
-        costs = [costs_model.sample_ms(L) for L in lengths]
+        costs = [corun * costs_model.sample_ms(L) for L in lengths]
         all_lengths, all_costs = np.concatenate(lengths), np.concatenate(costs)
         for k, owners in zip(window, plan(costs, n)):
             c = np.array([all_costs[idx].sum() for idx in owners]) + \
@@ -276,7 +287,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                 updated = (float(expected_distinct(np.array([tokens.sum() + samples.sum() + w.num_negatives]),
                                                    w.item_vocab, zipf_s)[0])
                            + samples.sum() * (1 + len(w.context_vocabs))) / n
-            upd = costs_model.table_ms(updated * w.model.dim)
+            upd = corun * costs_model.table_ms(updated * w.model.dim)
             c, t = c + upd, t + upd
             rows.append({
                 "step": k, "step_time_ms": t, "busy_max_ms": float(c.max()),

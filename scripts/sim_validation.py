@@ -24,7 +24,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from fsbench.calibrate import calibrate, load_fit
+from fsbench.calibrate import calibrate, fit_path, load_fit, measure_corun_slowdown
+from fsbench.store import write_json_atomic
 from fsbench.commcal import calibrate_comm, load_comm_fits
 from fsbench.config import RunConfig
 from fsbench.runner import run_once
@@ -37,6 +38,25 @@ CAUSES = ("straggler_bubble_ratio", "exposed_comm_ratio", "input_stall_ratio", "
 POINTS = ((1, "model"), (2, "model"), (4, "emulated"), (8, "emulated"), (16, "emulated"))
 
 
+def stored_summary(store: Path, workload: str, trainer: str, n: int, steps: int) -> dict | None:
+    """The newest complete run of this point already in the store (re-simulating after a
+    change to the simulator need not measure again)."""
+    import json
+
+    from fsbench.store import load_runs
+
+    if not store.exists():
+        return None
+    runs = load_runs(store)
+    if not len(runs):
+        return None
+    runs = runs[(runs["workload"] == workload) & (runs["trainer"] == trainer) & (runs["world_size"] == n)
+                & (runs["steps_measured"] == steps - 4)]
+    if not len(runs):
+        return None
+    return json.loads((Path(runs.iloc[-1]["run_dir"]) / "summary.json").read_text())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
@@ -44,6 +64,8 @@ def main() -> None:
     ap.add_argument("--presets", default="small,comm-heavy")
     ap.add_argument("--trainers", default="ddp,freescale")
     ap.add_argument("--table", default="results/sim_validation_cpu.md")
+    ap.add_argument("--reuse", action="store_true",
+                    help="take measured points already in the store (re-simulate only)")
     args = ap.parse_args()
     # One store for runs and fits: an emulated rank reads its cost fit beside its run directory.
     store = Path(args.store).resolve() / "runs"
@@ -53,8 +75,14 @@ def main() -> None:
     rows = []
     for preset in args.presets.split(","):
         base = dataclasses.replace(get_workload(preset), steps=args.steps, warmup=4)
-        if load_fit(store, base, "cpu") is None:
+        fit = load_fit(store, base, "cpu")
+        if fit is None:
             calibrate(base, store)
+        elif fit.corun_slowdown is None:  # a fit from before co-run calibration: add it only,
+            # keeping the cost the stored emulated runs waited for
+            slowdown, processes = measure_corun_slowdown(base)
+            write_json_atomic(fit_path(store, base, "cpu"), dataclasses.asdict(
+                dataclasses.replace(fit, corun_slowdown=slowdown, corun_processes=processes)))
         for n, compute in POINTS:
             w = dataclasses.replace(base, compute=compute)
             if compute != "model":  # an emulated workload is a different workload
@@ -62,7 +90,9 @@ def main() -> None:
             for trainer in args.trainers.split(","):
                 run = RunConfig(workload=w, trainer=trainer, world_size=n,
                                 trainer_options=trainer_options(trainer, {}))
-                _, measured = run_once(run, store)
+                measured = stored_summary(store, w.name, trainer, n, args.steps) if args.reuse else None
+                if measured is None:
+                    _, measured = run_once(run, store)
                 sim, _ = simulate_run(dataclasses.replace(run, workload=dataclasses.replace(w, compute="model")),
                                       CLUSTERS["local"], store)
                 row = {"preset": preset, "trainer": trainer, "ranks": n, "against": compute,
@@ -86,9 +116,15 @@ def main() -> None:
         "# Simulator validation (SIMULATED vs measured and emulated), this machine\n",
         f"Machine: {os.cpu_count()} cores ({platform.machine()}), no GPU, torch {torch.__version__}, "
         f"gloo. Commit `{sha}`. {args.steps} steps (4 warm-up), seed 0, one run per point. "
-        "Simulator: `--cluster local` (encoder cost from `fsbench calibrate`, collectives from "
-        "`fsbench calibrate --comm` at 2, 4, 8, 16 ranks). 1-2 ranks: real model; 4-16 ranks: "
-        "`compute=emulated`. Command: `python scripts/sim_validation.py`.\n",
+        "Simulator: `--cluster local` (encoder cost and the optimizer's cost per table element "
+        "from `fsbench calibrate`, collectives from `fsbench calibrate --comm` at 2, 4, 8, 16 "
+        "ranks). 1-2 ranks: real model; 4-16 ranks: `compute=emulated`. Command: "
+        "`python scripts/sim_validation.py`.\n",
+        "Per preset, from the fit: the optimizer step per table element, and the encoder's "
+        "slowdown when both cores run it at once (applied to 2+ ranks): " + ", ".join(
+            f"{p} {load_fit(store, get_workload(p), 'cpu').table_ns_per_element:.3f} ns, "
+            f"{load_fit(store, get_workload(p), 'cpu').corun_slowdown:.2f}x"
+            for p in args.presets.split(",")) + ".\n",
         f"- Step time within 15%: **{int(within.sum())} of {len(df)}** points; median absolute "
         f"error {df['step error %'].abs().median():.1f}%, worst {df['step error %'].abs().max():.1f}%.",
         "- Causes: `meas`/`sim` in % of capacity; relative errors only where the measured cause "

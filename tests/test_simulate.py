@@ -82,6 +82,22 @@ def test_calibrate_measures_the_optimizer_step_per_table_element():
     assert 0.01 < ns < 1000
 
 
+def test_corun_slowdown_is_measured_in_real_processes_and_applies_from_two_ranks():
+    from types import SimpleNamespace
+
+    from fsbench.calibrate import measure_corun_slowdown
+
+    factor, processes = measure_corun_slowdown(get_workload("tiny"), processes=2, repeats=3)
+    # Two processes computing at once on this host: not faster than one alone (the noise
+    # of a busy neighbour aside), and not absurdly slower on a machine with 2+ cores.
+    assert processes == 2 and 0.7 < factor < 10
+    costs = object.__new__(Costs)
+    costs.cluster, costs.fit = CLUSTERS["local"], SimpleNamespace(corun_slowdown=1.4)
+    assert [costs.corun_factor(n) for n in (1, 2, 16)] == [1.0, 1.4, 1.4]
+    costs.cluster = H100  # a GPU per rank: nothing shared
+    assert costs.corun_factor(16) == 1.0
+
+
 def test_alpha_beta_fit_recovers_its_parameters():
     truth = dict(a0=50e-6, a1=20e-6, beta=1 / 400e6)
     points = [(n, b, truth["a0"] + truth["a1"] * (n - 1) + truth["beta"] * 2 * (n - 1) / n * b)
