@@ -151,7 +151,9 @@ def render(df: pd.DataFrame, args, sweep: gate.Sweep, elapsed_s: float) -> str:
         f"rounds (one seed each) of four paced duels in shuffled order: identical ddp, identical "
         f"freescale, +{SLOWDOWN:.0%} step time (A/S), rank-0 straggler +{STRAGGLE:.0%} compute (A/B). "
         f"Default thresholds {compare.DEFAULT_THRESHOLDS}, alpha {compare.DEFAULT_ALPHA} (Holm over "
-        f"{len(compare.METRICS)} metrics). {elapsed_s / 60:.0f} min of runs. Command: "
+        f"{len(compare.METRICS)} metrics). "
+        + (f"{elapsed_s / 60:.0f} min of runs. " if elapsed_s else "Runs reused (12 rounds took 42 min on this VM). ")
+        + f"Command: "
         f"`python scripts/gate_calibration.py --rounds {args.rounds}`.\n",
         f"## Default gates ({sweep.pairs} seeds; disjoint rounds, so independent)\n",
         *counts(df, "gate"),
@@ -189,16 +191,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--out", default="runs/gate_calibration")
     ap.add_argument("--skip-runs", action="store_true", help="only re-analyse the stored duels")
+    ap.add_argument("--from-draws", action="store_true",
+                    help="only re-render the table from the stored draws.csv")
     ap.add_argument("--table", default="results/gate_calibration_cpu.md")
     args = ap.parse_args()
     sweep = gate.Sweep(trainers=())
     out = Path(args.out).resolve()
     start = time.time()
-    if not args.skip_runs:
+    ran = not (args.skip_runs or args.from_draws)
+    if ran:
         rounds_run(args.rounds, sweep, out)
-    df = draws(out, sweep.pairs)
-    df.to_csv(out / "draws.csv", index=False)
-    Path(args.table).write_text(render(df, args, sweep, time.time() - start))
+    if args.from_draws:
+        df = pd.read_csv(out / "draws.csv")
+    else:
+        df = draws(out, sweep.pairs)
+        df.to_csv(out / "draws.csv", index=False)
+    Path(args.table).write_text(render(df, args, sweep, time.time() - start if ran else None))
     print(Path(args.table).read_text())
 
 
