@@ -20,6 +20,7 @@ Writes results/gate_calibration_cpu.md.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import os
 import platform
@@ -78,6 +79,8 @@ def rounds_run(rounds: int, sweep: gate.Sweep, out: Path) -> None:
 
 
 def draws(out: Path, pairs: int) -> pd.DataFrame:
+    # Every run enters many comparisons here: read its steps once (finished runs never change).
+    compare.step_samples = functools.lru_cache(maxsize=None)(compare.step_samples)
     """Every gate of `pairs` rounds from disjoint rounds (independent), every round alone
     (a one-seed gate), and every combination of `pairs` rounds."""
     rows = []
