@@ -38,9 +38,12 @@ class Side:
 
 @dataclass(frozen=True)
 class Sweep:
-    """The default gate: `small` at 2 ranks, 64 steps (60 measured) in blocks of 4 (about
-    1 s of steps per side and block: 15 measured block pairs per run pair), 2 seeds. Not
-    `tiny`: its 7 ms steps are half bubble. Calibration: results/gate_calibration_cpu.md."""
+    """The default gate: `small` at 2 ranks, 64 steps (60 measured), the versions taking
+    turns every step (~0.2 s each: 60 paired steps per run pair), 2 seeds. One step per turn,
+    not 4: the paired change of one step, its partner 0.2 s away, varied less (sd 0.11-0.13
+    in log step time) than a 4-step block's mean, its partner a second away (0.14), so a seed
+    resolves 2.5x finer (notes in results/gate_calibration_cpu.md). Not `tiny`: its 7 ms
+    steps are half bubble. Calibration: results/gate_calibration_cpu.md."""
     workload: str = "small"
     trainers: tuple[str, ...] = ("ddp", "freescale")
     world_size: int = 2
@@ -48,7 +51,7 @@ class Sweep:
     warmup: int = 4
     pairs: int = 2
     seed: int = 0
-    block_steps: int = 4
+    block_steps: int = 1
 
 
 def repo_root() -> Path:

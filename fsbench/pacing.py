@@ -4,8 +4,8 @@ Why: on a shared VM the CPU's speed wanders by +-15% within seconds and the medi
 time of identical code differs by up to 30% between runs a minute apart (whole-run
 pairs resolved only 21.9% of step time: results/gate_calibration_cpu.md at 4c37a91), so a gate
 that runs A, then B, needs dozens of pairs to see a 10% change. Blocks of a few steps
-that alternate between A and B a second apart see nearly the same machine: the
-difference of two adjacent ~1 s windows varies far less than that of two runs (fsbench
+that alternate between A and B a fraction of a second apart see nearly the same machine:
+the difference of two adjacent windows varies far less than that of two runs (fsbench
 gate pairs block k of A with block k of B; fsbench.compare). A and B run the same seed,
 so block k holds the same batches on both sides.
 
