@@ -1,11 +1,24 @@
-"""Per-sample cost model, calibrated by measurement: cost(L) = a L^2 + b L + c, and the
-optimizer's cost per table element and step (`table_ns_per_element`).
+"""Cost model of one rank's step, calibrated by measurement on this device.
 
-`fsbench calibrate --workload W` times forward + backward of the workload's model on this
-device for batches of identical length L over a grid of lengths, divides by the number
-of samples, and fits the quadratic by least squares (R^2 reported). The fit is stored in
-the results store under `<out>/calibrations/`, keyed by model shape and device, where a
-load balancer (FreeScale) finds it; without a matching fit it uses an analytical model.
+`fsbench calibrate --workload W` measures, with the workload's real model:
+  encoder    forward + backward of the dense part (`model.dense`: what `compute=emulated`
+             replaces) per sample, on batches of identical length L over a grid of lengths:
+             cost(L) = a L^2 + b L + c by least squares (R^2 reported). The balancer
+             (FreeScale) and the emulation read it.
+  per batch  the same on jagged batches of the workload's own lengths at per-rank batch
+             sizes (the global batch over 1, 2, 4, 8, 16 ranks), less the per-sample sum:
+             what a batch costs beyond its samples, fitted as `batch_ms + bucket_ms x
+             buckets` (each attention bucket is one kernel sequence per layer,
+             fsbench.models.jagged), so a rank with few samples of many lengths is not
+             modelled as nearly free.
+  tables     the optimizer's step per table element (slope over two table sizes, for rows
+             a sharded trainer updates), and a replica's whole table work per step per
+             element at the workload's real table sizes (the lookups' dense gradients, then
+             the step over every row).
+  co-run     the encoder's slowdown when every core of this host runs it at once.
+The fit is stored in the results store under `<out>/calibrations/`, keyed by model shape
+and device, where a load balancer (FreeScale), the emulation and the simulator find it;
+without a matching fit the balancer uses an analytical model.
 """
 from __future__ import annotations
 
@@ -22,10 +35,13 @@ import numpy as np
 import torch
 
 from fsbench.config import WorkloadConfig
-from fsbench.models import build_model
+from fsbench.models import Bucketing, EmbeddingLookups, build_model
 from fsbench.store import read_json, write_json_atomic
 from fsbench.workloads.generator import SyntheticBatches
 
+# Batches no run draws by default (runs use small seeds), so a validation against runs
+# never times its own batches.
+CALIBRATION_SEED = 7919
 TOKENS_PER_POINT = 2048
 """Each timed batch holds about this many tokens (at least one sample), so short and long
 lengths are timed over similar amounts of work."""
@@ -43,19 +59,37 @@ class CostFit:
     per_sample_ms: list[float]
     created: str = ""
     table_ns_per_element: float | None = None
+    """The workload's optimizer step over an embedding table, per element (rows x dim)
+    and step (slope between two table sizes): what a sharded trainer pays per updated
+    row's element. None in fits made before it existed."""
     table_optimizer: str | None = None
     corun_slowdown: float | None = None
     """How much slower the encoder runs when every core of this host runs it at once
     (`corun_processes` processes) than alone: ranks that share a host's cores (and their
     caches, memory bandwidth, hyperthread siblings) pay it. None in older fits."""
     corun_processes: int | None = None
-    """The workload's optimizer step over an embedding table, per element (rows x dim)
-    and step: what a trainer pays every step for each table element it updates (all of
-    a replicated table's, under a dense gradient). None in fits made before it existed."""
+    batch_ms: float | None = None
+    """A batch's encoder cost beyond its samples' cost(L): fixed, and per attention bucket
+    (`bucket_ms`). None in fits made before they existed (then 0)."""
+    bucket_ms: float | None = None
+    replicated_ns_per_element: float | None = None
+    """A replica's table work per step (dense gradients of every table, then the optimizer
+    over every row), per element, at the workload's table sizes. None in older fits."""
+
+    def batch_extra_ms(self, lengths: np.ndarray) -> float:
+        """What a batch of these lengths costs beyond the sum of cost(L) (0 when empty)."""
+        if len(lengths) == 0:
+            return 0.0
+        return (self.batch_ms or 0.0) + (self.bucket_ms or 0.0) * bucket_count(lengths)
 
     def cost_ms(self, lengths: np.ndarray) -> np.ndarray:
         L = np.asarray(lengths, dtype=np.float64)
         return self.a * L * L + self.b * L + self.c
+
+
+def bucket_count(lengths, bucketing: Bucketing = Bucketing()) -> int:
+    """Distinct attention buckets of a batch of these lengths (DenseArch's default)."""
+    return len({bucketing.padded_length(int(L)) for L in np.asarray(lengths).ravel()})
 
 
 def _slug(text: str) -> str:
@@ -110,25 +144,104 @@ def fit_quadratic(lengths, costs) -> tuple[float, float, float, float]:
     return float(a), float(b), float(c), r2
 
 
-def measure_per_sample_ms(workload: WorkloadConfig, length: int, repeats: int = 5,
-                          warmup: int = 2, device: str = "cpu") -> float:
-    """Median forward+backward time per sample for a batch of identical length."""
-    n = max(1, TOKENS_PER_POINT // length)
-    w = dataclasses.replace(workload, lengths=f"fixed:{length}", global_batch_size=n)
-    model = build_model(w, seed=0).to(device)
-    batch = SyntheticBatches(w, seed=0).global_batch(0).to(device)
+def encoder_inputs(model, batch) -> EmbeddingLookups:
+    """The encoder's inputs as leaves that take gradients: the lookups, detached from the
+    tables (their gather and dense scatter are the table side's cost, timed apart)."""
+    with torch.no_grad():
+        found = model.sparse.lookup(batch)
+    return EmbeddingLookups(**{f: getattr(found, f).detach().requires_grad_(True)
+                               for f in ("items", "targets", "negatives", "users", "contexts")})
+
+
+def time_encoder_ms(model, batch, repeats: int = 5, warmup: int = 2, device: str = "cpu",
+                    start=None) -> float:
+    """Median forward + backward milliseconds of the dense part on one batch; `start` (a
+    barrier) lines up co-running processes after the warm-up."""
+    lookups = encoder_inputs(model, batch)
     times = []
     for i in range(warmup + repeats):
+        if i == warmup and start is not None:
+            start.wait()
         if device == "cuda":
             torch.cuda.synchronize()  # note: CPU-GPU sync point, so the timer sees the work
         t0 = time.perf_counter()
-        model(batch).backward()
+        model.dense(lookups, batch).backward()
         if device == "cuda":
             torch.cuda.synchronize()  # note: CPU-GPU sync point
         if i >= warmup:
             times.append(time.perf_counter() - t0)
         model.zero_grad(set_to_none=True)
-    return statistics.median(times) * 1e3 / n
+    return statistics.median(times) * 1e3
+
+
+def fixed_length_batch(workload: WorkloadConfig, length: int, device: str = "cpu"):
+    """About TOKENS_PER_POINT tokens of samples of length `length` (at least one), and a
+    model for them."""
+    n = max(1, TOKENS_PER_POINT // length)
+    w = dataclasses.replace(workload, lengths=f"fixed:{length}", global_batch_size=n)
+    return build_model(w, seed=0).to(device), SyntheticBatches(w, seed=0).global_batch(0).to(device), n
+
+
+def measure_per_sample_ms(workload: WorkloadConfig, length: int, repeats: int = 5,
+                          warmup: int = 2, device: str = "cpu") -> float:
+    """Median encoder forward+backward time per sample for a batch of identical length."""
+    model, batch, n = fixed_length_batch(workload, length, device)
+    return time_encoder_ms(model, batch, repeats, warmup, device) / n
+
+
+def measure_batch_terms(workload: WorkloadConfig, cost_ms, device: str = "cpu", batches: int = 3,
+                        repeats: int = 3, max_split: int = 16) -> tuple[float, float]:
+    """(batch_ms, bucket_ms): jagged batches of the workload's lengths at the per-rank
+    sizes of its global batch over 1, 2, 4, ... `max_split` ranks, timed, less the sum of
+    `cost_ms(L)`; the residual fitted as batch_ms + bucket_ms x buckets (least squares,
+    both >= 0)."""
+    sizes = sorted({max(1, workload.global_batch_size // k) for k in (1, 2, 4, 8, 16) if k <= max_split})
+    model = build_model(workload, seed=0).to(device)
+    rows, residual = [], []
+    for size in sizes:
+        source = SyntheticBatches(dataclasses.replace(workload, global_batch_size=size), seed=CALIBRATION_SEED)
+        for k in range(batches):
+            batch = source.global_batch(k).to(device)
+            lengths = batch.lengths.cpu().numpy()
+            took = time_encoder_ms(model, batch, repeats, warmup=1, device=device)
+            rows.append([bucket_count(lengths), 1.0])
+            residual.append(took - float(np.sum(cost_ms(lengths))))
+    design, y = np.asarray(rows), np.asarray(residual)
+    per_bucket, fixed = np.linalg.lstsq(design, y, rcond=None)[0]
+    if per_bucket < 0:  # no per-bucket cost visible: a fixed cost alone
+        per_bucket, fixed = 0.0, float(y.mean())
+    if fixed < 0:
+        fixed, per_bucket = 0.0, max(0.0, float(design[:, 0] @ y / (design[:, 0] @ design[:, 0])))
+    return float(max(0.0, fixed)), float(per_bucket)
+
+
+def measure_replicated_ns_per_element(workload: WorkloadConfig, device: str = "cpu",
+                                      repeats: int = 3, samples: int = 8) -> float:
+    """A replica's table work per step at the workload's real table sizes, per element:
+    a small batch's lookups, their backward into dense gradients (every row zeroed, then
+    scattered into) and the optimizer's step over every row, divided by all tables'
+    elements. What DDP-style trainers pay per step whatever the batch."""
+    from fsbench.optim import make_optimizer
+
+    w = dataclasses.replace(workload, global_batch_size=samples)
+    sparse = build_model(w, seed=0).sparse.to(device)
+    batch = SyntheticBatches(w, seed=CALIBRATION_SEED).global_batch(0).to(device)
+    opt = make_optimizer(sparse.parameters(), w)
+    times = []
+    for i in range(1 + repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()  # note: CPU-GPU sync point, so the timer sees the work
+        t0 = time.perf_counter()
+        found = sparse.lookup(batch)
+        sum(getattr(found, f).sum() for f in ("items", "targets", "negatives", "users", "contexts")).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()  # note: CPU-GPU sync point
+        if i >= 1:
+            times.append(time.perf_counter() - t0)
+    elements = sum(p.numel() for p in sparse.parameters())
+    return statistics.median(times) * 1e9 / elements
 
 
 def measure_table_ns_per_element(workload: WorkloadConfig, device: str = "cpu",
@@ -159,24 +272,11 @@ def measure_table_ns_per_element(workload: WorkloadConfig, device: str = "cpu",
 
 
 def _time_encoder(workload: WorkloadConfig, length: int, repeats: int, start=None) -> float:
-    """Median forward+backward seconds of one fixed batch; `start` (a barrier) lines up
-    co-running processes before timing."""
+    """Median encoder forward+backward seconds of one fixed batch, on one thread; `start`
+    (a barrier) lines up co-running processes before timing."""
     torch.set_num_threads(1)
-    n = max(1, TOKENS_PER_POINT // length)
-    w = dataclasses.replace(workload, lengths=f"fixed:{length}", global_batch_size=n)
-    model = build_model(w, seed=0)
-    batch = SyntheticBatches(w, seed=0).global_batch(0)
-    for _ in range(2):
-        model(batch).backward()
-    if start is not None:
-        start.wait()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        model(batch).backward()
-        times.append(time.perf_counter() - t0)
-        model.zero_grad(set_to_none=True)
-    return statistics.median(times)
+    model, batch, _ = fixed_length_batch(workload, length)
+    return time_encoder_ms(model, batch, repeats, warmup=2, start=start) / 1e3
 
 
 def _corun_child(workload, length, repeats, start, results, index) -> None:
@@ -217,7 +317,10 @@ def calibrate(workload: WorkloadConfig, out_dir: str | Path, device: str = "cpu"
                   lengths=list(lengths), per_sample_ms=per_sample,
                   created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                   table_ns_per_element=measure_table_ns_per_element(workload, device),
-                  table_optimizer=workload.optimizer)
+                  table_optimizer=workload.optimizer,
+                  replicated_ns_per_element=measure_replicated_ns_per_element(workload, device))
+    batch_ms, bucket_ms = measure_batch_terms(workload, fit.cost_ms, device)
+    fit = dataclasses.replace(fit, batch_ms=batch_ms, bucket_ms=bucket_ms)
     if device == "cpu":
         slowdown, processes = measure_corun_slowdown(workload)
         fit = dataclasses.replace(fit, corun_slowdown=slowdown, corun_processes=processes)

@@ -408,6 +408,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print("| L | measured ms/sample | fit ms/sample |\n|--:|--:|--:|")
     for L, t in zip(fit.lengths, fit.per_sample_ms):
         print(f"| {L} | {t:.4f} | {float(fit.cost_ms([L])[0]):.4f} |")
+    print(f"per batch: {fit.batch_ms:.3f} ms + {fit.bucket_ms:.3f} ms per attention bucket; tables: "
+          f"{fit.table_ns_per_element:.2f} ns per updated element, a replica's "
+          f"{fit.replicated_ns_per_element:.2f} ns per element per step"
+          + (f"; co-run slowdown {fit.corun_slowdown:.2f}x" if fit.corun_slowdown else ""))
     print(f"stored in {fit_path(args.out, workload, args.device)}")
     return 0
 

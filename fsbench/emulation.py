@@ -5,8 +5,8 @@ Every rank is a real process in a real gloo world; the trainer, its input split,
 embedding lookups and exchanges, its gradient collectives (of the real sizes: the dense
 part's parameters and the tables are the real ones) and its optimizer all run for real.
 Only the encoder's forward and backward (`DenseArch.forward`) become a sleep for the time
-the calibrated cost model (`fsbench calibrate`: cost(L) = a L^2 + b L + c per sample)
-gives this rank's samples: a third in forward, the rest in backward, where DDP's
+the calibrated cost model (`fsbench calibrate`: cost(L) = a L^2 + b L + c per sample,
+plus the batch's fixed and per-bucket terms) gives this rank's samples: a third in forward, the rest in backward, where DDP's
 all-reduce hooks fire as usual. Sleeping takes no CPU, so 8-32 ranks fit on 2 cores and
 the straggler and communication structure of a large job is measured, not modelled.
 
@@ -49,9 +49,12 @@ class EmulatedCompute:
         self.fit = fit
 
     def cost_ns(self, lengths: torch.Tensor) -> float:
+        """The samples' cost(L), plus what the batch costs beyond them (its attention
+        buckets: fsbench.calibrate.CostFit.batch_extra_ms)."""
         if lengths.numel() == 0:
             return 0.0
-        return float(np.sum(self.fit.cost_ms(lengths.cpu().numpy()))) * 1e6
+        L = lengths.cpu().numpy()
+        return (float(np.sum(self.fit.cost_ms(L))) + self.fit.batch_extra_ms(L)) * 1e6
 
     def loss(self, dense: torch.nn.Module, lookups, batch) -> torch.Tensor:
         """A loss of the encoder's inputs and parameters whose forward and backward wait

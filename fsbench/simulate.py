@@ -10,11 +10,18 @@ batches (the same length draws the generator makes for that seed and step):
             `local`), or the encoder's FLOPs at a stated share of peak (GPU presets).
             A third in forward, the rest in backward.
   tables    the optimizer's step over the table elements a rank updates, after backward,
-            on every rank: all rows x dim of a replicated table (a dense gradient), the
-            expected distinct rows of the global batch over N for sharded ones; at the
-            `fsbench calibrate` fit's cost per element (`local`) or a preset's.
+            on every rank: all rows x dim of a replicated table (a dense gradient; `local`:
+            the fit's replica cost per element at the real table sizes, dense gradients
+            included), the expected distinct rows of the global batch over N for sharded
+            ones; at the `fsbench calibrate` fit's cost per element (`local`) or a preset's.
+            `local` also adds each rank's batch terms (fixed, and per attention bucket
+            among its samples' lengths: a rank's few samples of many lengths cost more
+            than their cost(L) sum).
   co-run    `local` at 2+ ranks: all of a rank's compute times the fit's measured slowdown
-            of the encoder when every core runs it at once (ranks share the host).
+            of the encoder when every core runs it at once (ranks share the host); with
+            more ranks than cores, CPU work also times ranks / cores (time-sharing).
+            A run with `compute=emulated` waits for its encoder instead (no core), so
+            there only the real CPU work (the table step) time-shares.
   comm      an alpha-beta model per collective: fitted on this machine by
             `fsbench calibrate --comm` (`local`), or a preset's links (`h100`: 8 GPUs per
             node on NVLink 4, 400 Gb/s per GPU across nodes).
@@ -161,8 +168,26 @@ class Costs:
             return 1.0
         return self.fit.corun_slowdown or 1.0
 
-    def table_ms(self, elements: float) -> float:
-        ns = self.fit.table_ns_per_element if self.cluster.compute == "fit" else self.cluster.table_ns_per_element
+    def time_sharing(self, world_size: int) -> float:
+        """`local`: ranks beyond this host's cores (the fit's co-run count) take turns on
+        them, so a rank's CPU work takes ranks / cores as long. GPU presets: 1."""
+        if self.cluster.compute != "fit":
+            return 1.0
+        cores = self.fit.corun_processes or 1
+        return max(1.0, world_size / cores)
+
+    def batch_extra_ms(self, lengths: np.ndarray) -> float:
+        """A rank's batch beyond its samples' cost (`local`: the fit's batch terms; GPU
+        presets: `layer_overhead_ms`, added by the caller)."""
+        return self.fit.batch_extra_ms(lengths) if self.cluster.compute == "fit" else 0.0
+
+    def table_ms(self, elements: float, replicated: bool = False) -> float:
+        if self.cluster.compute != "fit":
+            ns = self.cluster.table_ns_per_element
+        elif replicated and self.fit.replicated_ns_per_element is not None:
+            ns = self.fit.replicated_ns_per_element
+        else:
+            ns = self.fit.table_ns_per_element
         return elements * ns / 1e6
 
     def collective_ms(self, collective: str, n: int, nbytes: float) -> float:
@@ -245,17 +270,19 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     ar_bytes = dense_bytes(w) + (held_rows * dim_bytes if prof.tables.placement == "replicated" else 0)
     buckets = max(1, math.ceil(ar_bytes / DDP_BUCKET_BYTES))
     transport_slow = cluster.sm_slowdown
-    corun = costs_model.corun_factor(n)
+    # CPU work slows when ranks share the host's cores; an emulated encoder waits instead.
+    cpu = costs_model.corun_factor(n) * costs_model.time_sharing(n)
+    encoder = 1.0 if w.compute == "emulated" and cluster.compute == "fit" else cpu
     plan = prof.plan or contiguous_plan
     rows = []
     for start in range(0, w.steps, prof.window):
         window = range(start, min(start + prof.window, w.steps))
         lengths = [dist.sample(step_rng(run.seed, k), w.global_batch_size, w.max_seq_len) for k in window]
-        costs = [corun * costs_model.sample_ms(L) for L in lengths]
+        costs = [encoder * costs_model.sample_ms(L) for L in lengths]
         all_lengths, all_costs = np.concatenate(lengths), np.concatenate(costs)
         for k, owners in zip(window, plan(costs, n)):
-            c = np.array([all_costs[idx].sum() for idx in owners]) + \
-                cluster.layer_overhead_ms * w.model.num_layers
+            c = np.array([all_costs[idx].sum() + encoder * costs_model.batch_extra_ms(all_lengths[idx])
+                          for idx in owners]) + cluster.layer_overhead_ms * w.model.num_layers
             tokens = np.array([all_lengths[idx].sum() for idx in owners], dtype=np.float64)
             samples = np.array([len(idx) for idx in owners], dtype=np.float64)
             pre = post_emb = hidden_emb = 0.0
@@ -287,7 +314,8 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                 updated = (float(expected_distinct(np.array([tokens.sum() + samples.sum() + w.num_negatives]),
                                                    w.item_vocab, zipf_s)[0])
                            + samples.sum() * (1 + len(w.context_vocabs))) / n
-            upd = corun * costs_model.table_ms(updated * w.model.dim)
+            upd = cpu * costs_model.table_ms(updated * w.model.dim,
+                                             replicated=prof.tables.placement == "replicated")
             c, t = c + upd, t + upd
             rows.append({
                 "step": k, "step_time_ms": t, "busy_max_ms": float(c.max()),

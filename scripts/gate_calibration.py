@@ -1,8 +1,8 @@
 """Calibrate `fsbench compare`/`fsbench gate` against this machine's noise, on real runs.
 
-Runs rounds of the default gate's sweep (`small`, 2 ranks, 64 steps), each round one
-seed and four paced duels as the gate runs them (two runs taking turns block by block,
-fsbench.pacing), in a shuffled order:
+Runs rounds of the default gate's sweep (`small`, 2 ranks, 64 steps, the versions taking
+turns every step), each round one seed and four paced duels as the gate runs them (two
+runs taking turns block by block, fsbench.pacing), in a shuffled order:
 
   A/A ddp, A/A freescale   identical code on both sides: any verdict but unchanged is a false alarm
   A/S   a test-only DDP with +10% step time on every rank (tests/support/trainers_for_tests.py:
@@ -168,7 +168,8 @@ def render(df: pd.DataFrame, args, sweep: gate.Sweep, elapsed_s: float) -> str:
         "\n## Smallest change the default gate detects, per metric\n",
         f"The larger of the metric's threshold and the change that clears the Holm-adjusted alpha "
         f"with one metric moving: the median A/A 95% half-width x {widen:.2f} "
-        f"(t quantiles at {units - 1} degrees of freedom; {units} paired blocks per gate).\n",
+        f"(t quantiles at {units - 1} degrees of freedom; {units} paired blocks of "
+        f"{sweep.block_steps} step(s) per gate).\n",
         "| metric | threshold | A/A 95% half-width (median) | smallest detectable change |",
         "|---|---:|---:|---:|",
     ]

@@ -24,8 +24,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from fsbench.calibrate import calibrate, fit_path, load_fit, measure_corun_slowdown
-from fsbench.store import write_json_atomic
+from fsbench.calibrate import calibrate, fit_path, load_fit
 from fsbench.commcal import calibrate_comm, load_comm_fits
 from fsbench.config import RunConfig
 from fsbench.runner import run_once
@@ -57,6 +56,12 @@ def stored_summary(store: Path, workload: str, trainer: str, n: int, steps: int)
     return json.loads((Path(runs.iloc[-1]["run_dir"]) / "summary.json").read_text())
 
 
+def fit_line(preset: str, fit) -> str:
+    return (f"{preset} {fit.table_ns_per_element:.2f} ns sharded, {fit.replicated_ns_per_element:.2f} ns "
+            f"replicated, batch {fit.batch_ms:.2f} ms + {fit.bucket_ms:.2f} ms per bucket, "
+            f"co-run {fit.corun_slowdown:.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
@@ -78,11 +83,9 @@ def main() -> None:
         fit = load_fit(store, base, "cpu")
         if fit is None:
             calibrate(base, store)
-        elif fit.corun_slowdown is None:  # a fit from before co-run calibration: add it only,
-            # keeping the cost the stored emulated runs waited for
-            slowdown, processes = measure_corun_slowdown(base)
-            write_json_atomic(fit_path(store, base, "cpu"), dataclasses.asdict(
-                dataclasses.replace(fit, corun_slowdown=slowdown, corun_processes=processes)))
+        elif fit.corun_slowdown is None or fit.batch_ms is None:
+            raise SystemExit(f"{fit_path(store, base, 'cpu')}: a fit from before batch terms; its "
+                             f"emulated runs waited for another cost. Use a new --store.")
         for n, compute in POINTS:
             w = dataclasses.replace(base, compute=compute)
             if compute != "model":  # an emulated workload is a different workload
@@ -93,8 +96,8 @@ def main() -> None:
                 measured = stored_summary(store, w.name, trainer, n, args.steps) if args.reuse else None
                 if measured is None:
                     _, measured = run_once(run, store)
-                sim, _ = simulate_run(dataclasses.replace(run, workload=dataclasses.replace(w, compute="model")),
-                                      CLUSTERS["local"], store)
+                # The simulator models the run as it ran: an emulated encoder waits (no core).
+                sim, _ = simulate_run(run, CLUSTERS["local"], store)
                 row = {"preset": preset, "trainer": trainer, "ranks": n, "against": compute,
                        "contended": measured["contended"],
                        "step_ms measured": measured["step_time_ms_median"],
@@ -120,11 +123,12 @@ def main() -> None:
         "from `fsbench calibrate`, collectives from `fsbench calibrate --comm` at 2, 4, 8, 16 "
         "ranks). 1-2 ranks: real model; 4-16 ranks: `compute=emulated`. Command: "
         "`python scripts/sim_validation.py`.\n",
-        "Per preset, from the fit: the optimizer step per table element, and the encoder's "
-        "slowdown when both cores run it at once (applied to 2+ ranks): " + ", ".join(
-            f"{p} {load_fit(store, get_workload(p), 'cpu').table_ns_per_element:.3f} ns, "
-            f"{load_fit(store, get_workload(p), 'cpu').corun_slowdown:.2f}x"
-            for p in args.presets.split(",")) + ".\n",
+        "Per preset, from the fit: the optimizer step per updated table element (sharded), a "
+        "replica's table work per element at the real table sizes, a batch's fixed and "
+        "per-bucket encoder cost, and the encoder's slowdown when both cores run it at once "
+        "(applied to 2+ ranks; beyond 2 ranks CPU work also time-shares, ranks / 2): "
+        + ", ".join(fit_line(p, load_fit(store, get_workload(p), "cpu")) for p in args.presets.split(","))
+        + ".\n",
         f"- Step time within 15%: **{int(within.sum())} of {len(df)}** points; median absolute "
         f"error {df['step error %'].abs().median():.1f}%, worst {df['step error %'].abs().max():.1f}%.",
         "- Causes: `meas`/`sim` in % of capacity; relative errors only where the measured cause "

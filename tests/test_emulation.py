@@ -31,7 +31,8 @@ def test_four_emulated_ranks_are_busy_exactly_their_modelled_cost(tmp_path, caps
     for step in range(run.workload.steps):
         lengths = source.global_batch(step).lengths.numpy()
         for rank, idx in enumerate(contiguous_split(len(lengths), 4)):
-            expected_ns = float(np.sum(fit.cost_ms(lengths[idx]))) * 1e6
+            # its samples' cost(L), and the batch's fixed and per-bucket terms
+            expected_ns = (float(np.sum(fit.cost_ms(lengths[idx]))) + fit.batch_extra_ms(lengths[idx])) * 1e6
             busy = per_rank[(per_rank["step"] == step) & (per_rank["rank"] == rank)]["busy_ns"].item()
             # forward and backward each truncate to whole nanoseconds
             assert abs(busy - expected_ns) <= 2, (step, rank, busy, expected_ns)

@@ -98,6 +98,54 @@ def test_corun_slowdown_is_measured_in_real_processes_and_applies_from_two_ranks
     assert costs.corun_factor(16) == 1.0
 
 
+def test_calibrate_measures_batch_terms_and_a_replicas_table_work():
+    from fsbench.calibrate import measure_batch_terms, measure_replicated_ns_per_element
+
+    w = get_workload("tiny")
+    # Against a per-sample model that says "free", the whole encoder time is residual: the
+    # fit must then find a positive cost per batch (fixed or per bucket).
+    batch_ms, bucket_ms = measure_batch_terms(w, lambda L: np.zeros(len(L)), batches=2, repeats=2)
+    assert batch_ms >= 0 and bucket_ms >= 0 and batch_ms + bucket_ms > 0
+    assert 0.01 < measure_replicated_ns_per_element(w, repeats=2) < 1000
+
+
+class _Free:
+    def seconds(self, n, nbytes):
+        return 0.0
+
+
+def local_with(fit):
+    """`Costs` of the local cluster with a given fit and free collectives."""
+    class LocalCosts(Costs):
+        def __init__(self, cluster, workload, store):
+            self.cluster, self.workload, self.fit = cluster, workload, fit
+            self.comm = {"all_reduce": _Free(), "all_to_all": _Free()}
+    return LocalCosts
+
+
+def test_local_ranks_beyond_the_cores_time_share_unless_their_encoder_is_emulated(monkeypatch):
+    from fsbench import simulate
+    from fsbench.calibrate import CostFit, bucket_count
+
+    fit = CostFit(a=0.0, b=1.0, c=0.0, r2=1.0, model="m", device="d", lengths=[], per_sample_ms=[],
+                  table_ns_per_element=0.0, table_optimizer="adam", corun_slowdown=1.0,
+                  corun_processes=2, batch_ms=5.0, bucket_ms=0.5, replicated_ns_per_element=0.0)
+    monkeypatch.setattr(simulate, "Costs", local_with(fit))
+    w = small(64)
+    source = SyntheticBatches(w, seed=0)
+
+    def expected(step, n):  # the slowest rank: 1 ms per token, 5 ms per batch, 0.5 per bucket
+        from fsbench.workloads.batch import contiguous_split
+        L = source.global_batch(step).lengths.numpy()
+        return max(L[idx].sum() + 5.0 + 0.5 * bucket_count(L[idx]) for idx in contiguous_split(len(L), n))
+
+    for compute, n, share in (("model", 2, 1.0), ("model", 4, 2.0), ("emulated", 4, 1.0)):
+        _, rows = simulate_run(RunConfig(workload=dataclasses.replace(w, compute=compute), trainer="ddp",
+                                         world_size=n), CLUSTERS["local"], ".")
+        for row in rows:
+            assert row["step_time_ms"] == pytest.approx(share * expected(row["step"], n), rel=1e-9)
+
+
 def test_alpha_beta_fit_recovers_its_parameters():
     truth = dict(a0=50e-6, a1=20e-6, beta=1 / 400e6)
     points = [(n, b, truth["a0"] + truth["a1"] * (n - 1) + truth["beta"] * 2 * (n - 1) / n * b)
