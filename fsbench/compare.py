@@ -7,7 +7,7 @@ For each (workload, trainer, world size) present on both sides and each metric:
   paired   (runs with one seed per run on both sides, as `fsbench gate` makes them: the
            same batches step by step) per step the log ratio (or difference) NEW vs BASE,
            averaged per unit, where the unit is a block of steps when the two runs took
-           turns block by block (fsbench.pacing: both blocks ran a second apart) and
+           turns block by block (fsbench.pacing: the two ran a fraction of a second apart) and
            else the whole run (a run's steps share its machine state). Effect, interval
            and p over the units: Hodges-Lehmann, bootstrap, Wilcoxon signed-rank
            (`paired_test`); peak memory pairs rank by rank, with a t-test.
