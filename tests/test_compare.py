@@ -184,3 +184,18 @@ def test_trainer_losses_match_the_reference():
 
     moved, notes = reference.check(["losses"])
     assert moved == [], (moved, notes)
+
+
+def test_simulator_outputs_match_the_reference_and_a_change_to_them_is_named(tmp_path):
+    """The deterministic gate on `fsbench simulate` (h100 preset: no fit, pure code)."""
+    import json
+
+    from fsbench import reference
+
+    moved, notes = reference.check(["simulated"])
+    assert moved == [], (moved, notes)
+    ref = json.loads((reference.REFERENCE_DIR / "simulated.json").read_text())
+    ref["values"]["ddp@8"]["step_time_ms"][2] *= 1.001  # as if the model had moved
+    (tmp_path / "simulated.json").write_text(json.dumps(ref))
+    moved, _ = reference.check(["simulated"], tmp_path)
+    assert moved and all("ddp@8/step_time_ms[2]" in m for m in moved)
