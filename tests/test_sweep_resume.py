@@ -27,10 +27,14 @@ def statuses(out):
 
 def test_interrupted_sweep_resumes_without_redoing_finished_runs(tmp_path, capsys):
     out = tmp_path / "store"
-    # Ctrl-C in a terminal reaches the whole foreground process group: so here too.
+    # Ctrl-C in a terminal reaches the whole foreground process group: so here too. The
+    # sweep gets SIGINT's default disposition, as a terminal's foreground job has: a suite
+    # started in the background by a non-interactive shell inherits SIGINT ignored, and
+    # Python then never raises KeyboardInterrupt (seen: all three runs completed).
     proc = subprocess.Popen([sys.executable, "-m", "fsbench.cli", *ARGS, "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
         if "complete" in statuses(out).values() and len(statuses(out)) >= 2:
