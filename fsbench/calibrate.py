@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 import platform
 import re
+import shutil
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +78,10 @@ class CostFit:
     replicated_ns_per_element: float | None = None
     """A replica's table work per step (dense gradients of every table, then the optimizer
     over every row), per element, at the workload's table sizes. None in older fits."""
+    step_overhead_ms: dict[str, float] | None = None
+    """Per trainer: what a real 1-rank step costs beyond the simulator's model of it
+    (framework and input work, a sharded trainer's row gathering and exchange calls),
+    from a run at CALIBRATION_SEED (fsbench.simulate.measure_step_overhead). None: 0."""
 
     def batch_extra_ms(self, lengths: np.ndarray) -> float:
         """What a batch of these lengths costs beyond the sum of cost(L) (0 when empty)."""
@@ -215,60 +222,63 @@ def measure_batch_terms(workload: WorkloadConfig, cost_ms, device: str = "cpu", 
     return float(max(0.0, fixed)), float(per_bucket)
 
 
+class _TableWork(torch.nn.Module):
+    """A batch's lookups in every table, summed: a loss whose backward is the tables'."""
+
+    def __init__(self, sparse) -> None:
+        super().__init__()
+        self.sparse = sparse
+
+    def forward(self, batch):
+        found = self.sparse.lookup(batch)
+        return sum(getattr(found, f).sum() for f in ("items", "targets", "negatives", "users", "contexts"))
+
+
 def measure_replicated_ns_per_element(workload: WorkloadConfig, device: str = "cpu",
                                       repeats: int = 3, samples: int = 8) -> float:
     """A replica's table work per step at the workload's real table sizes, per element:
     a small batch's lookups, their backward into dense gradients (every row zeroed, then
-    scattered into) and the optimizer's step over every row, divided by all tables'
-    elements. What DDP-style trainers pay per step whatever the batch."""
+    scattered into), PyTorch DDP's copies of those gradients into and out of its buckets
+    and its all-reduce at one rank (a gloo group of one, made here when none exists: the
+    copies touch every row, as they do in every replicated trainer), and the optimizer's
+    step over every row; divided by all tables' elements. What DDP-style trainers pay per
+    step whatever the batch."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
     from fsbench.optim import make_optimizer
 
     w = dataclasses.replace(workload, global_batch_size=samples)
     sparse = build_model(w, seed=0).sparse.to(device)
     batch = SyntheticBatches(w, seed=CALIBRATION_SEED).global_batch(0).to(device)
-    opt = make_optimizer(sparse.parameters(), w)
-    times = []
-    for i in range(1 + repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()  # note: CPU-GPU sync point, so the timer sees the work
-        t0 = time.perf_counter()
-        found = sparse.lookup(batch)
-        sum(getattr(found, f).sum() for f in ("items", "targets", "negatives", "users", "contexts")).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if device == "cuda":
-            torch.cuda.synchronize()  # note: CPU-GPU sync point
-        if i >= 1:
-            times.append(time.perf_counter() - t0)
-    elements = sum(p.numel() for p in sparse.parameters())
-    return statistics.median(times) * 1e9 / elements
-
-
-def measure_table_ns_per_element(workload: WorkloadConfig, device: str = "cpu",
-                                 rows: tuple[int, int] = (20_000, 200_000), repeats: int = 5) -> float:
-    """Slope of the optimizer step's time over table size: a dense table of `rows[i]` x
-    dim with a dense gradient, stepped by the workload's optimizer; (t1 - t0) / (elements1
-    - elements0), so fixed per-step costs cancel."""
-    from fsbench.optim import make_optimizer
-
-    times = []
-    for n_rows in rows:
-        table = torch.nn.Parameter(torch.zeros(n_rows, workload.model.dim, device=device))
-        table.grad = torch.full_like(table, 1e-3)
-        opt = make_optimizer([table], workload)
-        samples = []
-        for i in range(2 + repeats):
+    own_group = device == "cpu" and not dist.is_initialized()
+    tmp = tempfile.mkdtemp(prefix="fsbench-calibrate-")
+    if own_group:
+        dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1),
+                                rank=0, world_size=1)
+    try:
+        work = _TableWork(sparse)
+        if own_group:
+            work = DistributedDataParallel(work)
+        opt = make_optimizer(sparse.parameters(), w)
+        times = []
+        for i in range(1 + repeats):
             if device == "cuda":
                 torch.cuda.synchronize()  # note: CPU-GPU sync point, so the timer sees the work
             t0 = time.perf_counter()
+            work(batch).backward()
             opt.step()
+            opt.zero_grad(set_to_none=True)
             if device == "cuda":
                 torch.cuda.synchronize()  # note: CPU-GPU sync point
-            if i >= 2:
-                samples.append(time.perf_counter() - t0)
-        times.append(statistics.median(samples))
-    elements = [n * workload.model.dim for n in rows]
-    return max(0.0, (times[1] - times[0]) / (elements[1] - elements[0]) * 1e9)
+            if i >= 1:
+                times.append(time.perf_counter() - t0)
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+        shutil.rmtree(tmp, ignore_errors=True)
+    elements = sum(p.numel() for p in sparse.parameters())
+    return statistics.median(times) * 1e9 / elements
 
 
 def _time_encoder(workload: WorkloadConfig, length: int, repeats: int, start=None) -> float:
@@ -288,7 +298,6 @@ def measure_corun_slowdown(workload: WorkloadConfig, processes: int | None = Non
     """(median co-run time / solo time, processes): the encoder's fixed batch timed alone,
     then in `processes` (default: this host's cores) processes at once."""
     import multiprocessing as mp
-    import os
 
     processes = processes or os.cpu_count() or 1
     solo = _time_encoder(workload, length, repeats)

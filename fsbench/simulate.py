@@ -181,6 +181,13 @@ class Costs:
         presets: `layer_overhead_ms`, added by the caller)."""
         return self.fit.batch_extra_ms(lengths) if self.cluster.compute == "fit" else 0.0
 
+    def step_overhead_ms(self, trainer: str) -> float:
+        """`local`: the trainer's measured per-step work beyond this model (CPU work on
+        every rank); GPU presets: 0 (their per-layer launch overhead stands for it)."""
+        if self.cluster.compute != "fit":
+            return 0.0
+        return (self.fit.step_overhead_ms or {}).get(trainer, 0.0)
+
     def table_ms(self, elements: float, replicated: bool = False) -> float:
         if self.cluster.compute != "fit":
             ns = self.cluster.table_ns_per_element
@@ -253,9 +260,10 @@ def dense_bytes(workload: WorkloadConfig) -> float:
 
 
 def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
-                 profile: SimProfile | None = None) -> tuple[dict, list[dict]]:
+                 profile: SimProfile | None = None, step_overhead: bool = True) -> tuple[dict, list[dict]]:
     """Summary (the measured schema, `simulated: true`) and per-step rows of one
-    (trainer, world size) on `cluster`."""
+    (trainer, world size) on `cluster`; `step_overhead=False` leaves out the fit's
+    measured per-step overhead (to measure it)."""
     from fsbench.specs import parse_popularity
     from fsbench.workloads.distributions import parse_length_spec
     from fsbench.workloads.generator import step_rng
@@ -282,7 +290,8 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
         all_lengths, all_costs = np.concatenate(lengths), np.concatenate(costs)
         for k, owners in zip(window, plan(costs, n)):
             c = np.array([all_costs[idx].sum() + encoder * costs_model.batch_extra_ms(all_lengths[idx])
-                          for idx in owners]) + cluster.layer_overhead_ms * w.model.num_layers
+                          for idx in owners]) + cluster.layer_overhead_ms * w.model.num_layers \
+                + (cpu * costs_model.step_overhead_ms(run.trainer) if step_overhead else 0.0)
             tokens = np.array([all_lengths[idx].sum() for idx in owners], dtype=np.float64)
             samples = np.array([len(idx) for idx in owners], dtype=np.float64)
             pre = post_emb = hidden_emb = 0.0
@@ -329,6 +338,27 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                 "busy_mean_ms": float(c.mean()),
             })
     return summarize_steps(run, rows, cluster), rows
+
+
+def measure_step_overhead(workload: WorkloadConfig, trainer: str, store: str | Path,
+                          steps: int = 16) -> float:
+    """A trainer's per-step work this model does not see, on this machine: a real 1-rank
+    run (the real model, at the calibration seed: no validation run's batches), its median
+    step time less the `local` simulation of the same run without overhead. At N ranks
+    it is every rank's CPU work (time-shared beyond the cores)."""
+    import tempfile
+
+    from fsbench.calibrate import CALIBRATION_SEED
+    from fsbench.runner import run_once
+    from fsbench.trainer import trainer_options
+
+    run = RunConfig(workload=dataclasses.replace(workload, steps=steps, warmup=4, compute="model"),
+                    trainer=trainer, world_size=1, seed=CALIBRATION_SEED,
+                    trainer_options=trainer_options(trainer, {}))
+    with tempfile.TemporaryDirectory(prefix="fsbench-overhead-") as tmp:
+        _, measured = run_once(run, tmp)
+    simulated, _ = simulate_run(run, CLUSTERS["local"], store, step_overhead=False)
+    return max(0.0, measured["step_time_ms_median"] - simulated["step_time_ms_median"])
 
 
 def summarize_steps(run: RunConfig, rows: list[dict], cluster: Cluster) -> dict:

@@ -129,21 +129,25 @@ def test_local_ranks_beyond_the_cores_time_share_unless_their_encoder_is_emulate
 
     fit = CostFit(a=0.0, b=1.0, c=0.0, r2=1.0, model="m", device="d", lengths=[], per_sample_ms=[],
                   table_ns_per_element=0.0, table_optimizer="adam", corun_slowdown=1.0,
-                  corun_processes=2, batch_ms=5.0, bucket_ms=0.5, replicated_ns_per_element=0.0)
+                  corun_processes=2, batch_ms=5.0, bucket_ms=0.5, replicated_ns_per_element=0.0,
+                  step_overhead_ms={"ddp": 3.0})
     monkeypatch.setattr(simulate, "Costs", local_with(fit))
     w = small(64)
     source = SyntheticBatches(w, seed=0)
 
     def expected(step, n):  # the slowest rank: 1 ms per token, 5 ms per batch, 0.5 per bucket
+        # (an emulated encoder waits, its rank's 3 ms of per-step overhead time-shares)
         from fsbench.workloads.batch import contiguous_split
         L = source.global_batch(step).lengths.numpy()
         return max(L[idx].sum() + 5.0 + 0.5 * bucket_count(L[idx]) for idx in contiguous_split(len(L), n))
 
-    for compute, n, share in (("model", 2, 1.0), ("model", 4, 2.0), ("emulated", 4, 1.0)):
+    for compute, n, share, overhead_share in (("model", 2, 1.0, 1.0), ("model", 4, 2.0, 2.0),
+                                              ("emulated", 4, 1.0, 2.0)):
         _, rows = simulate_run(RunConfig(workload=dataclasses.replace(w, compute=compute), trainer="ddp",
                                          world_size=n), CLUSTERS["local"], ".")
         for row in rows:
-            assert row["step_time_ms"] == pytest.approx(share * expected(row["step"], n), rel=1e-9)
+            assert row["step_time_ms"] == pytest.approx(
+                share * expected(row["step"], n) + overhead_share * 3.0, rel=1e-9)
 
 
 def test_alpha_beta_fit_recovers_its_parameters():
