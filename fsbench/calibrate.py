@@ -222,6 +222,33 @@ def measure_batch_terms(workload: WorkloadConfig, cost_ms, device: str = "cpu", 
     return float(max(0.0, fixed)), float(per_bucket)
 
 
+def measure_table_ns_per_element(workload: WorkloadConfig, device: str = "cpu",
+                                 rows: tuple[int, int] = (20_000, 200_000), repeats: int = 5) -> float:
+    """Slope of the optimizer step's time over table size: a dense table of `rows[i]` x
+    dim with a dense gradient, stepped by the workload's optimizer; (t1 - t0) / (elements1
+    - elements0), so fixed per-step costs cancel."""
+    from fsbench.optim import make_optimizer
+
+    times = []
+    for n_rows in rows:
+        table = torch.nn.Parameter(torch.zeros(n_rows, workload.model.dim, device=device))
+        table.grad = torch.full_like(table, 1e-3)
+        opt = make_optimizer([table], workload)
+        samples = []
+        for i in range(2 + repeats):
+            if device == "cuda":
+                torch.cuda.synchronize()  # note: CPU-GPU sync point, so the timer sees the work
+            t0 = time.perf_counter()
+            opt.step()
+            if device == "cuda":
+                torch.cuda.synchronize()  # note: CPU-GPU sync point
+            if i >= 2:
+                samples.append(time.perf_counter() - t0)
+        times.append(statistics.median(samples))
+    elements = [n * workload.model.dim for n in rows]
+    return max(0.0, (times[1] - times[0]) / (elements[1] - elements[0]) * 1e9)
+
+
 class _TableWork(torch.nn.Module):
     """A batch's lookups in every table, summed: a loss whose backward is the tables'."""
 

@@ -28,7 +28,6 @@ import random
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 from tqdm import tqdm

@@ -5,7 +5,9 @@ For ddp and freescale on two presets with real-shaped lengths (`small`: MovieLen
   1 and 2 ranks   measured with the real model (compute=model)
   4, 8, 16 ranks  emulated (compute=emulated: real ranks and gloo collectives, the encoder
                   waiting for its calibrated cost)
-and the simulator's projection of each. Reports, per point, the step time's relative
+and the simulator's projection of each. The fit comes from `fsbench calibrate` (encoder,
+batch terms, tables, co-run) plus each trainer's per-step overhead from a real 1-rank run
+at the calibration seed (fsbench.simulate.measure_step_overhead). Reports, per point, the step time's relative
 error and each bubble cause's difference (percentage points) and relative error (where the
 measured cause is at least 2% of capacity). The errors are reported as measured: nothing
 here is tuned to them. Writes results/sim_validation_cpu.md.

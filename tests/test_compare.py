@@ -1,8 +1,6 @@
 """fsbench compare / gate / history / reference: the statistics, the verdict rule, and the
 commands on real runs."""
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
