@@ -6,8 +6,8 @@ embedding lookups and exchanges, its gradient collectives (of the real sizes: th
 part's parameters and the tables are the real ones) and its optimizer all run for real.
 Only the encoder's forward and backward (`DenseArch.forward`) become a sleep for the time
 the calibrated cost model (`fsbench calibrate`: cost(L) = a L^2 + b L + c per sample,
-plus the batch's fixed and per-bucket terms) gives this rank's samples: a third in forward, the rest in backward, where DDP's
-all-reduce hooks fire as usual. Sleeping takes no CPU, so 8-32 ranks fit on 2 cores and
+plus the batch's fixed and per-bucket terms) gives this rank's samples: a third in
+forward, the rest in backward, where DDP's all-reduce hooks fire as usual. Sleeping takes no CPU, so 8-32 ranks fit on 2 cores and
 the straggler and communication structure of a large job is measured, not modelled.
 
 Busy time in this mode is the emulated compute time: compute spans record the emulated

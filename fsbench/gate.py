@@ -40,9 +40,9 @@ class Side:
 class Sweep:
     """The default gate: `small` at 2 ranks, 64 steps (60 measured), the versions taking
     turns every step (~0.2 s each: 60 paired steps per run pair), 2 seeds. One step per turn,
-    not 4: the paired change of one step, its partner 0.2 s away, varied less (sd 0.11-0.13
-    in log step time) than a 4-step block's mean, its partner a second away (0.14), so a seed
-    resolves 2.5x finer (notes in results/gate_calibration_cpu.md). Not `tiny`: its 7 ms
+    not 4: the paired change of one step, its partner 0.2 s away, varied less (sd 0.112 in
+    log step time) than a 4-step turn's mean, its partner a second away (0.141), so a seed
+    resolves 2.5x finer (scripts/gate_calibration.py, "Noise of the pairing"). Not `tiny`: its 7 ms
     steps are half bubble. Calibration: results/gate_calibration_cpu.md."""
     workload: str = "small"
     trainers: tuple[str, ...] = ("ddp", "freescale")

@@ -126,10 +126,22 @@ def prepare_run_dir(run: RunConfig, out_dir: str | Path, **manifest: object) -> 
     """The run's directory with its manifest (plus `manifest` entries, e.g. a sweep's
     repeat index), before any rank starts."""
     run_dir = store.create_run_dir(out_dir, run)
-    # What the run was expected to need per rank, beside what it measures (peak_memory).
-    store.update_manifest(run_dir, **manifest, memory_estimate=memory.estimate(
-        run, available_source="measure").to_dict())
+    try:
+        # What the run was expected to need per rank, beside what it measures (peak_memory).
+        store.update_manifest(run_dir, **manifest, memory_estimate=memory.estimate(
+            run, available_source="measure").to_dict())
+    except BaseException as e:  # a Ctrl-C here must not leave the run marked running
+        mark_stopped(run_dir, e)
+        raise
     return run_dir
+
+
+def mark_stopped(run_dir: Path, error: BaseException) -> None:
+    """A run that ended early: `interrupted` on Ctrl-C, else `failed`, with the error."""
+    if isinstance(error, KeyboardInterrupt):
+        store.update_manifest(run_dir, status="interrupted")
+    else:
+        store.update_manifest(run_dir, status="failed", error=str(error))
 
 
 def finish_run(run_dir: Path) -> dict:
@@ -149,11 +161,8 @@ def run_once(run: RunConfig, out_dir: str | Path, timeout_s: float | None = None
     try:
         launch_local(run_dir, run.world_size, run.threads_per_rank, timeout_s=timeout_s)
         summary = finish_run(run_dir)
-    except KeyboardInterrupt:
-        store.update_manifest(run_dir, status="interrupted")
-        raise
     except BaseException as e:
-        store.update_manifest(run_dir, status="failed", error=str(e))
+        mark_stopped(run_dir, e)
         raise
     finally:
         store.refresh_table(out_dir)

@@ -28,6 +28,7 @@ import random
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from tqdm import tqdm
@@ -78,10 +79,10 @@ def rounds_run(rounds: int, sweep: gate.Sweep, out: Path) -> None:
 
 
 def draws(out: Path, pairs: int, overlapping: bool = True) -> pd.DataFrame:
-    # Every run enters many comparisons here: read its steps once (finished runs never change).
-    compare.step_samples = functools.lru_cache(maxsize=None)(compare.step_samples)
     """Every gate of `pairs` rounds from disjoint rounds (independent), every round alone
     (a one-seed gate), and every combination of `pairs` rounds."""
+    # Every run enters many comparisons here: read its steps once (finished runs never change).
+    compare.step_samples = functools.lru_cache(maxsize=None)(compare.step_samples)
     rows = []
     for kind in DUELS:
         (base_side, new_side), _ = duel_sides(kind)
@@ -101,6 +102,23 @@ def draws(out: Path, pairs: int, overlapping: bool = True) -> pd.DataFrame:
                              "ci_low": r.ci_low, "ci_high": r.ci_high, "p_adjusted": r.p_adjusted,
                              "units": r.units, "left_out": len(notes)})
     return pd.DataFrame(rows)
+
+
+def paired_spread(out: Path, block_steps: int) -> tuple[float, float, int]:
+    """(sd of one paired step's log step-time ratio, sd of a block's mean of them, duels):
+    medians over the A/A duels. What a turn's length does to the gate's noise: blocks of
+    independent steps would give sd(step) / sqrt(block_steps)."""
+    per_step, per_block = [], []
+    for kind in ("A/A ddp", "A/A freescale"):
+        (base_side, new_side), _ = duel_sides(kind)
+        base, new = load_runs(out / base_side.name), load_runs(out / new_side.name)
+        base, new = compare.usable(base), compare.usable(new)
+        for seed in sorted(set(base["seed"]) & set(new["seed"])):
+            pair = [(compare.step_samples(base[base["seed"] == seed]["run_dir"].iloc[0]),
+                     compare.step_samples(new[new["seed"] == seed]["run_dir"].iloc[0]))]
+            per_step.append(compare.paired_units("time", "step_time_ms", [(*pair[0], 1)]).std(ddof=1))
+            per_block.append(compare.paired_units("time", "step_time_ms", [(*pair[0], block_steps)]).std(ddof=1))
+    return float(np.median(per_step)), float(np.median(per_block)), len(per_step)
 
 
 def detected(df: pd.DataFrame, kind: str, metric: str | None = None) -> pd.Series:
@@ -157,13 +175,19 @@ def render(df: pd.DataFrame, args, sweep: gate.Sweep, elapsed_s: float) -> str:
         f"{len(compare.METRICS)} metrics). "
         + (f"{elapsed_s / 60:.0f} min of runs. " if elapsed_s else "Runs reused (about 1 min per duel on this VM). ")
         + f"Command: "
-        f"`python scripts/gate_calibration.py --rounds {args.rounds}`.\n",
+        f"`python scripts/gate_calibration.py --rounds {args.rounds}"
+        + (f" --block-steps {sweep.block_steps}" if sweep.block_steps != gate.Sweep.block_steps else "")
+        + "`.\n",
         f"## Default gates ({sweep.pairs} seeds; disjoint rounds, so independent)\n",
         *counts(df, "gate"),
         "\n## One-seed gates (every round alone; half the default's units)\n",
         *counts(df, "one seed"),
         *([f"\n## Every {sweep.pairs} rounds as a gate (rounds shared between gates: not independent)\n",
            *counts(df, "any two")] if (df["size"] == "any two").any() else []),
+        "\n## Noise of the pairing (A/A duels)\n",
+        "Median over {2} A/A duels: one paired step's log step-time ratio varies with sd "
+        "{0:.3f}, a turn's ({3} step(s)) mean with sd {1:.3f}.".format(
+            *paired_spread(Path(args.out).resolve(), sweep.block_steps), sweep.block_steps),
         "\n## Smallest change the default gate detects, per metric\n",
         f"The larger of the metric's threshold and the change that clears the Holm-adjusted alpha "
         f"with one metric moving: the median A/A 95% half-width x {widen:.2f} "
@@ -200,8 +224,10 @@ def main() -> None:
     ap.add_argument("--from-draws", action="store_true",
                     help="only re-render the table from the stored draws.csv")
     ap.add_argument("--table", default="results/gate_calibration_cpu.md")
+    ap.add_argument("--block-steps", type=int, default=gate.Sweep.block_steps,
+                    help="steps per turn (default: the gate's, %(default)s)")
     args = ap.parse_args()
-    sweep = gate.Sweep(trainers=())
+    sweep = gate.Sweep(trainers=(), block_steps=args.block_steps)
     out = Path(args.out).resolve()
     start = time.time()
     ran = not (args.skip_runs or args.from_draws)

@@ -186,13 +186,13 @@ def test_local_cluster_without_calibration_is_refused_in_one_line(tmp_path, caps
 def test_calibrate_comm_measures_real_gloo_collectives(tmp_path):
     from fsbench.commcal import calibrate_comm, load_comm_fits
 
-    # sizes 2048x apart, median of 5: a 4 KiB collective costs a wake-up or two, which on
-    # a busy 2-core machine can reach a few ms, as much as a 1 MiB one; 8 MiB cannot be
-    # that fast
-    fits = calibrate_comm(tmp_path, [2], sizes=(4096, 8 << 20), repeats=5)
+    # sizes 16384x apart, median of 5: a 4 KiB collective costs a wake-up or two, which on
+    # a busy 2-core machine can reach several ms, as much as a few MiB (8 MiB lost to it
+    # once beside a spinning neighbour); 64 MiB takes tens of ms and cannot be that fast
+    fits = calibrate_comm(tmp_path, [2], sizes=(4096, 64 << 20), repeats=5)
     assert set(fits) == {"all_reduce", "all_to_all"}
     stored = load_comm_fits(tmp_path)
     for name, f in stored.items():
         assert len(f.points) == 2 and all(p[2] > 0 for p in f.points)
-        # eight megabytes take longer than four kilobytes on any real link
-        assert f.seconds(2, 8 << 20) > f.seconds(2, 4096)
+        # 64 megabytes take longer than four kilobytes on any real link
+        assert f.seconds(2, 64 << 20) > f.seconds(2, 4096)

@@ -50,7 +50,7 @@ def run_external(run: RunConfig, out_dir: str | Path) -> tuple[Path, dict | None
     import torch.distributed as dist
 
     from fsbench import dist as fsdist
-    from fsbench import runner, store
+    from fsbench import runner
     from fsbench.launch.worker import record_failure, run_rank
 
     torch.set_num_threads(run.threads_per_rank)
@@ -83,8 +83,7 @@ def run_external(run: RunConfig, out_dir: str | Path) -> tuple[Path, dict | None
         if run_dir is not None:
             record_failure(Path(run_dir), ctx.rank, e, ctx)
             if ctx.is_main:
-                store.update_manifest(run_dir, status="interrupted" if isinstance(e, KeyboardInterrupt)
-                                      else "failed", error=str(e))
+                runner.mark_stopped(Path(run_dir), e)
         raise
     finally:
         fsdist.shutdown()
