@@ -15,7 +15,8 @@
              a sharded trainer updates), and a replica's whole table work per step per
              element at the workload's real table sizes (the lookups' dense gradients, then
              the step over every row).
-  co-run     the encoder's slowdown when every core of this host runs it at once.
+  co-run     the encoder's slowdown when every core of this host runs it at once, and
+             the replica's table work's (memory-bound: it slows differently).
 The fit is stored in the results store under `<out>/calibrations/`, keyed by model shape
 and device, where a load balancer (FreeScale), the emulation and the simulator find it;
 without a matching fit the balancer uses an analytical model.
@@ -79,10 +80,16 @@ class CostFit:
     replicated_ns_per_element: float | None = None
     """A replica's table work per step (dense gradients of every table, then the optimizer
     over every row), per element, at the workload's table sizes. None in older fits."""
-    step_overhead_ms: dict[str, float] | None = None
-    """Per trainer: what a real 1-rank step costs beyond the simulator's model of it
-    (framework and input work, a sharded trainer's row gathering and exchange calls),
-    from a run at CALIBRATION_SEED (fsbench.simulate.measure_step_overhead). None: 0."""
+    step_overhead: dict[str, dict[str, float]] | None = None
+    """Per "trainer/compute" (compute: model or emulated): what a real 1-rank step costs
+    beyond the simulator's model of it (framework and input work, a sharded trainer's row
+    gathering and exchange calls), from a run at CALIBRATION_SEED
+    (fsbench.simulate.measure_step_overhead): `wall_ms` of it, of which `cpu_ms` the
+    rank's own thread CPU (it time-shares), `busy_ms` counted busy by the metrics, and
+    `input_ms` waiting for input. None: 0."""
+    table_corun_slowdown: float | None = None
+    """A replica's table work (memory-bound, unlike the encoder) in `corun_processes`
+    processes at once against alone. None in older fits (then the encoder's)."""
 
     def batch_extra_ms(self, lengths: np.ndarray) -> float:
         """What a batch of these lengths costs beyond the sum of cost(L) (0 when empty)."""
@@ -264,7 +271,7 @@ class _TableWork(torch.nn.Module):
 
 
 def measure_replicated_ns_per_element(workload: WorkloadConfig, device: str = "cpu",
-                                      repeats: int = 3, samples: int = 8) -> float:
+                                      repeats: int = 3, samples: int = 8, start=None) -> float:
     """A replica's table work per step at the workload's real table sizes, per element:
     a small batch's lookups, their backward into dense gradients (every row zeroed, then
     scattered into), PyTorch DDP's copies of those gradients into and out of its buckets
@@ -292,6 +299,8 @@ def measure_replicated_ns_per_element(workload: WorkloadConfig, device: str = "c
         opt = make_optimizer(sparse.parameters(), w)
         times = []
         for i in range(1 + repeats):
+            if i == 1 and start is not None:  # co-running processes line up after the warm-up
+                start.wait()
             if device == "cuda":
                 torch.cuda.synchronize()  # note: CPU-GPU sync point, so the timer sees the work
             t0 = time.perf_counter()
@@ -318,23 +327,33 @@ def _time_encoder(workload: WorkloadConfig, length: int, repeats: int, start=Non
     return time_encoder_ms(model, batch, repeats, warmup=2, start=start) / 1e3
 
 
-def _corun_child(workload, length, repeats, start, results, index) -> None:
-    results[index] = _time_encoder(workload, length, repeats, start)
+def _time_table_work(workload: WorkloadConfig, length: int, repeats: int, start=None) -> float:
+    """A replica's table work per element (ns), on one thread (`length` unused)."""
+    torch.set_num_threads(1)
+    return measure_replicated_ns_per_element(workload, repeats=repeats, start=start)
+
+
+CORUN_WORK = {"encoder": _time_encoder, "tables": _time_table_work}
+
+
+def _corun_child(work, workload, length, repeats, start, results, index) -> None:
+    results[index] = CORUN_WORK[work](workload, length, repeats, start)
 
 
 def measure_corun_slowdown(workload: WorkloadConfig, processes: int | None = None,
-                           length: int = 64, repeats: int = 10) -> tuple[float, int]:
-    """(median co-run time / solo time, processes): the encoder's fixed batch timed alone,
-    then in `processes` (default: this host's cores) processes at once."""
+                           length: int = 64, repeats: int = 10, work: str = "encoder") -> tuple[float, int]:
+    """(median co-run time / solo time, processes): `work` (the encoder's fixed batch, or
+    a replica's table work: CORUN_WORK) timed alone, then in `processes` (default: this
+    host's cores) processes at once."""
     import multiprocessing as mp
 
     processes = processes or os.cpu_count() or 1
-    solo = _time_encoder(workload, length, repeats)
+    solo = CORUN_WORK[work](workload, length, repeats)
     if processes < 2:
         return 1.0, 1
     ctx = mp.get_context("spawn")  # fresh interpreters: no forked torch thread pools
     start, results = ctx.Barrier(processes), ctx.Array("d", processes)
-    procs = [ctx.Process(target=_corun_child, args=(workload, length, repeats, start, results, i))
+    procs = [ctx.Process(target=_corun_child, args=(work, workload, length, repeats, start, results, i))
              for i in range(processes)]
     for p in procs:
         p.start()
@@ -361,7 +380,9 @@ def calibrate(workload: WorkloadConfig, out_dir: str | Path, device: str = "cpu"
     fit = dataclasses.replace(fit, batch_ms=batch_ms, bucket_ms=bucket_ms)
     if device == "cpu":
         slowdown, processes = measure_corun_slowdown(workload)
-        fit = dataclasses.replace(fit, corun_slowdown=slowdown, corun_processes=processes)
+        tables, _ = measure_corun_slowdown(workload, processes, repeats=3, work="tables")
+        fit = dataclasses.replace(fit, corun_slowdown=slowdown, corun_processes=processes,
+                                  table_corun_slowdown=tables)
     path = fit_path(out_dir, workload, device)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, dataclasses.asdict(fit))
@@ -373,4 +394,7 @@ def load_fit(out_dir: str | Path, workload: WorkloadConfig, device: str = "cpu")
     path = fit_path(out_dir, workload, device)
     if not path.exists():
         return None
-    return CostFit(**read_json(path))
+    known = {f.name for f in dataclasses.fields(CostFit)}
+    # Fields an older version stored and this one replaced are left out (their quantity
+    # is then missing: measured again where it is needed).
+    return CostFit(**{k: v for k, v in read_json(path).items() if k in known})

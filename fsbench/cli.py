@@ -247,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "an alpha-beta model per collective (for fsbench simulate --cluster local)")
     p.add_argument("--comm-world-sizes", type=_csv(int), default=[2, 4, 8],
                    help="world sizes --comm measures; default: 2,4,8")
+    p.add_argument("--overhead", type=_csv(str), default=[], metavar="TRAINERS",
+                   help="also measure these trainers' per-step overhead beyond the cost model "
+                        "(a real 1-rank run each, with the model and emulated), for fsbench "
+                        "simulate --cluster local; e.g. ddp,freescale; default: none")
 
     p = sub.add_parser("validate", help="check the harness against closed-form ground truth",
                        description="Run synthetic workloads with known per-token cost, an injected "
@@ -411,7 +415,19 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"per batch: {fit.batch_ms:.3f} ms + {fit.bucket_ms:.3f} ms per attention bucket; tables: "
           f"{fit.table_ns_per_element:.2f} ns per updated element, a replica's "
           f"{fit.replicated_ns_per_element:.2f} ns per element per step"
-          + (f"; co-run slowdown {fit.corun_slowdown:.2f}x" if fit.corun_slowdown else ""))
+          + (f"; co-run slowdown {fit.corun_slowdown:.2f}x (table work {fit.table_corun_slowdown:.2f}x)"
+             if fit.corun_slowdown else ""))
+    if args.overhead:
+        from fsbench.simulate import store_step_overheads
+        from fsbench.trainer import resolve_trainer_class
+
+        for name in args.overhead:
+            resolve_trainer_class(name)  # an unknown name fails here, in one line
+        held = store_step_overheads(workload, args.overhead, args.out,
+                                    progress=lambda it: progress(it, "runs", "run"))
+        print("| trainer/compute | overhead ms | of it CPU | busy | input wait |\n|---|--:|--:|--:|--:|")
+        for key, o in sorted(held.items()):
+            print(f"| {key} | {o['wall_ms']:.2f} | {o['cpu_ms']:.2f} | {o['busy_ms']:.2f} | {o['input_ms']:.2f} |")
     print(f"stored in {fit_path(args.out, workload, args.device)}")
     return 0
 

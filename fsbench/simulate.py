@@ -17,13 +17,17 @@ batches (the same length draws the generator makes for that seed and step):
             `local` also adds each rank's batch terms (fixed, and per attention bucket
             among its samples' lengths: a rank's few samples of many lengths cost more
             than their cost(L) sum).
-  co-run    `local` at 2+ ranks: all of a rank's compute times the fit's measured slowdown
-            of the encoder when every core runs it at once (ranks share the host); with
-            more ranks than cores, CPU work also times ranks / cores (time-sharing).
+  co-run    `local` at 2+ ranks: a rank's CPU work times the fit's measured slowdown when
+            every core runs it at once (ranks share the host; the encoder's and the
+            memory-bound table work's apart); with more ranks than cores it also waits
+            its turn, its wall time ranks / cores times its CPU time (time-sharing).
             A run with `compute=emulated` waits for its encoder instead (no core), so
-            there only the real CPU work (the table step) time-shares.
+            there only the real CPU work (table step, overhead) time-shares.
+  overhead  `local`: each trainer's per-step work beyond this model in each compute mode,
+            measured by a real 1-rank run (`measure_step_overhead`): its wall time, the
+            part that is the rank's CPU (time-shares), the part counted busy, input waits.
   comm      an alpha-beta model per collective: fitted on this machine by
-            `fsbench calibrate --comm` (`local`), or a preset's links (`h100`: 8 GPUs per
+            `fsbench calibrate --comm` (`local`: a line per measured world size), or a preset's links (`h100`: 8 GPUs per
             node on NVLink 4, 400 Gb/s per GPU across nodes).
               gradients: all-reduce of the dense parameters (and of the tables where a
               trainer replicates them), in DDP's 25 MiB buckets: all but the last bucket
@@ -36,14 +40,16 @@ batches (the same length draws the generator makes for that seed and step):
             `sm_slowdown` (a preset's parameter; `fsbench micro sm-contention` measures it
             where a GPU exists); copy-engine transport (FreeScale's sm_free) costs nothing.
 
-  T = exposed forward exchange + max_r compute_r + max(exposed all-reduce, exposed
-  gradient exchange);  busy_r = compute_r;  straggler_r = max compute - compute_r;
-  exposed communication = T - max compute on every rank; input stall and other idle 0.
+  T = exposed forward exchange + max_r wall_r + max(exposed all-reduce, exposed
+  gradient exchange) + the table step (after the gradients, on every rank).
+  Per rank, as the metrics count a measured run (fsbench.metrics.rank_causes): busy_r =
+  its compute's CPU time (an emulated encoder's wait), the rest of its own wall time
+  (run-queue waits, overhead that is not busy) other idle or input stall, and T less its
+  wall time waiting in communication; straggler = max busy - busy_r, taken from the
+  waits first. On a GPU preset busy_r = wall_r, so exposed communication = T - max busy.
 
-  T += the table step (the same on every rank: busy time).
-
-What is not modelled: the dense parameters' optimizer step and framework overhead
-(Python, launch), input stalls, contention between communication and compute for CPU cores, network congestion.
+What is not modelled: the dense parameters' optimizer step (outside `local`'s measured
+overhead), contention between communication and compute for CPU cores, network congestion.
 A trainer class declares how it behaves with `sim_profile(options, world_size)`
 (`SimProfile`); trainers that do not are modelled as DDP.
 """
@@ -60,8 +66,10 @@ import numpy as np
 from fsbench.config import RunConfig, WorkloadConfig
 from fsbench.errors import ConfigError
 from fsbench.memory import REPLICATED, TableMemory
+from fsbench.metrics import rank_causes
 
 DDP_BUCKET_BYTES = 25 * 2**20
+OVERHEAD_KEYS = ("wall_ms", "cpu_ms", "busy_ms", "input_ms")
 EXCHANGES = ("none", "blocking", "overlapped", "prioritized")
 
 
@@ -146,9 +154,9 @@ class Costs:
                 raise ConfigError(f"--cluster local needs the encoder's cost fit "
                                   f"({fit_path(store, workload, 'cpu')}): run fsbench calibrate "
                                   f"--workload {workload.name} --out {store}")
-            if self.comm is None:
-                raise ConfigError(f"--cluster local needs collective fits ({comm_fit_path(store)}): "
-                                  f"run fsbench calibrate --comm --out {store}")
+            # Collective fits are needed from 2 ranks on (collective_ms): a 1-rank run,
+            # such as the one that measures a trainer's overhead, goes without.
+            self.comm_path = comm_fit_path(store)
             if self.fit.table_ns_per_element is None or self.fit.table_optimizer != workload.optimizer:
                 raise ConfigError(f"--cluster local needs the {workload.optimizer} step's cost per table "
                                   f"element in the fit ({fit_path(store, workload, 'cpu')}): run fsbench "
@@ -181,12 +189,21 @@ class Costs:
         presets: `layer_overhead_ms`, added by the caller)."""
         return self.fit.batch_extra_ms(lengths) if self.cluster.compute == "fit" else 0.0
 
-    def step_overhead_ms(self, trainer: str) -> float:
-        """`local`: the trainer's measured per-step work beyond this model (CPU work on
-        every rank); GPU presets: 0 (their per-layer launch overhead stands for it)."""
-        if self.cluster.compute != "fit":
-            return 0.0
-        return (self.fit.step_overhead_ms or {}).get(trainer, 0.0)
+    def table_corun_factor(self, world_size: int) -> float:
+        """`local`: the table work's own co-run slowdown (memory-bound; the encoder's
+        where an older fit lacks it). GPU presets: 1."""
+        if self.cluster.compute != "fit" or world_size < 2:
+            return 1.0
+        return self.fit.table_corun_slowdown or self.corun_factor(world_size)
+
+    def step_overhead(self, trainer: str, compute: str) -> dict[str, float]:
+        """`local`: the trainer's measured per-step work beyond this model, in this compute
+        mode (wall_ms, cpu_ms, busy_ms, input_ms: fsbench.calibrate.CostFit.step_overhead);
+        GPU presets: none (their per-layer launch overhead stands for it)."""
+        found = {}
+        if self.cluster.compute == "fit":
+            found = (self.fit.step_overhead or {}).get(f"{trainer}/{compute}", {})
+        return {k: float(found.get(k, 0.0)) for k in OVERHEAD_KEYS}
 
     def table_ms(self, elements: float, replicated: bool = False) -> float:
         if self.cluster.compute != "fit":
@@ -201,6 +218,9 @@ class Costs:
         if n <= 1 or nbytes <= 0:
             return 0.0
         if self.cluster.compute == "fit":
+            if self.comm is None:
+                raise ConfigError(f"--cluster local needs collective fits ({self.comm_path}): "
+                                  f"run fsbench calibrate --comm --out {self.comm_path.parent.parent}")
             return self.comm[collective].seconds(n, nbytes) * 1e3
         c = self.cluster
         from fsbench.commcal import volume_factor
@@ -278,20 +298,32 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     ar_bytes = dense_bytes(w) + (held_rows * dim_bytes if prof.tables.placement == "replicated" else 0)
     buckets = max(1, math.ceil(ar_bytes / DDP_BUCKET_BYTES))
     transport_slow = cluster.sm_slowdown
-    # CPU work slows when ranks share the host's cores; an emulated encoder waits instead.
-    cpu = costs_model.corun_factor(n) * costs_model.time_sharing(n)
-    encoder = 1.0 if w.compute == "emulated" and cluster.compute == "fit" else cpu
+    # CPU work slows when ranks share the host's cores (co-run), and beyond the cores it
+    # waits its turn (time-sharing): thread CPU time grows by the first, the wall by both;
+    # the wait is run-queue time, which the metrics count as other idle. An emulated
+    # encoder waits without a core and is all busy; the real CPU work around it is not
+    # busy (fsbench.emulation), so the simulator books it as the metrics do.
+    emulated = w.compute == "emulated" and cluster.compute == "fit"
+    corun, share = costs_model.corun_factor(n), costs_model.time_sharing(n)
+    table_corun = costs_model.table_corun_factor(n)
+    enc_busy, enc_wall = (1.0, 1.0) if emulated else (corun, corun * share)
+    over = (costs_model.step_overhead(run.trainer, w.compute) if step_overhead
+            else dict.fromkeys(OVERHEAD_KEYS, 0.0))
+    over_wall = over["cpu_ms"] * corun * share + (over["wall_ms"] - over["cpu_ms"])
     plan = prof.plan or contiguous_plan
     rows = []
     for start in range(0, w.steps, prof.window):
         window = range(start, min(start + prof.window, w.steps))
         lengths = [dist.sample(step_rng(run.seed, k), w.global_batch_size, w.max_seq_len) for k in window]
-        costs = [encoder * costs_model.sample_ms(L) for L in lengths]
+        costs = [costs_model.sample_ms(L) for L in lengths]  # alone on a core
         all_lengths, all_costs = np.concatenate(lengths), np.concatenate(costs)
-        for k, owners in zip(window, plan(costs, n)):
-            c = np.array([all_costs[idx].sum() + encoder * costs_model.batch_extra_ms(all_lengths[idx])
-                          for idx in owners]) + cluster.layer_overhead_ms * w.model.num_layers \
-                + (cpu * costs_model.step_overhead_ms(run.trainer) if step_overhead else 0.0)
+        for k, owners in zip(window, plan([enc_wall * c for c in costs], n)):
+            enc = np.array([all_costs[idx].sum() + costs_model.batch_extra_ms(all_lengths[idx])
+                            for idx in owners])
+            launch = cluster.layer_overhead_ms * w.model.num_layers
+            c = enc * enc_wall + launch + over_wall  # each rank's wall until its gradients
+            busy = enc * enc_busy + launch + over["busy_ms"] * corun
+            cpu = (0.0 if emulated else enc * corun) + over["cpu_ms"] * corun
             tokens = np.array([all_lengths[idx].sum() for idx in owners], dtype=np.float64)
             samples = np.array([len(idx) for idx in owners], dtype=np.float64)
             pre = post_emb = hidden_emb = 0.0
@@ -314,7 +346,8 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             post_ar = max(t_ar / buckets, t_ar - (1 - 1 / buckets) * 2 * c.min() / 3) if t_ar else 0.0
             # Communication kernels on SMs slow the compute they overlap.
             hidden = (t_ar - post_ar) + (0.0 if prof.sm_free else hidden_emb)
-            c = c + transport_slow * min(hidden, float(c.min()))
+            slowed = transport_slow * min(hidden, float(c.min()))
+            c, busy = c + slowed, busy + slowed
             t = pre + float(c.max()) + max(post_ar, post_emb)
             # The optimizer steps the tables after the gradients arrived, on every rank.
             if prof.tables.placement == "replicated":
@@ -323,42 +356,88 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                 updated = (float(expected_distinct(np.array([tokens.sum() + samples.sum() + w.num_negatives]),
                                                    w.item_vocab, zipf_s)[0])
                            + samples.sum() * (1 + len(w.context_vocabs))) / n
-            upd = cpu * costs_model.table_ms(updated * w.model.dim,
-                                             replicated=prof.tables.placement == "replicated")
-            c, t = c + upd, t + upd
+            upd = costs_model.table_ms(updated * w.model.dim, replicated=prof.tables.placement == "replicated")
+            upd_wall = upd * table_corun * share
+            c, t = c + upd_wall, t + upd_wall
+            busy = busy + (0.0 if emulated else upd * table_corun)
+            cpu = cpu + upd * table_corun
+            # A rank waits in communication for the rest of the step (for its peers
+            # included); the metrics' one split of idle time into causes does the rest.
+            causes = rank_causes(t, busy, t - c, np.full(n, over["input_ms"]))
             rows.append({
-                "step": k, "step_time_ms": t, "busy_max_ms": float(c.max()),
-                "idle_ms": float((t - c).sum()), "straggler_ms": float((c.max() - c).sum()),
-                "exposed_comm_ms": n * (t - float(c.max())), "capacity_ms": n * t,
+                "step": k, "step_time_ms": t, "busy_max_ms": float(busy.max()),
+                "busy_mean_ms": float(busy.mean()), "cpu_mean_ms": float(np.mean(cpu)),
+                "idle_ms": float(causes["idle"].sum()), "straggler_ms": float(causes["straggler"].sum()),
+                "exposed_comm_ms": float(causes["exposed_comm"].sum()),
+                "input_stall_ms": float(causes["input_stall"].sum()),
+                "other_idle_ms": float(causes["other_idle"].sum()), "capacity_ms": n * t,
                 "num_samples": float(samples.sum()), "num_targets": float(tokens.sum()),
                 # No split of whole samples can beat the larger of the mean load and the
                 # costliest single sample: the bubble's floor for this batch.
-                "bound_busy_max_ms": max(float(c.mean()),
-                                         float(all_costs[np.concatenate(owners)].max()) + upd),
-                "busy_mean_ms": float(c.mean()),
+                "bound_busy_max_ms": max(float(busy.mean()),
+                                         float(all_costs[np.concatenate(owners)].max()) * enc_busy
+                                         + (0.0 if emulated else upd * table_corun)),
             })
     return summarize_steps(run, rows, cluster), rows
 
 
 def measure_step_overhead(workload: WorkloadConfig, trainer: str, store: str | Path,
-                          steps: int = 16) -> float:
-    """A trainer's per-step work this model does not see, on this machine: a real 1-rank
-    run (the real model, at the calibration seed: no validation run's batches), its median
-    step time less the `local` simulation of the same run without overhead. At N ranks
-    it is every rank's CPU work (time-shared beyond the cores)."""
+                          compute: str = "model", steps: int = 16) -> dict[str, float]:
+    """A trainer's per-step work this model does not see, on this machine, in this
+    compute mode (model or emulated): a real 1-rank run at the calibration seed (no
+    validation run's batches) against the `local` simulation of the same run without
+    overhead, per step (medians): the wall time beyond it, the part of that which was the
+    rank's own thread CPU (so time-shares at N ranks; the rest, such as waiting for
+    input, does not), the part the metrics counted busy, and the input wait."""
+    import shutil
     import tempfile
 
-    from fsbench.calibrate import CALIBRATION_SEED
+    from fsbench.calibrate import CALIBRATION_SEED, fit_path
     from fsbench.runner import run_once
+    from fsbench.timeline import read_timelines
     from fsbench.trainer import trainer_options
 
-    run = RunConfig(workload=dataclasses.replace(workload, steps=steps, warmup=4, compute="model"),
-                    trainer=trainer, world_size=1, seed=CALIBRATION_SEED,
+    w = dataclasses.replace(workload, steps=steps, warmup=4, compute=compute)
+    run = RunConfig(workload=w, trainer=trainer, world_size=1, seed=CALIBRATION_SEED,
                     trainer_options=trainer_options(trainer, {}))
     with tempfile.TemporaryDirectory(prefix="fsbench-overhead-") as tmp:
-        _, measured = run_once(run, tmp)
-    simulated, _ = simulate_run(run, CLUSTERS["local"], store, step_overhead=False)
-    return max(0.0, measured["step_time_ms_median"] - simulated["step_time_ms_median"])
+        if compute == "emulated":  # the emulated rank reads its fit beside its run
+            target = fit_path(tmp, w, "cpu")
+            target.parent.mkdir(parents=True)
+            shutil.copy(fit_path(store, w, "cpu"), target)
+        run_dir, measured = run_once(run, tmp)
+        spans = read_timelines(run_dir)
+    steps_ = spans[(spans["kind"] == "step") & ~spans["warmup"]]
+    # The rank's real thread CPU per step (an emulated span books it as overhead_ns).
+    cpu_ms = float((steps_["overhead_ns"] if compute == "emulated" else steps_["cpu_ns"]).median()) / 1e6
+    summary, rows = simulate_run(run, CLUSTERS["local"], store, step_overhead=False)
+    sim = [r for r in rows if r["step"] >= w.warmup]
+    wall = max(0.0, measured["step_time_ms_median"] - summary["step_time_ms_median"])
+    cpu = min(wall, max(0.0, cpu_ms - float(np.median([r["cpu_mean_ms"] for r in sim]))))
+    busy_ms = (1 - measured["bubble_ratio"]) * measured["step_time_ms_mean"]
+    busy = min(cpu, max(0.0, busy_ms - float(np.median([r["busy_mean_ms"] for r in sim]))))
+    input_ms = min(wall - cpu, measured["input_stall_ratio"] * measured["step_time_ms_mean"])
+    return {"wall_ms": wall, "cpu_ms": cpu, "busy_ms": busy, "input_ms": input_ms}
+
+
+def store_step_overheads(workload: WorkloadConfig, trainers: list[str], store: str | Path,
+                         progress=lambda it: it) -> dict[str, dict[str, float]]:
+    """Measure (measure_step_overhead) what the stored fit lacks of these trainers'
+    overheads in both compute modes, and store them in the fit; returns all it holds."""
+    from fsbench.calibrate import fit_path, load_fit
+    from fsbench.store import write_json_atomic
+
+    fit = load_fit(store, workload, "cpu")
+    if fit is None:
+        raise ConfigError(f"no cost fit for {workload.name} in {store}: run fsbench calibrate first")
+    held = dict(fit.step_overhead or {})
+    missing = [(t, c) for t in trainers for c in ("model", "emulated") if f"{t}/{c}" not in held]
+    for trainer, compute in progress(missing):
+        held[f"{trainer}/{compute}"] = measure_step_overhead(workload, trainer, store, compute)
+        # stored after each: a Ctrl-C keeps what was measured
+        write_json_atomic(fit_path(store, workload, "cpu"),
+                          dataclasses.asdict(dataclasses.replace(fit, step_overhead=held)))
+    return held
 
 
 def summarize_steps(run: RunConfig, rows: list[dict], cluster: Cluster) -> dict:
@@ -381,7 +460,8 @@ def summarize_steps(run: RunConfig, rows: list[dict], cluster: Cluster) -> dict:
         "bubble_ratio": float(m["idle_ms"].sum() / cap),
         "straggler_bubble_ratio": float(m["straggler_ms"].sum() / cap),
         "exposed_comm_ratio": float(m["exposed_comm_ms"].sum() / cap),
-        "input_stall_ratio": 0.0, "other_idle_ratio": 0.0,
+        "input_stall_ratio": float(m["input_stall_ms"].sum() / cap),
+        "other_idle_ratio": float(m["other_idle_ms"].sum() / cap),
         "load_imbalance": float(1 - m["busy_mean_ms"].sum() / m["busy_max_ms"].sum()),
         "whole_sample_bound_bubble": float(bound),
         "comm_overlap_ratio": None, "cpu_wait_ratio": None, "sm_occupancy": None,

@@ -26,12 +26,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from fsbench.calibrate import calibrate, fit_path, load_fit
+from fsbench.calibrate import calibrate, fit_path, load_fit, measure_corun_slowdown
 from fsbench.store import write_json_atomic
 from fsbench.commcal import calibrate_comm, load_comm_fits
 from fsbench.config import RunConfig
 from fsbench.runner import run_once
-from fsbench.simulate import CLUSTERS, measure_step_overhead, simulate_run
+from fsbench.simulate import CLUSTERS, simulate_run, store_step_overheads
 from fsbench.trainer import trainer_options
 from fsbench.workloads.presets import get_workload
 
@@ -60,10 +60,12 @@ def stored_summary(store: Path, workload: str, trainer: str, n: int, steps: int)
 
 
 def fit_line(preset: str, fit) -> str:
-    return (f"{preset} {fit.table_ns_per_element:.2f} ns sharded, {fit.replicated_ns_per_element:.2f} ns "
+    over = "; ".join(f"{key} {o['wall_ms']:.1f} ms ({o['cpu_ms']:.1f} CPU, {o['busy_ms']:.1f} busy, "
+                     f"{o['input_ms']:.1f} input)" for key, o in sorted((fit.step_overhead or {}).items()))
+    return (f"{preset}: {fit.table_ns_per_element:.2f} ns sharded, {fit.replicated_ns_per_element:.2f} ns "
             f"replicated, batch {fit.batch_ms:.2f} ms + {fit.bucket_ms:.2f} ms per bucket, "
-            f"co-run {fit.corun_slowdown:.2f}x, step overhead " + ", ".join(
-                f"{t} {ms:.1f} ms" for t, ms in (fit.step_overhead_ms or {}).items()))
+            f"co-run {fit.corun_slowdown:.2f}x (tables {fit.table_corun_slowdown or 0:.2f}x), "
+            f"step overhead {over}")
 
 
 def main() -> None:
@@ -91,12 +93,13 @@ def main() -> None:
             raise SystemExit(f"{fit_path(store, base, 'cpu')}: a fit from before batch terms; its "
                              f"emulated runs waited for another cost. Use a new --store.")
         fit = load_fit(store, base, "cpu")
-        missing = [t for t in args.trainers.split(",") if t not in (fit.step_overhead_ms or {})]
-        if missing:  # the trainers' per-step overhead, from 1-rank runs at the calibration seed
-            overhead = {**(fit.step_overhead_ms or {}),
-                        **{t: measure_step_overhead(base, t, store) for t in missing}}
-            write_json_atomic(fit_path(store, base, "cpu"),
-                              dataclasses.asdict(dataclasses.replace(fit, step_overhead_ms=overhead)))
+        if fit.table_corun_slowdown is None:  # a fit from before the tables' co-run slowdown
+            tables, _ = measure_corun_slowdown(base, fit.corun_processes, repeats=3, work="tables")
+            fit = dataclasses.replace(fit, table_corun_slowdown=tables)
+            write_json_atomic(fit_path(store, base, "cpu"), dataclasses.asdict(fit))
+        # Each trainer's per-step overhead in each compute mode, from 1-rank runs at the
+        # calibration seed.
+        store_step_overheads(base, args.trainers.split(","), store)
         for n, compute in POINTS:
             w = dataclasses.replace(base, compute=compute)
             if compute != "model":  # an emulated workload is a different workload

@@ -123,42 +123,92 @@ def local_with(fit):
     return LocalCosts
 
 
+def planted_fit(**overrides):
+    """A local fit with round numbers: 1 ms per token, 5 ms per batch, 0.5 ms per bucket,
+    2 cores, free tables, and ddp's overhead of 4 ms wall (3 ms of it CPU, 1 ms busy) in
+    both compute modes."""
+    from fsbench.calibrate import CostFit
+
+    over = {"wall_ms": 4.0, "cpu_ms": 3.0, "busy_ms": 1.0, "input_ms": 0.0}
+    return dataclasses.replace(CostFit(
+        a=0.0, b=1.0, c=0.0, r2=1.0, model="m", device="d", lengths=[], per_sample_ms=[],
+        table_ns_per_element=0.0, table_optimizer="adam", corun_slowdown=1.0, corun_processes=2,
+        batch_ms=5.0, bucket_ms=0.5, replicated_ns_per_element=0.0,
+        step_overhead={"ddp/model": over, "ddp/emulated": over}), **overrides)
+
+
+def encoder_ms(source, step, n):
+    """Each rank's encoder under the planted fit's costs (contiguous split)."""
+    from fsbench.calibrate import bucket_count
+    from fsbench.workloads.batch import contiguous_split
+
+    L = source.global_batch(step).lengths.numpy()
+    return np.array([L[idx].sum() + 5.0 + 0.5 * bucket_count(L[idx]) for idx in contiguous_split(len(L), n)])
+
+
 def test_local_ranks_beyond_the_cores_time_share_unless_their_encoder_is_emulated(monkeypatch):
     from fsbench import simulate
-    from fsbench.calibrate import CostFit, bucket_count
 
-    fit = CostFit(a=0.0, b=1.0, c=0.0, r2=1.0, model="m", device="d", lengths=[], per_sample_ms=[],
-                  table_ns_per_element=0.0, table_optimizer="adam", corun_slowdown=1.0,
-                  corun_processes=2, batch_ms=5.0, bucket_ms=0.5, replicated_ns_per_element=0.0,
-                  step_overhead_ms={"ddp": 3.0})
-    monkeypatch.setattr(simulate, "Costs", local_with(fit))
+    monkeypatch.setattr(simulate, "Costs", local_with(planted_fit()))
     w = small(64)
     source = SyntheticBatches(w, seed=0)
-
-    def expected(step, n):  # the slowest rank: 1 ms per token, 5 ms per batch, 0.5 per bucket
-        # (an emulated encoder waits, its rank's 3 ms of per-step overhead time-shares)
-        from fsbench.workloads.batch import contiguous_split
-        L = source.global_batch(step).lengths.numpy()
-        return max(L[idx].sum() + 5.0 + 0.5 * bucket_count(L[idx]) for idx in contiguous_split(len(L), n))
-
-    for compute, n, share, overhead_share in (("model", 2, 1.0, 1.0), ("model", 4, 2.0, 2.0),
-                                              ("emulated", 4, 1.0, 2.0)):
+    # (compute, ranks, the encoder's wall per CPU ms, the overhead's wall): the overhead's
+    # 3 ms of CPU time-share beyond 2 ranks, its 1 ms of waiting does not; an emulated
+    # encoder waits without a core.
+    for compute, n, share, overhead in (("model", 2, 1.0, 4.0), ("model", 4, 2.0, 7.0),
+                                        ("emulated", 4, 1.0, 7.0)):
         _, rows = simulate_run(RunConfig(workload=dataclasses.replace(w, compute=compute), trainer="ddp",
                                          world_size=n), CLUSTERS["local"], ".")
         for row in rows:
             assert row["step_time_ms"] == pytest.approx(
-                share * expected(row["step"], n) + overhead_share * 3.0, rel=1e-9)
+                share * encoder_ms(source, row["step"], n).max() + overhead, rel=1e-9)
 
 
-def test_alpha_beta_fit_recovers_its_parameters():
-    truth = dict(a0=50e-6, a1=20e-6, beta=1 / 400e6)
-    points = [(n, b, truth["a0"] + truth["a1"] * (n - 1) + truth["beta"] * 2 * (n - 1) / n * b)
-              for n in (2, 4, 8) for b in (4096, 1 << 20, 8 << 20)]
+def test_local_causes_are_booked_as_the_metrics_book_a_measured_run(monkeypatch):
+    """Run-queue waits (time-sharing) and CPU that is not busy are other idle, input waits
+    input stall, an emulated run's real table work other idle, not busy; the causes sum
+    to the bubble, and T - busy on every rank is the idle time."""
+    from fsbench import simulate
+
+    fit = planted_fit(replicated_ns_per_element=10.0, table_corun_slowdown=1.5)
+    for key in fit.step_overhead:
+        fit.step_overhead[key] = {"wall_ms": 4.0, "cpu_ms": 3.0, "busy_ms": 1.0, "input_ms": 0.5}
+    monkeypatch.setattr(simulate, "Costs", local_with(fit))
+    w = small(64)
+    source = SyntheticBatches(w, seed=0)
+    table_ms = (w.item_vocab + w.user_vocab + sum(w.context_vocabs)) * w.model.dim * 10.0 / 1e6
+    for compute in ("model", "emulated"):
+        summary, rows = simulate_run(RunConfig(workload=dataclasses.replace(w, compute=compute),
+                                               trainer="ddp", world_size=4), CLUSTERS["local"], ".")
+        for row in rows:
+            parts = sum(row[f"{c}_ms"] for c in ("straggler", "exposed_comm", "input_stall", "other_idle"))
+            assert parts == pytest.approx(row["idle_ms"], rel=1e-9)
+            assert row["capacity_ms"] - row["idle_ms"] == pytest.approx(4 * row["busy_mean_ms"], rel=1e-9)
+            assert row["input_stall_ms"] == pytest.approx(4 * 0.5, rel=1e-9)
+            # Each rank's own time beyond busy and input (4 ranks on 2 cores: CPU work takes
+            # twice its CPU time): the encoder's turn (model) or none (emulated: a wait);
+            # the overhead's 3 ms of CPU twice and 1 ms off-CPU, less 1 ms busy and 0.5 ms
+            # input; the table work (x1.5 co-run) twice, busy once (model) or never.
+            enc = encoder_ms(source, row["step"], 4)
+            other = (enc if compute == "model" else 0 * enc) + 2 * 3.0 + 1.0 - 1.0 - 0.5 \
+                + 1.5 * table_ms * (1 if compute == "model" else 2)
+            # The straggler share comes out of communication waits first, then out of these.
+            assert other.sum() - row["straggler_ms"] - 1e-6 <= row["other_idle_ms"] <= other.sum() + 1e-6
+        assert summary["other_idle_ratio"] > 0 and summary["input_stall_ratio"] > 0
+
+
+def test_comm_fit_keeps_a_line_per_measured_world_size():
+    """On a host with fewer cores than ranks latency and per-byte cost grow with N in ways
+    one model over N misses: each measured N keeps its own line, sizes between two
+    measured N interpolate, beyond them the model over all N answers."""
+    lines = {2: (1e-3, 1e-9), 8: (30e-3, 4e-9)}
+    points = [(n, b, a + beta * b) for n, (a, beta) in lines.items() for b in (4096, 1 << 20, 8 << 20)]
     f = fit_comm("all_reduce", points)
-    assert f.alpha0_s == pytest.approx(truth["a0"], rel=1e-6)
-    assert f.alpha1_s == pytest.approx(truth["a1"], rel=1e-6)
-    assert f.beta_s_per_byte == pytest.approx(truth["beta"], rel=1e-6)
-    assert f.max_rel_error < 1e-9
+    for n, (a, beta) in lines.items():
+        assert f.seconds(n, 32 << 20) == pytest.approx(a + beta * (32 << 20), rel=1e-6)
+    at4 = (2 / 3) * f.seconds(2, 1 << 20) + (1 / 3) * f.seconds(8, 1 << 20)
+    assert f.seconds(4, 1 << 20) == pytest.approx(at4, rel=1e-9)
+    assert f.seconds(16, 1 << 20) == f.model_seconds(16, 1 << 20)
 
 
 def test_simulate_command_stores_labelled_runs(tmp_path, capsys):
