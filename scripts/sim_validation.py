@@ -139,8 +139,10 @@ def main() -> None:
         "`python scripts/sim_validation.py`.\n",
         "Per preset, from the fit: the optimizer step per updated table element (sharded), a "
         "replica's table work per element at the real table sizes, a batch's fixed and "
-        "per-bucket encoder cost, and the encoder's slowdown when both cores run it at once "
-        "(applied to 2+ ranks; beyond 2 ranks CPU work also time-shares, ranks / 2): "
+        "per-bucket encoder cost, the slowdown when both cores run the encoder (the table work) "
+        "at once (applied to 2+ ranks; beyond 2 ranks CPU work also time-shares, ranks / 2), and "
+        "each trainer's per-step overhead per compute mode (median of three 1-rank runs at the "
+        "calibration seed: wall, of it the rank's CPU, busy, input wait): "
         + ", ".join(fit_line(p, load_fit(store, get_workload(p), "cpu")) for p in args.presets.split(","))
         + ".\n",
         f"- Step time within 15%: **{int(within.sum())} of {len(df)}** points; median absolute "
