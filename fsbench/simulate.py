@@ -309,7 +309,11 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     enc_busy, enc_wall = (1.0, 1.0) if emulated else (corun, corun * share)
     over = (costs_model.step_overhead(run.trainer, w.compute) if step_overhead
             else dict.fromkeys(OVERHEAD_KEYS, 0.0))
-    over_wall = over["cpu_ms"] * corun * share + (over["wall_ms"] - over["cpu_ms"])
+    # Waiting for input is waiting for the loader worker's CPU work, which time-shares
+    # too; the rest of the overhead off the rank's CPU (other waits) does not.
+    input_wait = over["input_ms"] * share
+    over_wall = (over["cpu_ms"] * corun * share + input_wait
+                 + (over["wall_ms"] - over["cpu_ms"] - over["input_ms"]))
     plan = prof.plan or contiguous_plan
     rows = []
     for start in range(0, w.steps, prof.window):
@@ -363,7 +367,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             cpu = cpu + upd * table_corun
             # A rank waits in communication for the rest of the step (for its peers
             # included); the metrics' one split of idle time into causes does the rest.
-            causes = rank_causes(t, busy, t - c, np.full(n, over["input_ms"]))
+            causes = rank_causes(t, busy, t - c, np.full(n, input_wait))
             rows.append({
                 "step": k, "step_time_ms": t, "busy_max_ms": float(busy.max()),
                 "busy_mean_ms": float(busy.mean()), "cpu_mean_ms": float(np.mean(cpu)),
