@@ -325,7 +325,10 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             enc = np.array([all_costs[idx].sum() + costs_model.batch_extra_ms(all_lengths[idx])
                             for idx in owners])
             launch = cluster.layer_overhead_ms * w.model.num_layers
-            c = enc * enc_wall + launch + over_wall  # each rank's wall until its gradients
+            # Communication hides under the encoder's forward and backward only; the
+            # overhead (input, Python, row gathering) comes before them.
+            model_ms = enc * enc_wall + launch
+            c = model_ms + over_wall  # each rank's wall until its gradients
             busy = enc * enc_busy + launch + over["busy_ms"] * corun
             cpu = (0.0 if emulated else enc * corun) + over["cpu_ms"] * corun
             tokens = np.array([all_lengths[idx].sum() for idx in owners], dtype=np.float64)
@@ -337,20 +340,20 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                 rows_r = (expected_distinct(tokens + samples + w.num_negatives, w.item_vocab, zipf_s)
                           + samples * (1 + len(w.context_vocabs)))
                 t_x = costs_model.collective_ms("all_to_all", n, float(rows_r.max()) * dim_bytes)
-                fwd_min, bwd_min = c.min() / 3, 2 * c.min() / 3
+                fwd_min, bwd_min = model_ms.min() / 3, 2 * model_ms.min() / 3
                 if prof.exchange == "blocking":
                     pre, post_emb = t_x, t_x
                 else:
                     first = t_x / prof.chunks
-                    pre = (max(0.0, t_x - c.min()) if prof.exchange == "prioritized"
+                    pre = (max(0.0, t_x - model_ms.min()) if prof.exchange == "prioritized"
                            else max(first, t_x - fwd_min))
                     post_emb = max(first, t_x - bwd_min)
                 hidden_emb = 2 * t_x - pre - post_emb
             t_ar = costs_model.collective_ms("all_reduce", n, ar_bytes)
-            post_ar = max(t_ar / buckets, t_ar - (1 - 1 / buckets) * 2 * c.min() / 3) if t_ar else 0.0
+            post_ar = max(t_ar / buckets, t_ar - (1 - 1 / buckets) * 2 * model_ms.min() / 3) if t_ar else 0.0
             # Communication kernels on SMs slow the compute they overlap.
             hidden = (t_ar - post_ar) + (0.0 if prof.sm_free else hidden_emb)
-            slowed = transport_slow * min(hidden, float(c.min()))
+            slowed = transport_slow * min(hidden, float(model_ms.min()))
             c, busy = c + slowed, busy + slowed
             t = pre + float(c.max()) + max(post_ar, post_emb)
             # The optimizer steps the tables after the gradients arrived, on every rank.
