@@ -354,6 +354,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     if args.repeats < 1:
         raise ConfigError(f"--repeats={args.repeats} must be >= 1")
+    if args.overhead:
+        from fsbench.trainer import resolve_trainer_class
+
+        for name in args.overhead:
+            resolve_trainer_class(name)  # an unknown name fails now, in one line, not after calibrating
     if not args.world_sizes:
         raise ConfigError("--world-sizes is empty; give e.g. 1,2")
     names = [w for w in args.workload.split(",") if w.strip()]
@@ -402,6 +407,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     workload = build_workload(args)
     if args.repeats < 1:
         raise ConfigError(f"--repeats={args.repeats} must be >= 1")
+    if args.overhead:
+        from fsbench.trainer import resolve_trainer_class
+
+        for name in args.overhead:
+            resolve_trainer_class(name)  # an unknown name fails now, in one line, not after calibrating
     import torch
     torch.set_num_threads(1)  # the per-rank setting: costs must match what ranks see
 
@@ -419,10 +429,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
              if fit.corun_slowdown else ""))
     if args.overhead:
         from fsbench.simulate import store_step_overheads
-        from fsbench.trainer import resolve_trainer_class
 
-        for name in args.overhead:
-            resolve_trainer_class(name)  # an unknown name fails here, in one line
         held = store_step_overheads(workload, args.overhead, args.out,
                                     progress=lambda it: progress(it, "runs", "run"))
         print("| trainer/compute | overhead ms | of it CPU | busy | input wait |\n|---|--:|--:|--:|--:|")

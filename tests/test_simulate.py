@@ -278,3 +278,45 @@ def test_calibrate_comm_measures_real_gloo_collectives(tmp_path):
         assert len(f.points) == 2 and all(p[2] > 0 for p in f.points)
         # 64 megabytes take longer than four kilobytes on any real link
         assert f.seconds(2, 64 << 20) > f.seconds(2, 4096)
+
+
+def test_calibrate_overhead_of_an_unknown_trainer_is_refused_before_calibrating(tmp_path, capsys):
+    assert main(["calibrate", "--workload", "tiny", "--overhead", "ddp,nope", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nope" in err[0] and "ddp" in err[0]
+    assert not (tmp_path / "calibrations").exists()  # nothing was measured first
+
+
+@pytest.mark.dist
+def test_calibrate_measures_each_trainers_overhead_and_the_simulator_adds_it(tmp_path, capsys):
+    """`fsbench calibrate --overhead ddp` runs real 1-rank runs in both compute modes and
+    stores what they cost beyond the model; a 1-rank simulation then takes exactly the
+    stored wall overhead more per step (one rank: no co-run, no time-sharing)."""
+    import torch
+
+    from fsbench.calibrate import load_fit
+    from fsbench.workloads.presets import get_workload
+
+    threads = torch.get_num_threads()
+    try:
+        assert main(["calibrate", "--workload", "tiny", "--overhead", "ddp", "--out", str(tmp_path)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert "| ddp/model |" in out and "| ddp/emulated |" in out
+    w = get_workload("tiny")
+    torch.set_num_threads(1)  # the fit's key holds the ranks' thread count
+    try:
+        fit = load_fit(tmp_path, w)
+        assert set(fit.step_overhead) == {"ddp/model", "ddp/emulated"}
+        for parts in fit.step_overhead.values():
+            assert 0 <= parts["busy_ms"] <= parts["cpu_ms"] <= parts["wall_ms"]
+            assert parts["cpu_ms"] + parts["input_ms"] <= parts["wall_ms"] + 1e-9
+        run = RunConfig(workload=dataclasses.replace(w, steps=6, warmup=1), trainer="ddp", world_size=1)
+        _, with_ = simulate_run(run, CLUSTERS["local"], tmp_path)
+        _, without = simulate_run(run, CLUSTERS["local"], tmp_path, step_overhead=False)
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(without, with_):
+        assert b["step_time_ms"] - a["step_time_ms"] == pytest.approx(
+            fit.step_overhead["ddp/model"]["wall_ms"], rel=1e-9, abs=1e-9)
