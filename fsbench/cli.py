@@ -354,11 +354,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     if args.repeats < 1:
         raise ConfigError(f"--repeats={args.repeats} must be >= 1")
-    if args.overhead:
-        from fsbench.trainer import resolve_trainer_class
-
-        for name in args.overhead:
-            resolve_trainer_class(name)  # an unknown name fails now, in one line, not after calibrating
     if not args.world_sizes:
         raise ConfigError("--world-sizes is empty; give e.g. 1,2")
     names = [w for w in args.workload.split(",") if w.strip()]
