@@ -30,7 +30,8 @@ batches (the same length draws the generator makes for that seed and step):
             `fsbench calibrate --comm` (`local`: a line per measured world size), or a preset's links (`h100`: 8 GPUs per
             node on NVLink 4, 400 Gb/s per GPU across nodes).
               gradients: all-reduce of the dense parameters (and of the tables where a
-              trainer replicates them), in DDP's 25 MiB buckets: all but the last bucket
+              trainer replicates them), one call per DDP bucket (1 MiB first, then 25
+              MiB, over the real parameters: `ddp_buckets`): all but the last bucket
               hide under the backward of the fastest rank;
               sharded tables: all-to-all of each rank's unique rows (expected count under
               the workload's Zipf popularity) forward and of their gradients backward;
@@ -69,6 +70,7 @@ from fsbench.memory import REPLICATED, TableMemory
 from fsbench.metrics import rank_causes
 
 DDP_BUCKET_BYTES = 25 * 2**20
+DDP_FIRST_BUCKET_BYTES = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 OVERHEAD_KEYS = ("wall_ms", "cpu_ms", "busy_ms", "input_ms")
 EXCHANGES = ("none", "blocking", "overlapped", "prioritized")
 
@@ -273,10 +275,34 @@ def profile_of(trainer: str, options: dict[str, str], n: int) -> SimProfile:
     return declare({**option_defaults(cls), **options}, n) if declare else SimProfile()
 
 
-def dense_bytes(workload: WorkloadConfig) -> float:
-    from fsbench.memory import dense_parameters
+@functools.lru_cache(maxsize=32)
+def dense_param_bytes(model, num_contexts: int, max_seq_len: int) -> tuple[float, ...]:
+    """Bytes of each encoder parameter, in registration order (built on the meta device)."""
+    import torch
 
-    return 4.0 * dense_parameters(workload.model, len(workload.context_vocabs), workload.max_seq_len)
+    from fsbench.models.dense import DenseArch
+
+    with torch.device("meta"):
+        dense = DenseArch(model, num_contexts, max_seq_len)
+    return tuple(4.0 * p.numel() for p in dense.parameters())
+
+
+def ddp_buckets(param_bytes: list[float]) -> list[float]:
+    """Bytes of each all-reduce call PyTorch DDP makes with its default buckets: the
+    parameters in reverse registration order (about the order their gradients arrive)
+    fill a first bucket of 1 MiB, then buckets of 25 MiB; a bucket closes once it
+    reaches its cap, so a larger parameter fills one alone. Each call pays its own
+    latency, which on a host of more ranks than cores is most of its cost (gloo at 16
+    ranks on 2 cores: 72 ms per call, small or not)."""
+    out, current, cap = [], 0.0, DDP_FIRST_BUCKET_BYTES
+    for size in reversed(param_bytes):
+        current += size
+        if current >= cap:
+            out.append(current)
+            current, cap = 0.0, DDP_BUCKET_BYTES
+    if current > 0:
+        out.append(current)
+    return out
 
 
 def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
@@ -294,9 +320,12 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     dist = parse_length_spec(w.lengths)
     zipf_s = float(parse_popularity(w.popularity).s)
     dim_bytes = 4.0 * w.model.dim
-    held_rows = prof.tables.rows_held([w.item_vocab, w.user_vocab, *w.context_vocabs], n)
-    ar_bytes = dense_bytes(w) + (held_rows * dim_bytes if prof.tables.placement == "replicated" else 0)
-    buckets = max(1, math.ceil(ar_bytes / DDP_BUCKET_BYTES))
+    vocabs = [w.item_vocab, w.user_vocab, *w.context_vocabs]
+    held_rows = prof.tables.rows_held(vocabs, n)
+    # DDP's gradient buckets: the tables (registered first) where a trainer replicates
+    # them, then the encoder's parameters.
+    replicas = [rows * dim_bytes for rows in vocabs] if prof.tables.placement == "replicated" else []
+    buckets = ddp_buckets(replicas + list(dense_param_bytes(w.model, len(w.context_vocabs), w.max_seq_len)))
     transport_slow = cluster.sm_slowdown
     # CPU work slows when ranks share the host's cores (co-run), and beyond the cores it
     # waits its turn (time-sharing): thread CPU time grows by the first, the wall by both;
@@ -349,8 +378,11 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                            else max(first, t_x - fwd_min))
                     post_emb = max(first, t_x - bwd_min)
                 hidden_emb = 2 * t_x - pre - post_emb
-            t_ar = costs_model.collective_ms("all_reduce", n, ar_bytes)
-            post_ar = max(t_ar / buckets, t_ar - (1 - 1 / buckets) * 2 * model_ms.min() / 3) if t_ar else 0.0
+            # One call per bucket, in turn; all but the last hide under the backward of the
+            # fastest rank (the first is ready after about 1 / buckets of it).
+            calls = [costs_model.collective_ms("all_reduce", n, b) for b in buckets]
+            t_ar = sum(calls)
+            post_ar = max(calls[-1], t_ar - (1 - 1 / len(calls)) * 2 * model_ms.min() / 3) if t_ar else 0.0
             # Communication kernels on SMs slow the compute they overlap.
             hidden = (t_ar - post_ar) + (0.0 if prof.sm_free else hidden_emb)
             slowed = transport_slow * min(hidden, float(model_ms.min()))

@@ -320,3 +320,42 @@ def test_calibrate_measures_each_trainers_overhead_and_the_simulator_adds_it(tmp
     for a, b in zip(without, with_):
         assert b["step_time_ms"] - a["step_time_ms"] == pytest.approx(
             fit.step_overhead["ddp/model"]["wall_ms"], rel=1e-9, abs=1e-9)
+
+
+def test_ddp_buckets_are_the_buckets_real_ddp_makes(tmp_path):
+    """The simulator's all-reduce calls are the ones PyTorch DDP makes once it has rebuilt
+    its buckets after the first step (a comm hook records each bucket's bytes): a first
+    bucket of 1 MiB, then 25 MiB, in the order gradients arrive, a large parameter alone."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from fsbench.simulate import ddp_buckets
+
+    class Params(torch.nn.Module):
+        def forward(self):
+            return sum(p.sum() for p in self.parameters())
+
+    sizes = [30 << 18, 3 << 18, 2 << 17, 1 << 17, 5 << 16]  # elements (4 bytes each)
+    module = Params()
+    for i, numel in enumerate(sizes):
+        module.register_parameter(f"p{i}", torch.nn.Parameter(torch.ones(numel)))
+    seen = []
+
+    def record(state, bucket):
+        seen.append(bucket.buffer().numel() * 4)
+        done = torch.futures.Future()
+        done.set_result(bucket.buffer())
+        return done
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(module)
+        ddp.register_comm_hook(None, record)
+        for _ in range(3):  # the first step is DDP's own warm-up (one 25 MiB pass)
+            seen.clear()
+            ddp().backward()
+    finally:
+        dist.destroy_process_group()
+    assert [int(b) for b in ddp_buckets([4.0 * n for n in sizes])] == seen
+    assert len(seen) == 2  # the case has more than one bucket to get right
