@@ -59,13 +59,21 @@ class EmulatedCompute:
     def loss(self, dense: torch.nn.Module, lookups, batch) -> torch.Tensor:
         """A loss of the encoder's inputs and parameters whose forward and backward wait
         for the modelled time and whose gradients have the real shapes."""
-        inputs = [lookups.items, lookups.targets, lookups.negatives, lookups.users,
-                  lookups.contexts, *dense.parameters()]
-        inputs = [t for t in inputs if t.requires_grad]
-        if not inputs:  # nothing to differentiate (evaluation): wait for the forward only
-            emulate(self.cost_ns(batch.lengths) * FORWARD_SHARE)
-            return lookups.items.new_zeros(())
-        return _Emulated.apply(self.cost_ns(batch.lengths), *inputs)
+        return waiting_loss(self.cost_ns(batch.lengths), dense, lookups)
+
+
+def waiting_loss(cost_ns: float, dense: torch.nn.Module, lookups) -> torch.Tensor:
+    """A loss of the encoder's inputs and parameters that waits `cost_ns` (a third in
+    forward, the rest in backward) and hands back zero gradients of the real shapes, all
+    at once: the order in which the parameters' gradients become ready (DDP's buckets)
+    is this function's, not the real encoder's (fsbench.simulate.dense_grad_bytes)."""
+    inputs = [lookups.items, lookups.targets, lookups.negatives, lookups.users,
+              lookups.contexts, *dense.parameters()]
+    inputs = [t for t in inputs if t.requires_grad]
+    if not inputs:  # nothing to differentiate (evaluation): wait for the forward only
+        emulate(cost_ns * FORWARD_SHARE)
+        return lookups.items.new_zeros(())
+    return _Emulated.apply(cost_ns, *inputs)
 
 
 # Set by the rank's worker before the trainer builds its model (one process is one rank).

@@ -275,27 +275,54 @@ def profile_of(trainer: str, options: dict[str, str], n: int) -> SimProfile:
     return declare({**option_defaults(cls), **options}, n) if declare else SimProfile()
 
 
-@functools.lru_cache(maxsize=32)
-def dense_param_bytes(model, num_contexts: int, max_seq_len: int) -> tuple[float, ...]:
-    """Bytes of each encoder parameter, in registration order (built on the meta device)."""
+@functools.lru_cache(maxsize=16)
+def dense_grad_bytes(workload: WorkloadConfig) -> tuple[float, ...]:
+    """Bytes of each encoder parameter in the order its gradient is ready in backward:
+    the order DDP fills its buckets in from its second step on. Taken from one backward
+    of the real encoder on a small batch (post-accumulate hooks; the tables shrunk, which
+    changes no encoder parameter), or of the emulation's wait (`compute=emulated`: its
+    order differs, and so do its buckets); parameters that got no gradient come last."""
     import torch
 
-    from fsbench.models.dense import DenseArch
+    from fsbench.calibrate import CALIBRATION_SEED, encoder_inputs
+    from fsbench.models import build_model
+    from fsbench.workloads.generator import SyntheticBatches
 
-    with torch.device("meta"):
-        dense = DenseArch(model, num_contexts, max_seq_len)
-    return tuple(4.0 * p.numel() for p in dense.parameters())
+    vocab = max(1024, 4 * workload.num_negatives)
+    # Short samples: the order does not depend on lengths, and `large`'s 4096 would
+    # take gigabytes.
+    w = dataclasses.replace(workload, global_batch_size=4, compute="model", lengths="fixed:16",
+                            item_vocab=vocab, user_vocab=vocab,
+                            context_vocabs=tuple(vocab for _ in workload.context_vocabs))
+    model = build_model(w, seed=0)
+    batch = SyntheticBatches(w, seed=CALIBRATION_SEED).global_batch(0)
+    params = list(model.dense.parameters())
+    order: list[int] = []
+    hooks = [p.register_post_accumulate_grad_hook(lambda _, i=i: order.append(i)) for i, p in enumerate(params)]
+    try:
+        lookups = encoder_inputs(model, batch)
+        if workload.compute == "emulated":  # gradients come all at once, in its order
+            from fsbench.emulation import waiting_loss
+
+            waiting_loss(0.0, model.dense, lookups).backward()
+        else:
+            model.dense(lookups, batch).backward()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    order += [i for i in reversed(range(len(params))) if i not in order]
+    return tuple(4.0 * params[i].numel() for i in order)
 
 
-def ddp_buckets(param_bytes: list[float]) -> list[float]:
-    """Bytes of each all-reduce call PyTorch DDP makes with its default buckets: the
-    parameters in reverse registration order (about the order their gradients arrive)
-    fill a first bucket of 1 MiB, then buckets of 25 MiB; a bucket closes once it
-    reaches its cap, so a larger parameter fills one alone. Each call pays its own
+def ddp_buckets(ready_bytes: list[float]) -> list[float]:
+    """Bytes of each all-reduce call PyTorch DDP makes with its default buckets once it
+    has rebuilt them after its first step: the parameters, in the order their gradients
+    are ready, fill a first bucket of 1 MiB, then buckets of 25 MiB; a bucket closes once
+    it reaches its cap, so a larger parameter fills one alone. Each call pays its own
     latency, which on a host of more ranks than cores is most of its cost (gloo at 16
     ranks on 2 cores: 72 ms per call, small or not)."""
     out, current, cap = [], 0.0, DDP_FIRST_BUCKET_BYTES
-    for size in reversed(param_bytes):
+    for size in ready_bytes:
         current += size
         if current >= cap:
             out.append(current)
@@ -322,10 +349,11 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     dim_bytes = 4.0 * w.model.dim
     vocabs = [w.item_vocab, w.user_vocab, *w.context_vocabs]
     held_rows = prof.tables.rows_held(vocabs, n)
-    # DDP's gradient buckets: the tables (registered first) where a trainer replicates
-    # them, then the encoder's parameters.
+    # DDP's gradient buckets: the encoder's parameters in the order their gradients are
+    # ready, then the tables where a trainer replicates them (read first in forward, so
+    # ready last in backward; among themselves in reverse registration order).
     replicas = [rows * dim_bytes for rows in vocabs] if prof.tables.placement == "replicated" else []
-    buckets = ddp_buckets(replicas + list(dense_param_bytes(w.model, len(w.context_vocabs), w.max_seq_len)))
+    buckets = ddp_buckets(list(dense_grad_bytes(w)) + replicas[::-1])
     transport_slow = cluster.sm_slowdown
     # CPU work slows when ranks share the host's cores (co-run), and beyond the cores it
     # waits its turn (time-sharing): thread CPU time grows by the first, the wall by both;

@@ -357,5 +357,59 @@ def test_ddp_buckets_are_the_buckets_real_ddp_makes(tmp_path):
             ddp().backward()
     finally:
         dist.destroy_process_group()
-    assert [int(b) for b in ddp_buckets([4.0 * n for n in sizes])] == seen
+    # this module's gradients are ready in reverse registration order
+    assert [int(b) for b in ddp_buckets([4.0 * n for n in reversed(sizes)])] == seen
     assert len(seen) == 2  # the case has more than one bucket to get right
+
+
+@pytest.mark.parametrize("preset,compute", [("tiny", "model"), ("comm-heavy", "model"),
+                                            ("comm-heavy", "emulated")])
+def test_ddp_buckets_of_a_real_encoder_follow_its_gradients_order(tmp_path, preset, compute):
+    """On the real encoder, whose gradients are not ready in reverse registration order,
+    the simulator's calls are still DDP's own, and under the emulation's wait, which
+    hands back every gradient at once in its own order (comm-heavy's 1.2 MB: one call
+    with the model, two emulated)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from fsbench.calibrate import CALIBRATION_SEED, encoder_inputs
+    from fsbench.models import build_model
+    from fsbench.simulate import ddp_buckets, dense_grad_bytes
+
+    w = dataclasses.replace(get_workload(preset), global_batch_size=4, compute=compute)
+    vocab = max(2048, 4 * w.num_negatives)  # tables shrunk (not the encoder), other draws
+    shrunk = dataclasses.replace(w, item_vocab=vocab, user_vocab=vocab,
+                                 context_vocabs=tuple(vocab for _ in w.context_vocabs))
+    model = build_model(shrunk, seed=0)
+    batch = SyntheticBatches(shrunk, seed=1).global_batch(0)
+    seen = []
+
+    def record(state, bucket):
+        seen.append(bucket.buffer().numel() * 4)
+        done = torch.futures.Future()
+        done.set_result(bucket.buffer())
+        return done
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dense = model.dense
+
+        def forward(self, lookups):
+            if compute == "emulated":
+                from fsbench.emulation import waiting_loss
+
+                return waiting_loss(0.0, self.dense, lookups)
+            return self.dense(lookups, batch)
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(Encoder())
+        ddp.register_comm_hook(None, record)
+        for _ in range(3):
+            seen.clear()
+            ddp(encoder_inputs(model, batch)).backward()
+    finally:
+        dist.destroy_process_group()
+    assert [int(b) for b in ddp_buckets(list(dense_grad_bytes(w)))] == seen
