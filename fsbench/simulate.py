@@ -408,12 +408,13 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                 hidden_emb = 2 * t_x - pre - post_emb
             # The buckets' calls follow each other and cost as one transfer of their sum:
             # one latency (measured: DDP's two calls of small at 16 emulated ranks are in
-            # flight 118 and 123 ms, not twice the 67 ms one costs alone). All but the
-            # last hide under the backward of the fastest rank (the first is ready after
-            # about 1 / buckets of it).
+            # flight 118 and 123 ms, not twice the 67 ms one costs alone). They start when
+            # the first bucket is ready (after its share of the backward of the fastest
+            # rank) and hide under the rest of it; the last bucket's transfer cannot.
             t_ar = costs_model.collective_ms("all_reduce", n, sum(buckets))
-            b = len(buckets)
-            post_ar = max(t_ar / b, t_ar - (1 - 1 / b) * 2 * model_ms.min() / 3) if t_ar else 0.0
+            t_last = costs_model.collective_ms("all_reduce", n, buckets[-1])
+            window = (1 - buckets[0] / sum(buckets)) * 2 * model_ms.min() / 3
+            post_ar = max(t_last, t_ar - window) if t_ar else 0.0
             # Communication kernels on SMs slow the compute they overlap.
             hidden = (t_ar - post_ar) + (0.0 if prof.sm_free else hidden_emb)
             slowed = transport_slow * min(hidden, float(model_ms.min()))
