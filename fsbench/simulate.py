@@ -275,33 +275,40 @@ def profile_of(trainer: str, options: dict[str, str], n: int) -> SimProfile:
     return declare({**option_defaults(cls), **options}, n) if declare else SimProfile()
 
 
-@functools.lru_cache(maxsize=16)
 def dense_grad_bytes(workload: WorkloadConfig) -> tuple[float, ...]:
     """Bytes of each encoder parameter in the order its gradient is ready in backward:
     the order DDP fills its buckets in from its second step on. Taken from one backward
     of the real encoder on a small batch (post-accumulate hooks; the tables shrunk, which
     changes no encoder parameter), or of the emulation's wait (`compute=emulated`: its
-    order differs, and so do its buckets); parameters that got no gradient come last."""
+    order differs, and so do its buckets); parameters that got no gradient come last.
+    What does not shape the encoder (batch, lengths, vocabularies, data) is set to one
+    value, so every world size and batch of a sweep shares one measurement."""
+    vocab = max(1024, 4 * workload.num_negatives)
+    # Short samples: the order does not depend on lengths, and `large`'s 4096 would
+    # take gigabytes.
+    probe = WorkloadConfig(name="gradient-order", model=workload.model, item_vocab=vocab, user_vocab=vocab,
+                           context_vocabs=tuple(vocab for _ in workload.context_vocabs),
+                           max_seq_len=workload.max_seq_len, global_batch_size=4, steps=1, warmup=0,
+                           lengths=f"fixed:{min(16, workload.max_seq_len)}", num_negatives=workload.num_negatives)
+    return _grad_ready_bytes(probe, workload.compute == "emulated")
+
+
+@functools.lru_cache(maxsize=16)
+def _grad_ready_bytes(probe: WorkloadConfig, emulated: bool) -> tuple[float, ...]:
     import torch
 
     from fsbench.calibrate import CALIBRATION_SEED, encoder_inputs
     from fsbench.models import build_model
     from fsbench.workloads.generator import SyntheticBatches
 
-    vocab = max(1024, 4 * workload.num_negatives)
-    # Short samples: the order does not depend on lengths, and `large`'s 4096 would
-    # take gigabytes.
-    w = dataclasses.replace(workload, global_batch_size=4, compute="model", lengths="fixed:16",
-                            item_vocab=vocab, user_vocab=vocab,
-                            context_vocabs=tuple(vocab for _ in workload.context_vocabs))
-    model = build_model(w, seed=0)
-    batch = SyntheticBatches(w, seed=CALIBRATION_SEED).global_batch(0)
+    model = build_model(probe, seed=0)
+    batch = SyntheticBatches(probe, seed=CALIBRATION_SEED).global_batch(0)
     params = list(model.dense.parameters())
     order: list[int] = []
     hooks = [p.register_post_accumulate_grad_hook(lambda _, i=i: order.append(i)) for i, p in enumerate(params)]
     try:
         lookups = encoder_inputs(model, batch)
-        if workload.compute == "emulated":  # gradients come all at once, in its order
+        if emulated:  # gradients come all at once, in its order
             from fsbench.emulation import waiting_loss
 
             waiting_loss(0.0, model.dense, lookups).backward()
