@@ -232,26 +232,6 @@ def build_parser() -> argparse.ArgumentParser:
     cli_gates.add_parsers(sub, _csv, DEFAULT_OUT)
     cli_scaling.add_parsers(sub, _csv, DEFAULT_OUT)
 
-    p = sub.add_parser("calibrate", help="measure per-sample cost vs length; fit a*L^2+b*L+c",
-                       description="Time forward+backward of the workload's model on this device "
-                                   "over a grid of lengths, fit a*L^2 + b*L + c (least squares on "
-                                   "relative error), report R^2 and store the fit in OUT/calibrations/, "
-                                   "where the FreeScale balancer finds it.")
-    p.add_argument("--workload", default="small")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--out", default=DEFAULT_OUT, help="results store; default: %(default)s")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per length (median)")
-    p.add_argument("--comm", action="store_true",
-                   help="instead: time gloo all-reduce and all-to-all on local ranks and fit "
-                        "an alpha-beta model per collective (for fsbench simulate --cluster local)")
-    p.add_argument("--comm-world-sizes", type=_csv(int), default=[2, 4, 8],
-                   help="world sizes --comm measures; default: 2,4,8")
-    p.add_argument("--overhead", type=_csv(str), default=[], metavar="TRAINERS",
-                   help="also measure these trainers' per-step overhead beyond the cost model "
-                        "(a real 1-rank run each, with the model and emulated), for fsbench "
-                        "simulate --cluster local; e.g. ddp,freescale; default: none")
-
     p = sub.add_parser("validate", help="check the harness against closed-form ground truth",
                        description="Run synthetic workloads with known per-token cost, an injected "
                                    "slow rank and a delayed collective; compare every measured ratio "
@@ -391,49 +371,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    from fsbench.calibrate import calibrate, fit_path
-    from fsbench.table import progress
-
-    if args.comm:
-        return cli_scaling.cmd_calibrate_comm(args)
-
-    args.steps = args.warmup = None
-    workload = build_workload(args)
-    if args.repeats < 1:
-        raise ConfigError(f"--repeats={args.repeats} must be >= 1")
-    if args.overhead:
-        from fsbench.trainer import resolve_trainer_class
-
-        for name in args.overhead:
-            resolve_trainer_class(name)  # an unknown name fails now, in one line, not after calibrating
-    import torch
-    torch.set_num_threads(1)  # the per-rank setting: costs must match what ranks see
-
-    fit = calibrate(workload, args.out, device=args.device, repeats=args.repeats,
-                    progress=lambda lengths: progress(lengths, "lengths", "length"))
-    print(f"cost(L) = {fit.a:.4g} L^2 + {fit.b:.4g} L + {fit.c:.4g} ms   R^2 = {fit.r2:.4f}   "
-          f"({fit.model} on {fit.device})")
-    print("| L | measured ms/sample | fit ms/sample |\n|--:|--:|--:|")
-    for L, t in zip(fit.lengths, fit.per_sample_ms):
-        print(f"| {L} | {t:.4f} | {float(fit.cost_ms([L])[0]):.4f} |")
-    print(f"per batch: {fit.batch_ms:.3f} ms + {fit.bucket_ms:.3f} ms per attention bucket; tables: "
-          f"{fit.table_ns_per_element:.2f} ns per updated element, a replica's "
-          f"{fit.replicated_ns_per_element:.2f} ns per element per step"
-          + (f"; co-run slowdown {fit.corun_slowdown:.2f}x (table work {fit.table_corun_slowdown:.2f}x)"
-             if fit.corun_slowdown else ""))
-    if args.overhead:
-        from fsbench.simulate import store_step_overheads
-
-        held = store_step_overheads(workload, args.overhead, args.out,
-                                    progress=lambda it: progress(it, "runs", "run"))
-        print("| trainer/compute | overhead ms | of it CPU | busy | input wait |\n|---|--:|--:|--:|--:|")
-        for key, o in sorted(held.items()):
-            print(f"| {key} | {o['wall_ms']:.2f} | {o['cpu_ms']:.2f} | {o['busy_ms']:.2f} | {o['input_ms']:.2f} |")
-    print(f"stored in {fit_path(args.out, workload, args.device)}")
-    return 0
-
-
 def cmd_validate(args: argparse.Namespace) -> int:
     from fsbench.groundtruth import TOLERANCE, TRUTH_MAX_CPU_WAIT, validate
 
@@ -490,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         print(f"\nStart with: {FIRST_COMMAND}")
         return 0
-    commands = {"run": cmd_run, "sweep": cmd_sweep, "calibrate": cmd_calibrate,
+    commands = {"run": cmd_run, "sweep": cmd_sweep,
                 "validate": cmd_validate, "overhead": cmd_overhead, "micro": cmd_micro,
                 "summarize": cmd_summarize, **cli_results.COMMANDS, **cli_scaling.COMMANDS,
                 **cli_gates.COMMANDS}

@@ -1,9 +1,8 @@
-"""`fsbench simulate` and `fsbench calibrate --comm`: scaling studies' entry points
+"""`fsbench simulate` and `fsbench calibrate`: scaling studies' entry points
 (fsbench.cli holds the rest and dispatches here through `COMMANDS`)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from typing import Callable
 
@@ -41,6 +40,27 @@ def add_parsers(sub, csv: Callable, default_out: str) -> None:
                    help="where the calibrations are (--cluster local); default: %(default)s")
     p.add_argument("--out", default=f"{default_out}/simulated",
                    help="where simulated runs go; default: %(default)s")
+
+    p = sub.add_parser("calibrate", help="measure per-sample cost vs length; fit a*L^2+b*L+c",
+                       description="Time forward+backward of the workload's model on this device "
+                                   "over a grid of lengths, fit a*L^2 + b*L + c (least squares on "
+                                   "relative error), report R^2 and store the fit in OUT/calibrations/, "
+                                   "where the FreeScale balancer finds it.")
+    p.add_argument("--workload", default="small")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--out", default=default_out, help="results store; default: %(default)s")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats per length (median)")
+    p.add_argument("--comm", action="store_true",
+                   help="instead: time gloo all-reduce and all-to-all on local ranks and fit "
+                        "an alpha-beta model per collective (for fsbench simulate --cluster local)")
+    p.add_argument("--comm-world-sizes", type=csv(int), default=[2, 4, 8],
+                   help="world sizes --comm measures; default: 2,4,8")
+    p.add_argument("--overhead", type=csv(str), default=[], metavar="TRAINERS",
+                   help="also measure these trainers' per-step overhead beyond the cost model "
+                        "(a real 1-rank run each, with the model and emulated), for fsbench "
+                        "simulate --cluster local; e.g. ddp,freescale; default: none")
+
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -107,4 +127,49 @@ def cmd_calibrate_comm(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"simulate": cmd_simulate}
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from fsbench.calibrate import calibrate, fit_path
+    from fsbench.table import progress
+
+    if args.comm:
+        return cmd_calibrate_comm(args)
+
+    from fsbench.cli import build_workload
+
+    args.steps = args.warmup = None
+    workload = build_workload(args)
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats={args.repeats} must be >= 1")
+    if args.overhead:
+        from fsbench.trainer import resolve_trainer_class
+
+        for name in args.overhead:
+            resolve_trainer_class(name)  # an unknown name fails now, in one line, not after calibrating
+    import torch
+    torch.set_num_threads(1)  # the per-rank setting: costs must match what ranks see
+
+    fit = calibrate(workload, args.out, device=args.device, repeats=args.repeats,
+                    progress=lambda lengths: progress(lengths, "lengths", "length"))
+    print(f"cost(L) = {fit.a:.4g} L^2 + {fit.b:.4g} L + {fit.c:.4g} ms   R^2 = {fit.r2:.4f}   "
+          f"({fit.model} on {fit.device})")
+    print("| L | measured ms/sample | fit ms/sample |\n|--:|--:|--:|")
+    for L, t in zip(fit.lengths, fit.per_sample_ms):
+        print(f"| {L} | {t:.4f} | {float(fit.cost_ms([L])[0]):.4f} |")
+    print(f"per batch: {fit.batch_ms:.3f} ms + {fit.bucket_ms:.3f} ms per attention bucket; tables: "
+          f"{fit.table_ns_per_element:.2f} ns per updated element, a replica's "
+          f"{fit.replicated_ns_per_element:.2f} ns per element per step"
+          + (f"; co-run slowdown {fit.corun_slowdown:.2f}x (table work {fit.table_corun_slowdown:.2f}x)"
+             if fit.corun_slowdown else ""))
+    if args.overhead:
+        from fsbench.step_overhead import store_step_overheads
+
+        held = store_step_overheads(workload, args.overhead, args.out,
+                                    progress=lambda it: progress(it, "runs", "run"))
+        print("| trainer/compute | overhead ms | of it CPU | busy | input wait |\n|---|--:|--:|--:|--:|")
+        for key, o in sorted(held.items()):
+            print(f"| {key} | {o['wall_ms']:.2f} | {o['cpu_ms']:.2f} | {o['busy_ms']:.2f} | {o['input_ms']:.2f} |")
+    print(f"stored in {fit_path(args.out, workload, args.device)}")
+    return 0
+
+
+COMMANDS = {"simulate": cmd_simulate, "calibrate": cmd_calibrate}

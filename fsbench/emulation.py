@@ -66,7 +66,7 @@ def waiting_loss(cost_ns: float, dense: torch.nn.Module, lookups) -> torch.Tenso
     """A loss of the encoder's inputs and parameters that waits `cost_ns` (a third in
     forward, the rest in backward) and hands back zero gradients of the real shapes, all
     at once: the order in which the parameters' gradients become ready (DDP's buckets)
-    is this function's, not the real encoder's (fsbench.simulate.dense_grad_bytes)."""
+    is this function's, not the real encoder's (fsbench.ddp_buckets.dense_grad_bytes)."""
     inputs = [lookups.items, lookups.targets, lookups.negatives, lookups.users,
               lookups.contexts, *dense.parameters()]
     inputs = [t for t in inputs if t.requires_grad]

@@ -24,7 +24,7 @@ batches (the same length draws the generator makes for that seed and step):
             A run with `compute=emulated` waits for its encoder instead (no core), so
             there only the real CPU work (table step, overhead) time-shares.
   overhead  `local`: each trainer's per-step work beyond this model in each compute mode,
-            measured by a real 1-rank run (`measure_step_overhead`): its wall time, the
+            measured by a real 1-rank run (fsbench.step_overhead): its wall time, the
             part that is the rank's CPU (time-shares), the part counted busy, input waits.
   comm      an alpha-beta model per collective: fitted on this machine by
             `fsbench calibrate --comm` (`local`: a line per measured world size), or a preset's links (`h100`: 8 GPUs per
@@ -65,12 +65,11 @@ from typing import Callable
 import numpy as np
 
 from fsbench.config import RunConfig, WorkloadConfig
+from fsbench.ddp_buckets import ddp_buckets, dense_grad_bytes
 from fsbench.errors import ConfigError
 from fsbench.memory import REPLICATED, TableMemory
 from fsbench.metrics import rank_causes
 
-DDP_BUCKET_BYTES = 25 * 2**20
-DDP_FIRST_BUCKET_BYTES = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 OVERHEAD_KEYS = ("wall_ms", "cpu_ms", "busy_ms", "input_ms")
 EXCHANGES = ("none", "blocking", "overlapped", "prioritized")
 
@@ -275,70 +274,6 @@ def profile_of(trainer: str, options: dict[str, str], n: int) -> SimProfile:
     return declare({**option_defaults(cls), **options}, n) if declare else SimProfile()
 
 
-def dense_grad_bytes(workload: WorkloadConfig) -> tuple[float, ...]:
-    """Bytes of each encoder parameter in the order its gradient is ready in backward:
-    the order DDP fills its buckets in from its second step on. Taken from one backward
-    of the real encoder on a small batch (post-accumulate hooks; the tables shrunk, which
-    changes no encoder parameter), or of the emulation's wait (`compute=emulated`: its
-    order differs, and so do its buckets); parameters that got no gradient come last.
-    What does not shape the encoder (batch, lengths, vocabularies, data) is set to one
-    value, so every world size and batch of a sweep shares one measurement."""
-    vocab = max(1024, 4 * workload.num_negatives)
-    # Short samples: the order does not depend on lengths, and `large`'s 4096 would
-    # take gigabytes.
-    probe = WorkloadConfig(name="gradient-order", model=workload.model, item_vocab=vocab, user_vocab=vocab,
-                           context_vocabs=tuple(vocab for _ in workload.context_vocabs),
-                           max_seq_len=workload.max_seq_len, global_batch_size=4, steps=1, warmup=0,
-                           lengths=f"fixed:{min(16, workload.max_seq_len)}", num_negatives=workload.num_negatives)
-    return _grad_ready_bytes(probe, workload.compute == "emulated")
-
-
-@functools.lru_cache(maxsize=16)
-def _grad_ready_bytes(probe: WorkloadConfig, emulated: bool) -> tuple[float, ...]:
-    import torch
-
-    from fsbench.calibrate import CALIBRATION_SEED, encoder_inputs
-    from fsbench.models import build_model
-    from fsbench.workloads.generator import SyntheticBatches
-
-    model = build_model(probe, seed=0)
-    batch = SyntheticBatches(probe, seed=CALIBRATION_SEED).global_batch(0)
-    params = list(model.dense.parameters())
-    order: list[int] = []
-    hooks = [p.register_post_accumulate_grad_hook(lambda _, i=i: order.append(i)) for i, p in enumerate(params)]
-    try:
-        lookups = encoder_inputs(model, batch)
-        if emulated:  # gradients come all at once, in its order
-            from fsbench.emulation import waiting_loss
-
-            waiting_loss(0.0, model.dense, lookups).backward()
-        else:
-            model.dense(lookups, batch).backward()
-    finally:
-        for hook in hooks:
-            hook.remove()
-    order += [i for i in reversed(range(len(params))) if i not in order]
-    return tuple(4.0 * params[i].numel() for i in order)
-
-
-def ddp_buckets(ready_bytes: list[float]) -> list[float]:
-    """Bytes of each all-reduce call PyTorch DDP makes with its default buckets once it
-    has rebuilt them after its first step: the parameters, in the order their gradients
-    are ready, fill a first bucket of 1 MiB, then buckets of 25 MiB; a bucket closes once
-    it reaches its cap, so a larger parameter fills one alone. Each call pays its own
-    latency, which on a host of more ranks than cores is most of its cost (gloo at 16
-    ranks on 2 cores: 72 ms per call, small or not)."""
-    out, current, cap = [], 0.0, DDP_FIRST_BUCKET_BYTES
-    for size in ready_bytes:
-        current += size
-        if current >= cap:
-            out.append(current)
-            current, cap = 0.0, DDP_BUCKET_BYTES
-    if current > 0:
-        out.append(current)
-    return out
-
-
 def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                  profile: SimProfile | None = None, step_overhead: bool = True) -> tuple[dict, list[dict]]:
     """Summary (the measured schema, `simulated: true`) and per-step rows of one
@@ -457,76 +392,6 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                                          + (0.0 if emulated else upd * table_corun)),
             })
     return summarize_steps(run, rows, cluster), rows
-
-
-def measure_step_overhead(workload: WorkloadConfig, trainer: str, store: str | Path,
-                          compute: str = "model", steps: int = 16, repeats: int = 3) -> dict[str, float]:
-    """A trainer's per-step work this model does not see, on this machine, in this
-    compute mode (model or emulated): a real 1-rank run at the calibration seed (no
-    validation run's batches) against the `local` simulation of the same run without
-    overhead, per step (medians): the wall time beyond it, the part of that which was the
-    rank's own thread CPU (so time-shares at N ranks; the rest, such as waiting for
-    input, does not), the part the metrics counted busy, and the input wait.
-
-    It is a difference of two large numbers, and this machine's speed drifts between
-    minutes (one 1-rank comm-heavy ddp run gave 47 ms, three more gave 0): `repeats`
-    runs, and the one with the median wall overhead is kept."""
-    found = sorted((_one_step_overhead(workload, trainer, store, compute, steps) for _ in range(repeats)),
-                   key=lambda o: o["wall_ms"])
-    return found[len(found) // 2]
-
-
-def _one_step_overhead(workload: WorkloadConfig, trainer: str, store: str | Path, compute: str,
-                       steps: int) -> dict[str, float]:
-    import shutil
-    import tempfile
-
-    from fsbench.calibrate import CALIBRATION_SEED, fit_path
-    from fsbench.runner import run_once
-    from fsbench.timeline import read_timelines
-    from fsbench.trainer import trainer_options
-
-    w = dataclasses.replace(workload, steps=steps, warmup=4, compute=compute)
-    run = RunConfig(workload=w, trainer=trainer, world_size=1, seed=CALIBRATION_SEED,
-                    trainer_options=trainer_options(trainer, {}))
-    with tempfile.TemporaryDirectory(prefix="fsbench-overhead-") as tmp:
-        if compute == "emulated":  # the emulated rank reads its fit beside its run
-            target = fit_path(tmp, w, "cpu")
-            target.parent.mkdir(parents=True)
-            shutil.copy(fit_path(store, w, "cpu"), target)
-        run_dir, measured = run_once(run, tmp)
-        spans = read_timelines(run_dir)
-    steps_ = spans[(spans["kind"] == "step") & ~spans["warmup"]]
-    # The rank's real thread CPU per step (an emulated span books it as overhead_ns).
-    cpu_ms = float((steps_["overhead_ns"] if compute == "emulated" else steps_["cpu_ns"]).median()) / 1e6
-    summary, rows = simulate_run(run, CLUSTERS["local"], store, step_overhead=False)
-    sim = [r for r in rows if r["step"] >= w.warmup]
-    wall = max(0.0, measured["step_time_ms_median"] - summary["step_time_ms_median"])
-    cpu = min(wall, max(0.0, cpu_ms - float(np.median([r["cpu_mean_ms"] for r in sim]))))
-    busy_ms = (1 - measured["bubble_ratio"]) * measured["step_time_ms_mean"]
-    busy = min(cpu, max(0.0, busy_ms - float(np.median([r["busy_mean_ms"] for r in sim]))))
-    input_ms = min(wall - cpu, measured["input_stall_ratio"] * measured["step_time_ms_mean"])
-    return {"wall_ms": wall, "cpu_ms": cpu, "busy_ms": busy, "input_ms": input_ms}
-
-
-def store_step_overheads(workload: WorkloadConfig, trainers: list[str], store: str | Path,
-                         progress=lambda it: it) -> dict[str, dict[str, float]]:
-    """Measure (measure_step_overhead) what the stored fit lacks of these trainers'
-    overheads in both compute modes, and store them in the fit; returns all it holds."""
-    from fsbench.calibrate import fit_path, load_fit
-    from fsbench.store import write_json_atomic
-
-    fit = load_fit(store, workload, "cpu")
-    if fit is None:
-        raise ConfigError(f"no cost fit for {workload.name} in {store}: run fsbench calibrate first")
-    held = dict(fit.step_overhead or {})
-    missing = [(t, c) for t in trainers for c in ("model", "emulated") if f"{t}/{c}" not in held]
-    for trainer, compute in progress(missing):
-        held[f"{trainer}/{compute}"] = measure_step_overhead(workload, trainer, store, compute)
-        # stored after each: a Ctrl-C keeps what was measured
-        write_json_atomic(fit_path(store, workload, "cpu"),
-                          dataclasses.asdict(dataclasses.replace(fit, step_overhead=held)))
-    return held
 
 
 def summarize_steps(run: RunConfig, rows: list[dict], cluster: Cluster) -> dict:

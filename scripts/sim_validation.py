@@ -7,7 +7,7 @@ For ddp and freescale on two presets with real-shaped lengths (`small`: MovieLen
                   waiting for its calibrated cost)
 and the simulator's projection of each. The fit comes from `fsbench calibrate` (encoder,
 batch terms, tables, co-run) plus each trainer's per-step overhead from a real 1-rank run
-at the calibration seed (fsbench.simulate.measure_step_overhead). Reports, per point, the step time's relative
+at the calibration seed (fsbench.step_overhead.measure_step_overhead). Reports, per point, the step time's relative
 error and each bubble cause's difference (percentage points) and relative error (where the
 measured cause is at least 2% of capacity). The errors are reported as measured: nothing
 here is tuned to them. Writes results/sim_validation_cpu.md.
@@ -31,7 +31,8 @@ from fsbench.store import write_json_atomic
 from fsbench.commcal import calibrate_comm, load_comm_fits
 from fsbench.config import RunConfig
 from fsbench.runner import run_once
-from fsbench.simulate import CLUSTERS, simulate_run, store_step_overheads
+from fsbench.simulate import CLUSTERS, simulate_run
+from fsbench.step_overhead import store_step_overheads
 from fsbench.trainer import trainer_options
 from fsbench.workloads.presets import get_workload
 
@@ -68,6 +69,31 @@ def fit_line(preset: str, fit) -> str:
             f"step overhead {over}")
 
 
+def cause_summary(df: pd.DataFrame) -> list[str]:
+    """Per cause, over points where it is >= 2% of capacity: how many the simulator puts
+    within 15%, and the median and worst absolute difference in percentage points."""
+    lines = []
+    for cause in CAUSES:
+        short = cause.replace("_bubble_ratio", "").replace("_ratio", "")
+        meas, sim = df[f"{short} meas %"].astype(float), df[f"{short} sim %"].astype(float)
+        big = meas >= 2
+        within = int(((sim / meas - 1).abs()[big] <= 0.15).sum())
+        diff = (sim - meas).abs()
+        lines.append(f"- {short}: within 15% at {within} of {int(big.sum())} points; absolute "
+                     f"difference median {diff.median():.1f} pp, worst {diff.max():.1f} pp.")
+    return lines
+
+
+def read_table(path: str) -> pd.DataFrame:
+    """The per-point table of a validation file this script wrote."""
+    import io
+
+    rows = [line for line in Path(path).read_text().splitlines() if line.startswith("|")]
+    df = pd.read_csv(io.StringIO("\n".join(rows)), sep="|", skipinitialspace=True).iloc[1:, 1:-1]
+    df.columns = [c.strip() for c in df.columns]
+    return df
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
@@ -77,7 +103,13 @@ def main() -> None:
     ap.add_argument("--table", default="results/sim_validation_cpu.md")
     ap.add_argument("--reuse", action="store_true",
                     help="take measured points already in the store (re-simulate only)")
+    ap.add_argument("--summarize", metavar="TABLE",
+                    help="only print the cause summary of a validation file written before "
+                         "(e.g. an older commit's: git show SHA:results/sim_validation_cpu.md)")
     args = ap.parse_args()
+    if args.summarize:
+        print("\n".join(cause_summary(read_table(args.summarize))))
+        return
     # One store for runs and fits: an emulated rank reads its cost fit beside its run directory.
     store = Path(args.store).resolve() / "runs"
     torch.set_num_threads(1)  # the ranks' setting: part of the cost fit's key
@@ -148,7 +180,8 @@ def main() -> None:
         f"- Step time within 15%: **{int(within.sum())} of {len(df)}** points; median absolute "
         f"error {df['step error %'].abs().median():.1f}%, worst {df['step error %'].abs().max():.1f}%.",
         "- Causes: `meas`/`sim` in % of capacity; relative errors only where the measured cause "
-        "is >= 2% (below that a ratio of small numbers says nothing).\n",
+        "is >= 2% (below that a ratio of small numbers says nothing).",
+        *cause_summary(df), "",
         df.to_markdown(index=False, floatfmt=".1f"),
     ]
     Path(args.table).write_text("\n".join(lines) + "\n")

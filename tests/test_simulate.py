@@ -322,24 +322,14 @@ def test_calibrate_measures_each_trainers_overhead_and_the_simulator_adds_it(tmp
             fit.step_overhead["ddp/model"]["wall_ms"], rel=1e-9, abs=1e-9)
 
 
-def test_ddp_buckets_are_the_buckets_real_ddp_makes(tmp_path):
-    """The simulator's all-reduce calls are the ones PyTorch DDP makes once it has rebuilt
-    its buckets after the first step (a comm hook records each bucket's bytes): a first
-    bucket of 1 MiB, then 25 MiB, in the order gradients arrive, a large parameter alone."""
+def real_ddp_buckets(tmp_path, module, loss) -> list[int]:
+    """Bytes of each all-reduce call real DDP makes for `module` on a gloo group of one
+    (a comm hook records them), at its third step: the first is DDP's own warm-up (one
+    25 MiB pass) before it rebuilds its buckets in the order gradients arrived."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from fsbench.simulate import ddp_buckets
-
-    class Params(torch.nn.Module):
-        def forward(self):
-            return sum(p.sum() for p in self.parameters())
-
-    sizes = [30 << 18, 3 << 18, 2 << 17, 1 << 17, 5 << 16]  # elements (4 bytes each)
-    module = Params()
-    for i, numel in enumerate(sizes):
-        module.register_parameter(f"p{i}", torch.nn.Parameter(torch.ones(numel)))
     seen = []
 
     def record(state, bucket):
@@ -352,11 +342,31 @@ def test_ddp_buckets_are_the_buckets_real_ddp_makes(tmp_path):
     try:
         ddp = DistributedDataParallel(module)
         ddp.register_comm_hook(None, record)
-        for _ in range(3):  # the first step is DDP's own warm-up (one 25 MiB pass)
+        for _ in range(3):
             seen.clear()
-            ddp().backward()
+            loss(ddp).backward()
     finally:
         dist.destroy_process_group()
+    return seen
+
+
+def test_ddp_buckets_are_the_buckets_real_ddp_makes(tmp_path):
+    """The simulator's all-reduce calls are the ones PyTorch DDP makes once it has rebuilt
+    its buckets: a first bucket of 1 MiB, then 25 MiB, in the order gradients arrive, a
+    large parameter alone."""
+    import torch
+
+    from fsbench.ddp_buckets import ddp_buckets
+
+    class Params(torch.nn.Module):
+        def forward(self):
+            return sum(p.sum() for p in self.parameters())
+
+    sizes = [30 << 18, 3 << 18, 2 << 17, 1 << 17, 5 << 16]  # elements (4 bytes each)
+    module = Params()
+    for i, numel in enumerate(sizes):
+        module.register_parameter(f"p{i}", torch.nn.Parameter(torch.ones(numel)))
+    seen = real_ddp_buckets(tmp_path, module, lambda ddp: ddp())
     # this module's gradients are ready in reverse registration order
     assert [int(b) for b in ddp_buckets([4.0 * n for n in reversed(sizes)])] == seen
     assert len(seen) == 2  # the case has more than one bucket to get right
@@ -370,12 +380,11 @@ def test_ddp_buckets_of_a_real_encoder_follow_its_gradients_order(tmp_path, pres
     hands back every gradient at once in its own order (comm-heavy's 1.2 MB: one call
     with the model, two emulated)."""
     import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
-    from fsbench.calibrate import CALIBRATION_SEED, encoder_inputs
+    from fsbench.calibrate import encoder_inputs
+    from fsbench.ddp_buckets import ddp_buckets, dense_grad_bytes
+    from fsbench.emulation import waiting_loss
     from fsbench.models import build_model
-    from fsbench.simulate import ddp_buckets, dense_grad_bytes
 
     w = dataclasses.replace(get_workload(preset), global_batch_size=4, compute=compute)
     vocab = max(2048, 4 * w.num_negatives)  # tables shrunk (not the encoder), other draws
@@ -383,13 +392,6 @@ def test_ddp_buckets_of_a_real_encoder_follow_its_gradients_order(tmp_path, pres
                                  context_vocabs=tuple(vocab for _ in w.context_vocabs))
     model = build_model(shrunk, seed=0)
     batch = SyntheticBatches(shrunk, seed=1).global_batch(0)
-    seen = []
-
-    def record(state, bucket):
-        seen.append(bucket.buffer().numel() * 4)
-        done = torch.futures.Future()
-        done.set_result(bucket.buffer())
-        return done
 
     class Encoder(torch.nn.Module):
         def __init__(self):
@@ -398,18 +400,8 @@ def test_ddp_buckets_of_a_real_encoder_follow_its_gradients_order(tmp_path, pres
 
         def forward(self, lookups):
             if compute == "emulated":
-                from fsbench.emulation import waiting_loss
-
                 return waiting_loss(0.0, self.dense, lookups)
             return self.dense(lookups, batch)
 
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        ddp = DistributedDataParallel(Encoder())
-        ddp.register_comm_hook(None, record)
-        for _ in range(3):
-            seen.clear()
-            ddp(encoder_inputs(model, batch)).backward()
-    finally:
-        dist.destroy_process_group()
+    seen = real_ddp_buckets(tmp_path, Encoder(), lambda ddp: ddp(encoder_inputs(model, batch)))
     assert [int(b) for b in ddp_buckets(list(dense_grad_bytes(w)))] == seen
