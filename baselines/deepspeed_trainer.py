@@ -87,6 +87,7 @@ from typing import Literal
 
 from fsbench.config import ConfigError, RunConfig
 from fsbench.dist import RankContext
+from fsbench.flights import FrameworkFlights
 from fsbench.inputs import ContiguousShare
 from fsbench.memory import TableMemory
 from fsbench.models import build_model, model_from_state
@@ -194,6 +195,9 @@ class DeepSpeedTrainer:
         # fsbench created the world group before setup; DeepSpeed wraps it (its
         # TorchBackend skips init_process_group when torch.distributed is initialized).
         world_before = dist.group.WORLD
+        # Every collective of the engine runs inside forward, backward or optimizer:
+        # recorded as flights (fsbench.flights), before DeepSpeed keeps references.
+        self.flights = FrameworkFlights()
         deepspeed.init_distributed(dist_backend=ctx.backend, verbose=False)
         if dist.group.WORLD is not world_before or ds_comm.get_world_size() != ctx.world_size:
             raise RuntimeError("deepspeed.init_distributed did not reuse fsbench's process group")
@@ -259,3 +263,5 @@ class DeepSpeedTrainer:
             # which DEPENDENCIES.md notes DeepSpeed needs for a clean exit.
             engine.destroy()
             self.engine = self.optimizer = None
+        if getattr(self, "flights", None) is not None:
+            self.flights.close()

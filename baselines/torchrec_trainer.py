@@ -52,6 +52,7 @@ import torch.distributed as dist
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torch.nn.parallel import DistributedDataParallel
 from torchrec.distributed.comm_ops import set_gradient_division
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
@@ -72,6 +73,7 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from baselines.torchrec_model import TorchRecBatch, TorchRecModel
 from fsbench.config import ConfigError, RunConfig, WorkloadConfig
 from fsbench.dist import RankContext
+from fsbench.flights import FrameworkFlights, allreduce_in_python
 from fsbench.models import DenseArch, model_from_state, table_specs
 from fsbench.models.sparse import ITEM, initial_table_weight
 from fsbench.optim import make_optimizer
@@ -359,6 +361,9 @@ class TorchRecTrainer:
         sharders = {"sequence": EmbeddingCollectionSharder(fused_params=fused),
                     "pooled": EmbeddingBagCollectionSharder(fused_params=fused)}
         local_size = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
+        # TorchRec's collectives run inside forward and backward: recorded as flights, so
+        # that their waits are booked as communication (fsbench.flights).
+        self.flights = FrameworkFlights()
         if ctx.device.type == "cuda":  # NOT YET RUN ON A GPU (this path; see planner_plan)
             self.plan = planner_plan(model, sharders, opts.sharding, ctx.world_size,
                                      local_size, ctx.group)
@@ -368,6 +373,8 @@ class TorchRecTrainer:
         self.dmp = DistributedModelParallel(module=model, device=ctx.device, plan=self.plan,
                                             sharders=list(sharders.values()))
         load_initial_tables(self.dmp.module, specs, run.seed)
+        if isinstance(self.dmp._dmp_wrapped_module, DistributedDataParallel):  # the dense part
+            allreduce_in_python(self.dmp._dmp_wrapped_module)
 
         # The dense part gets the torch optimizer the DDP trainer uses. The tables are
         # updated inside backward; DMP's fused_optimizer stands for them (step() is a no-op).
@@ -428,3 +435,5 @@ class TorchRecTrainer:
     def close(self) -> None:
         self.pipeline = None
         self.dmp = None
+        if getattr(self, "flights", None) is not None:
+            self.flights.close()

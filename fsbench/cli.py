@@ -1,16 +1,17 @@
 """`fsbench run | sweep | trace | report | list | micro | ...`: thin entry points over the library.
 The regression-gate commands (compare, gate, history, reference) are in fsbench.cli_gates.
 
-Bad input (unknown workload or trainer, a bad --set key or value, an unreadable CSV) gets
-one line naming what is wrong and what is allowed, and exit code 2. A failed rank gets
-exit code 1 and the rank's error; Ctrl-C gets 130, with the interrupted run kept on disk
-and marked so.
+Exit codes, the same for every command (docs/ci.md): 0 success (a gate: unchanged or
+improved); 1 a regression, or a failed rank (with the rank's error); 2 bad input (unknown
+workload or trainer, a bad --set key or value, an unreadable file: one line naming what is
+wrong and what is allowed); 3 inconclusive (a gate that cannot tell, with why); 4 an
+internal error (one line; the traceback with --debug, else in a log file it names);
+130 Ctrl-C, with the interrupted run kept on disk and marked so.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 from collections import defaultdict
@@ -199,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "bubbles, throughput and SM occupancy, per trainer and world size.")
     parser.add_argument("--version", action=_Version, nargs=0,
                         help="print fsbench's version and the git commit it runs from")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an internal error, print the traceback (else it goes to a log file)")
     sub = parser.add_subparsers(dest="command")
 
     p = sub.add_parser("run", help="one training run; prints and stores its summary",
@@ -313,11 +316,15 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     from fsbench.runner import finish_run
     from fsbench.table import format_table
 
+    from fsbench.store import read_manifest
+
     run_dir = Path(args.run_dir)
-    if not (run_dir / "manifest.json").exists():
-        raise ConfigError(f"{run_dir}: not a run directory (no manifest.json)")
-    missing = [r for r in range(json.loads((run_dir / "manifest.json").read_text())["world_size"])
-               if not (run_dir / f"steps-rank-{r}.jsonl").exists()]
+    manifest = read_manifest(run_dir)
+    if manifest.get("simulated"):
+        raise ConfigError(f"{run_dir}: a simulated run (fsbench simulate wrote its summary); "
+                          "it has no rank files to summarize")
+    missing = [r for r in range(manifest["world_size"])
+               if not all((run_dir / f"{kind}-{r}.jsonl").exists() for kind in ("rank", "steps-rank"))]
     if missing:
         raise ConfigError(f"{run_dir}: no files of rank(s) {', '.join(map(str, missing))}; "
                           "copy every node's rank files into it first")
@@ -447,6 +454,29 @@ def main(argv: list[str] | None = None) -> int:
         print("fsbench: interrupted; the run directory is kept and marked 'interrupted'",
               file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `fsbench list | head -1`: the reader left; nothing is wrong
+        sys.stderr.close()
+        return 0
+    except Exception as e:  # a bug, not the user's input: never exit 1, the regression code
+        return internal_error(e, args.debug)
+
+
+def internal_error(error: Exception, debug: bool) -> int:
+    """Exit 4 with one line; the traceback on stderr with --debug, else in a log file."""
+    import tempfile
+    import traceback
+
+    text = "".join(traceback.format_exception(error))
+    if debug:
+        print(text, file=sys.stderr, end="")
+        where = "above"
+    else:
+        fd, where = tempfile.mkstemp(prefix="fsbench-error-", suffix=".log")
+        with open(fd, "w") as f:
+            f.write(text)
+    print(f"fsbench: internal error: {type(error).__name__}: {str(error)[:200]} "
+          f"(traceback {where}; please report it)", file=sys.stderr)
+    return 4
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from fsbench.errors import ConfigError
 
 def add_parsers(sub, csv: Callable, default_out: str) -> None:
     """The gates' sub-commands; `csv` parses a comma-separated flag (fsbench.cli's)."""
+    from fsbench import gate
     from fsbench.gate import Sweep
 
     p = sub.add_parser(
@@ -24,8 +25,10 @@ def add_parsers(sub, csv: Callable, default_out: str) -> None:
                     "runs with Mann-Whitney U on their steps. A regression needs the p "
                     "(Holm-adjusted over metrics) below --alpha AND a change beyond the "
                     "threshold (relative for times and memory, percentage points for ratios) "
-                    "AND an interval that excludes no change. Exit 1 on any regression, 0 "
-                    "otherwise, 2 on bad input.")
+                    "AND an interval that excludes no change; unchanged needs the whole "
+                    "interval within the threshold; anything else is inconclusive, with its "
+                    "reason and what would settle it. Exit codes: 0 unchanged or improved, "
+                    "1 regressed, 2 bad input, 3 inconclusive, 4 internal error (docs/ci.md).")
     p.add_argument("base", metavar="BASE")
     p.add_argument("new", metavar="NEW")
     _verdict_args(p)
@@ -40,7 +43,10 @@ def add_parsers(sub, csv: Callable, default_out: str) -> None:
                     "the machine's drift hits both; then compare as `fsbench compare` does, "
                     "block k of BASE paired with block k of NEW. A BASE that predates turn-"
                     "taking falls back to whole runs in random order (far less sensitive; said "
-                    "so). Exit 1 on a regression, 0 otherwise, 2 on bad input.")
+                    "so). A pair in which a run was contended is moved to DIR/contended/ and run "
+                    "again, up to --retries times, then its key is inconclusive. Exit codes as "
+                    "compare's: 0 unchanged, 1 regressed, 2 bad input, 3 inconclusive, 4 "
+                    "internal error.")
     p.add_argument("--base", required=True, metavar="REV", help="the version to compare against")
     p.add_argument("--new", metavar="REV", help="default: this checkout, uncommitted changes included")
     defaults = Sweep()
@@ -50,6 +56,8 @@ def add_parsers(sub, csv: Callable, default_out: str) -> None:
     p.add_argument("--world-size", type=int, default=defaults.world_size, help="default: %(default)s")
     p.add_argument("--pairs", type=int, default=defaults.pairs,
                    help="A/B run pairs (seeds) per trainer; default: %(default)s")
+    p.add_argument("--retries", type=int, default=gate.DEFAULT_RETRIES,
+                   help="reruns of a pair with a contended run; default: %(default)s")
     p.add_argument("--block-steps", type=int, default=defaults.block_steps,
                    help="steps per turn when the versions take turns; default: %(default)s")
     p.add_argument("--steps", type=int, default=defaults.steps, help="steps per run; default: %(default)s")
@@ -85,6 +93,9 @@ def _verdict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                    help="per kind (time, memory: relative; ratio: absolute) or per metric, "
                         "e.g. time=0.05, bubble_ratio=0.03; defaults: time=0.05 memory=0.05 ratio=0.02")
+    p.add_argument("--allow-cross-machine", action="store_true",
+                   help="compare runs from different machines (host, CPU, cores, accelerator "
+                        "or torch differ) instead of calling them inconclusive; noted in the output")
 
 
 def _verdict_settings(args: argparse.Namespace) -> tuple[float, dict[str, float]]:
@@ -101,12 +112,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     alpha, thresholds = _verdict_settings(args)
     rows, notes = compare.compare(compare.load_side(args.base), compare.load_side(args.new),
-                                  alpha, thresholds)
+                                  alpha, thresholds, args.allow_cross_machine)
     text = compare.to_json(rows, notes) if args.format == "json" else compare.markdown(rows, notes)
     print(text)
     if args.out:
         Path(args.out).write_text(text)
-    return 1 if any(r.verdict == "regressed" for r in rows) else 0
+    return compare.exit_code(rows)
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
@@ -118,8 +129,12 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from fsbench.store import check_writable_dir
 
     alpha, thresholds = _verdict_settings(args)
-    if args.pairs < 2:
-        raise ConfigError(f"--pairs={args.pairs} must be >= 2 (a comparison needs repeats)")
+    # One pair is a valid gate (its steps, paired block by block, are the units); whether
+    # a design can reach alpha is compare's to say (inconclusive when it cannot).
+    if args.pairs < 1:
+        raise ConfigError(f"--pairs={args.pairs} must be >= 1")
+    if args.retries < 0:
+        raise ConfigError(f"--retries={args.retries} must be >= 0")
     if args.block_steps < 1:
         raise ConfigError(f"--block-steps={args.block_steps} must be >= 1")
     if not 0 <= args.warmup < args.steps:
@@ -140,11 +155,13 @@ def cmd_gate(args: argparse.Namespace) -> int:
         sides = (gate.Side("base", trees.add(base_sha)),
                  gate.Side("new", trees.add(new_sha) if new_sha else root))
         try:
-            paced = gate.run_pairs(sides, sweep, out, progress=lambda it: tqdm(it, desc="gate run pairs"))
+            paced, still = gate.run_pairs(sides, sweep, out, retries=args.retries,
+                                          progress=lambda it: tqdm(it, desc="gate run pairs"))
         except RuntimeError as e:
             raise ConfigError(f"gate: a run failed ({e}); runs so far are in {out}") from None
     rows, notes = compare.compare(compare.load_side(out / "base"), compare.load_side(out / "new"),
-                                  alpha, thresholds)
+                                  alpha, thresholds, args.allow_cross_machine)
+    rows += gate.contended_rows(sweep, still, args.retries)
     (out / "compare.md").write_text(compare.markdown(rows, notes))
     (out / "compare.json").write_text(compare.to_json(rows, notes))
     print(compare.to_json(rows, notes) if args.format == "json" else compare.markdown(rows, notes))
@@ -152,7 +169,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
         print("gate: one version predates turn-taking (fsbench/pacing.py), so runs were paired "
               "whole: with this few pairs only very large changes can be detected", file=sys.stderr)
     print(f"gate runs and comparison in {out}", file=sys.stderr)
-    return 1 if any(r.verdict == "regressed" for r in rows) else 0
+    return compare.exit_code(rows)
 
 
 def cmd_reference(args: argparse.Namespace) -> int:

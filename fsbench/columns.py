@@ -34,6 +34,8 @@ class Column:
     """Depends on wall-clock T: marked in oversubscribed or contended rows."""
     flag: bool = False
     """A per-run boolean that marks a report row when any of its repeats has it."""
+    missing: str = "n/a"
+    """How a missing value (None, NaN) reads."""
 
 
 COLUMNS: tuple[Column, ...] = (
@@ -52,7 +54,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("input_stall_ratio", "input stall %", _pct, True, True, True),
     Column("other_idle_ratio", "other idle %", _pct, True, True, True),
     # Share of collectives' flight time hidden under compute (HTA's comm/compute overlap);
-    # n/a for trainers whose collectives are not recorded as flights.
+    # n/a for runs without flight records (recorded before trainers recorded them).
     Column("comm_overlap_ratio", "comm hidden %", _pct, True, True),
     Column("load_imbalance", "imbalance %", _pct, True, True),
     Column("cpu_wait_ratio", "cpu wait %", _pct, True, True),
@@ -74,7 +76,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("simulated", "simulated", _yes),
     Column("emulated", "emulated", _yes, summary=True, flag=True),
     Column("oversubscribed", "oversub", _yes, summary=True, flag=True),
-    Column("contended", "contended", _yes, summary=True, flag=True),
+    # None where the machine has no schedstat: nobody knows, which is not "no".
+    Column("contended", "contended", _yes, summary=True, flag=True, missing="unknown"),
 )
 BY_KEY: dict[str, Column] = {c.key: c for c in COLUMNS}
 

@@ -1,29 +1,33 @@
-"""`fsbench compare BASE NEW`: did a change make training slower or bubblier?
+"""`fsbench compare BASE NEW`: did a change make training slower or bubblier -- or can we
+not tell?
 
-For each (workload, trainer, world size) present on both sides and each metric:
+For each (workload, trainer, world size) and each metric, four outcomes:
 
-  effect   times and memory: a ratio NEW/BASE; ratios (bubble and its causes, which sit
-           near zero): a difference in percentage points.
-  paired   (runs with one seed per run on both sides, as `fsbench gate` makes them: the
-           same batches step by step) per step the log ratio (or difference) NEW vs BASE,
-           averaged per unit, where the unit is a block of steps when the two runs took
-           turns block by block (fsbench.pacing: the two ran a fraction of a second apart) and
-           else the whole run (a run's steps share its machine state). Effect, interval
-           and p over the units: Hodges-Lehmann, bootstrap, Wilcoxon signed-rank
-           (`paired_test`); peak memory pairs rank by rank, with a t-test.
-  unpaired (any other two sets of runs) the ratio or difference of medians of the per-step
-           samples (peak memory: one value per rank and run), two-sided Mann-Whitney U
-           (asv's rule) on them, and a 95% bootstrap interval that resamples whole runs,
-           then their steps.
-  verdict  regressed / improved when the p (Holm-adjusted over the metrics of one key:
-           several metrics, one question) is below `alpha` AND the effect is beyond the
-           metric's threshold AND the interval excludes no change, in the bad / good
-           direction; else unchanged. Significance alone flags tiny real changes on quiet
-           machines; a threshold alone flags noise.
+  regressed / improved  the Holm-adjusted p (over the metrics of one key) below `alpha`,
+                        the change beyond the metric's threshold, and its 95% interval
+                        entirely on that side of "no change";
+  unchanged             the whole interval within the threshold: evidence that nothing
+                        moved by more than the threshold;
+  inconclusive          anything else, named with its reason and what would settle it: the
+                        key is on one side only, a metric is missing on one side, every run
+                        of a side is contended, oversubscribed or unreadable, the machines
+                        differ, the design cannot reach the significance level, or the
+                        interval allows a change beyond the threshold.
 
-Runs that cannot be compared are named and left out: another workload (name or version),
-trainer, world size or summary schema, or a side that ran `contended` (a neighbour took
-cores) or `oversubscribed`. Exit codes: 1 on any regression, 0 otherwise, 2 on bad input.
+Effects are totals, as the summaries publish them (fsbench.gate_stats): NEW's summed step
+time over BASE's on the same steps, samples over summed step time, idle over capacity.
+The design, said in the output, is chosen from what the runs allow:
+  paired blocks   one run per seed on both sides that took turns (`fsbench gate`,
+                  fsbench.pacing): block k of BASE against block k of NEW;
+  paired runs     one run per seed on both sides, enough seeds to reach alpha;
+  paired batches  too few seeds: consecutive steps of each run pair in batches whose means
+                  are not autocorrelated (batch means); the runs did not take turns, so the
+                  machine's drift between them is part of the effect (said so);
+  unpaired runs / unpaired batches   the same for runs that do not pair by seed.
+Peak memory: per rank and run, a t-test on log values (paired rank by rank when runs pair).
+
+Exit codes (`outcome`): 0 unchanged or improved, 1 regressed, 3 inconclusive (a
+regression anywhere wins); bad input is 2, an internal error 4 (fsbench.cli).
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fsbench import metrics
+from fsbench import gate_stats, metrics
 from fsbench.errors import ConfigError
 
 # metric -> (kind, direction that is better). Kinds set how the effect is expressed and
@@ -43,8 +47,8 @@ from fsbench.errors import ConfigError
 METRICS: dict[str, tuple[str, str]] = {
     "step_time_ms": ("time", "lower"),
     # Not step_time_norm (step time over the CPU-speed probe, in step tables and summaries):
-    # in the calibration (results/gate_calibration_cpu.md) it read an injected +11.6% step
-    # time as -11.9% (0 of 20 detected), so a gate on it would pass real slowdowns.
+    # in the calibration (results/gate_calibration_cpu.md at 9645b89) it read an injected
+    # +11.6% step time as -11.9%, so a gate on it would pass real slowdowns.
     "samples_per_s": ("time", "higher"),
     "bubble_ratio": ("ratio", "lower"),
     "straggler_bubble_ratio": ("ratio", "lower"),
@@ -53,11 +57,26 @@ METRICS: dict[str, tuple[str, str]] = {
     "other_idle_ratio": ("ratio", "lower"),
     "peak_memory_mb": ("memory", "lower"),
 }
+# Each timing metric as the ratio of two per-step sums (a summary's total): numerator and
+# denominator columns of the step table (`step_samples`).
+TOTALS: dict[str, tuple[str, str]] = {
+    "step_time_ms": ("step_time_ms", "one"),
+    "samples_per_s": ("num_samples", "step_s"),
+    "bubble_ratio": ("idle_ns", "capacity_ns"),
+    "straggler_bubble_ratio": ("straggler_ns", "capacity_ns"),
+    "exposed_comm_ratio": ("exposed_comm_ns", "capacity_ns"),
+    "input_stall_ratio": ("input_stall_ns", "capacity_ns"),
+    "other_idle_ratio": ("other_idle_ns", "capacity_ns"),
+}
 # Relative for times and memory, absolute (fraction of capacity) for ratios. Calibrated
 # against the noise of identical sweeps on the 2-core VM (results/gate_calibration_cpu.md).
 DEFAULT_THRESHOLDS = {"time": 0.05, "memory": 0.05, "ratio": 0.02}
 DEFAULT_ALPHA = 0.01
 KEY = ["workload", "workload_version", "trainer", "world_size"]
+# What a run's machine is, as compare checks it (from its manifest).
+MACHINE_FIELDS = ("hostname", "cpu_model", "cpus", "accelerator", "torch")
+MORE_UNITS = ("more pairs (`fsbench gate --pairs N`) or more steps per run (`--steps`)")
+EXIT = {"unchanged": 0, "regressed": 1, "inconclusive": 3}
 
 
 @dataclasses.dataclass
@@ -65,23 +84,36 @@ class Row:
     workload: str
     trainer: str
     world_size: int
-    metric: str
-    base_median: float
-    new_median: float
-    effect: float          # ratio (time, memory) or difference (ratio metrics)
+    metric: str             # "*" for a whole key that cannot be compared
+    base_total: float       # the side's total (as a summary states it)
+    new_total: float
+    effect: float           # ratio (time, memory) or difference (ratio metrics)
     ci_low: float
     ci_high: float
     p: float
     p_adjusted: float
-    n_base: int
+    n_base: int             # measured steps (peak memory: run x rank values)
     n_new: int
-    verdict: str
-    pairing: str = "none"   # "blocks of K steps", "runs", or "none" (unpaired)
-    units: int = 0          # paired units the interval and p rest on
+    verdict: str            # regressed | improved | unchanged | inconclusive
+    pairing: str = "none"   # the design: "blocks of K steps", "runs", "batches of B steps", "none"
+    units: int = 0          # units the interval and p rest on
+    p_min: float = 0.0      # the smallest p the design could have given
+    reason: str = ""        # inconclusive: why, and what would settle it
+    remedy: str = ""
 
+
+def _nan_row(key: tuple, metric: str, reason: str, remedy: str) -> Row:
+    nan = math.nan
+    return Row(str(key[0]), str(key[2]), int(key[3]), metric, nan, nan, nan, nan, nan, nan, nan,
+               0, 0, "inconclusive", reason=reason, remedy=remedy)
+
+
+# ---------------------------------------------------------------------------
+# Reading the sides
 
 def load_side(path: str | Path) -> pd.DataFrame:
-    """Runs of one side: a run directory, or a store (a directory of runs)."""
+    """Runs of one side: a run directory, or a store (a directory of runs). Complete runs
+    only; bad input (no such directory, nothing complete) is a ConfigError."""
     from fsbench import store
 
     path = Path(path)
@@ -96,18 +128,26 @@ def load_side(path: str | Path) -> pd.DataFrame:
         runs = runs[runs["status"] == "complete"]
     if not len(runs):
         raise ConfigError(f"{path}: holds no complete run")
-    return runs.reset_index(drop=True)
+    runs = runs.reset_index(drop=True)
+    for col, default in (("workload_version", None), ("seed", 0), ("simulated", False)):
+        if col not in runs:
+            runs[col] = default
+    return runs
 
 
 def step_samples(run_dir: str | Path) -> pd.DataFrame:
-    """Per measured step: step time, throughput, bubble and its causes."""
+    """Per measured step: step time, throughput, bubble and its causes, with the sums the
+    totals are made of (`TOTALS`)."""
     from fsbench.runner import read_step_stats
     from fsbench.timeline import read_timelines
 
     run_dir = Path(run_dir)
     table = metrics.throughput(metrics.step_metrics(read_timelines(run_dir)),
                                read_step_stats(run_dir))
-    return table[~table["warmup"]]
+    table = table[~table["warmup"]]
+    if table.empty:
+        raise ValueError("no measured steps in its rank files")
+    return table.assign(one=1.0, step_s=table["step_time_ms"] / 1e3)
 
 
 def peak_samples(run_dir: str | Path) -> list[float]:
@@ -115,39 +155,75 @@ def peak_samples(run_dir: str | Path) -> list[float]:
     return [float(v) for v in summary.get("peak_memory_mb_per_rank") or []]
 
 
-def holm(p: list[float]) -> list[float]:
-    """Holm-Bonferroni adjusted p-values (monotone, capped at 1)."""
-    order = np.argsort(p)
-    adjusted, running = [0.0] * len(p), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p) - rank) * p[i]))
-        adjusted[i] = running
-    return adjusted
+def machine_of(run_dir: str | Path) -> dict:
+    """The machine a run measured, from its manifest: host, CPU model, cores, accelerator,
+    torch. Fields an older manifest lacks are None (not compared)."""
+    try:
+        manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        manifest = {}
+    host = manifest.get("host") or {}
+    gpus = host.get("gpus")
+    return {"hostname": host.get("hostname"), "cpu_model": host.get("cpu_model"),
+            "cpus": host.get("cpus"),
+            "accelerator": ", ".join(gpus) if gpus else ("none" if "cuda_available" in host else None),
+            "torch": (manifest.get("packages") or {}).get("torch")}
 
 
-def statistic(kind: str, base: np.ndarray, new: np.ndarray) -> float:
-    """Ratio of medians NEW/BASE (times, memory), or their difference (ratios)."""
-    if kind == "ratio":
-        return float(np.median(new) - np.median(base))
-    return float(np.median(new) / np.median(base))
+def machines_differ(base: pd.DataFrame, new: pd.DataFrame) -> str | None:
+    """How BASE's machines differ from NEW's, or None when every known field agrees."""
+    seen = {side: [machine_of(d) for d in runs["run_dir"]] for side, runs in
+            (("BASE", base), ("NEW", new))}
+    diffs = []
+    for field in MACHINE_FIELDS:
+        values = {side: {m[field] for m in ms if m[field] is not None} for side, ms in seen.items()}
+        if values["BASE"] and values["NEW"] and values["BASE"] != values["NEW"]:
+            diffs.append(f"{field} {'/'.join(map(str, sorted(values['BASE'], key=str)))} vs "
+                         f"{'/'.join(map(str, sorted(values['NEW'], key=str)))}")
+    return "; ".join(diffs) or None
 
 
-def run_bootstrap(kind: str, base: list[np.ndarray], new: list[np.ndarray],
-                  n_resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
-    """95% interval of `statistic` resampling whole runs (then their steps): consecutive
-    steps of one run share its machine state, so a run, not a step, is the independent
-    unit. Two runs or more per side; else the interval is the point."""
-    point = statistic(kind, np.concatenate(base), np.concatenate(new))
-    if len(base) < 2 or len(new) < 2:
-        return point, point
-    rng = np.random.default_rng(seed)
-    draws = []
-    for _ in range(n_resamples):
-        picks = [rng.integers(0, len(base), len(base)), rng.integers(0, len(new), len(new))]
-        sides = [np.concatenate([rng.choice(runs[i], len(runs[i])) for i in pick])
-                 for runs, pick in zip((base, new), picks)]
-        draws.append(statistic(kind, *sides))
-    return float(np.quantile(draws, 0.025)), float(np.quantile(draws, 0.975))
+def _flag(runs: pd.DataFrame, name: str) -> pd.Series:
+    if name not in runs:
+        return pd.Series(False, index=runs.index)
+    return runs[name].map(lambda v: v is True or v == 1 or v == "True")
+
+
+def usable(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs a timing comparison can use: measured (not simulated), not contended, not
+    oversubscribed. A run whose contention is unknown (null) stays, and is noted."""
+    keep = ~(_flag(runs, "contended") | _flag(runs, "oversubscribed") | _flag(runs, "simulated"))
+    return runs[keep]
+
+
+def left_out(runs: pd.DataFrame, side: str) -> list[str]:
+    """Why runs of one side are left out, one line each."""
+    why = []
+    for flag, text in (("simulated", "simulated, not a measurement"),
+                       ("contended", "contended (a neighbour took the CPU)"),
+                       ("oversubscribed", "oversubscribed (more busy threads than cores)")):
+        why += [f"{side} {r.run_id}: {text}, left out" for r in runs[_flag(runs, flag)].itertuples()]
+    if "contended" in runs:
+        unknown = runs["contended"].isna() & ~_flag(runs, "simulated")
+        why += [f"{side} {r.run_id}: contention unknown (no schedstat on its machine), kept"
+                for r in runs[unknown].itertuples()]
+    return why
+
+
+# ---------------------------------------------------------------------------
+# Designs: which steps form a unit
+
+def _readable(runs: pd.DataFrame, side: str, notes: list[str]) -> tuple[pd.DataFrame, list]:
+    """The runs whose rank files read, with their step tables; the rest named in notes."""
+    keep, tables = [], []
+    for i, r in runs.iterrows():
+        try:
+            tables.append(step_samples(r["run_dir"]))
+            keep.append(i)
+        except Exception as e:  # a store holds what users made: any unreadable file
+            notes.append(f"{side} {r['run_id']}: rank files unreadable "
+                         f"({type(e).__name__}: {str(e)[:80]}), left out")
+    return runs.loc[keep], tables
 
 
 def pace_of(run_dir: str | Path) -> tuple[str, int] | None:
@@ -155,225 +231,295 @@ def pace_of(run_dir: str | Path) -> tuple[str, int] | None:
     path = Path(run_dir) / "pace.json"
     if not path.exists():
         return None
-    pace = json.loads(path.read_text())
-    return pace["group"], int(pace["block_steps"])
+    try:
+        pace = json.loads(path.read_text())
+        return str(pace["group"]), int(pace["block_steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
-def paired_units(kind: str, metric: str, pairs: list[tuple[pd.DataFrame, pd.DataFrame, int | None]]
-                 ) -> np.ndarray:
-    """Per unit the mean of the steps' paired changes (log ratio for times, difference for
-    ratios); `pairs`: (base steps, new steps, block steps when paced together, else None)."""
-    units = []
-    for tb, tn, block in pairs:
-        if metric not in tb or metric not in tn:
-            continue
-        j = tb[["step", metric]].merge(tn[["step", metric]], on="step", suffixes=("_b", "_n")).dropna()
-        b, n = j[f"{metric}_b"].to_numpy(float), j[f"{metric}_n"].to_numpy(float)
-        if kind == "ratio":
-            change = n - b
-        else:
-            ok = (b > 0) & (n > 0)
-            j, change = j[ok], np.log(n[ok] / b[ok])
-        unit = (j["step"] // block).to_numpy() if block else np.zeros(len(j), dtype=int)
-        units += list(pd.Series(change).groupby(unit).mean())
-    return np.asarray(units, dtype=float)
+def units_needed(metric_count: int, alpha: float) -> int:
+    """Paired units whose exact sign-flip test can reach alpha after Holm over the metrics."""
+    return max(2, math.ceil(1 + math.log2(metric_count / alpha)) + 1)
 
 
-def paired_memory(base: list[np.ndarray], new: list[np.ndarray]) -> np.ndarray:
-    """Peak memory, paired run by run and rank by rank: log ratios."""
-    units = []
-    for b, n in zip(base, new):
-        k = min(len(b), len(n))
-        ok = (b[:k] > 0) & (n[:k] > 0)
-        units += list(np.log(n[:k][ok] / b[:k][ok]))
-    return np.asarray(units, dtype=float)
+def _paired_frames(pairs: list[tuple[pd.DataFrame, pd.DataFrame]]) -> list[pd.DataFrame]:
+    return [tb.merge(tn, on="step", suffixes=("_b", "_n")) for tb, tn in pairs]
 
 
-def hodges_lehmann(x: np.ndarray) -> float:
-    """Median of the pairwise averages (Walsh averages): the location estimate that goes
-    with the signed-rank test, robust to a few steps a neighbour's burst stretched."""
-    i, j = np.triu_indices(len(x))
-    return float(np.median((x[i] + x[j]) / 2))
+def paired_design(pairs: list[tuple[pd.DataFrame, pd.DataFrame]], blocks: list,
+                  needed: int) -> tuple[str, list[pd.DataFrame]]:
+    """(design, joined step frames with a `unit` column) for runs paired by seed."""
+    frames = _paired_frames(pairs)
+    if blocks and None not in blocks and len(set(blocks)) == 1:
+        k = blocks[0]
+        return f"blocks of {k} steps", [f.assign(unit=[(i, s // k) for s in f["step"]])
+                                        for i, f in enumerate(frames)]
+    if len(frames) >= needed:
+        return "runs", [f.assign(unit=[(i, 0)] * len(f)) for i, f in enumerate(frames)]
+    series = [np.log(f["step_time_ms_n"].to_numpy(float) / f["step_time_ms_b"].to_numpy(float))
+              for f in frames]
+    size = gate_stats.batch_size(series, needed)
+    if size is None:
+        return "too few steps for batch means", []
+    return (f"batches of {size} steps (runs not paced: drift between them counts as change)",
+            [f.assign(unit=[(i, j // size) for j in range(len(f))]) for i, f in enumerate(frames)])
 
 
-def paired_test(kind: str, units: np.ndarray, seed: int = 0) -> tuple[float, float, float, float]:
-    """(effect, 95% low, 95% high, two-sided p) over paired units; times and memory back
-    on the ratio scale.
-
-    Timing metrics: Wilcoxon's signed-rank p, the Hodges-Lehmann estimate and its
-    bootstrap interval over units (scipy.stats.bootstrap, percentile). Why: the gate
-    draws which version goes first in every block, so under "no change" each unit's sign
-    is a coin flip (the signed-rank null), and the machine's noise has heavy tails.
-    Peak memory: a one-sample t-test and its interval; it is a size, not a timing, its
-    units (runs x ranks) are few and jitter by about 1%, too few for a rank test ever to
-    reach alpha (4 units: p >= 0.125)."""
-    from scipy import stats
-
-    units = np.asarray(units, dtype=float)
-    units = units[np.isfinite(units)]
-    n = len(units)
-    if n < 2 or np.ptp(units) == 0:
-        # Nothing to test (one unit), or every unit the same: exactly no change (p = 1),
-        # or one exact change (a size that moved by the same amount on every rank).
-        center = float(units[0]) if n else 0.0
-        out, p = (center, center, center), (1.0 if n < 2 or center == 0 else 0.0)
-    elif kind == "memory":
-        mean, se = float(units.mean()), float(units.std(ddof=1) / math.sqrt(n))
-        half = float(stats.t.ppf(0.975, n - 1) * se)
-        out, p = (mean, mean - half, mean + half), float(2 * stats.t.sf(abs(mean) / se, n - 1))
-    else:
-        ci = stats.bootstrap((units,), hodges_lehmann, vectorized=False, n_resamples=999,
-                             method="percentile", random_state=seed).confidence_interval
-        out = (hodges_lehmann(units), float(ci.low), float(ci.high))
-        p = float(stats.wilcoxon(units).pvalue)
-    if kind != "ratio":
-        out = tuple(math.exp(v) for v in out)
-    return (*out, p)
+def unpaired_design(base: list[pd.DataFrame], new: list[pd.DataFrame], needed: int
+                    ) -> tuple[str, list[pd.DataFrame], list[pd.DataFrame]]:
+    """(design, BASE frames, NEW frames), each with a `unit` column: whole runs when there
+    are enough to relabel, else batches of steps."""
+    runs = len(base) + len(new)
+    # Relabelling runs reaches about as low a p as flipping `needed` pairs' signs.
+    if math.comb(runs, len(base)) >= 2 ** (needed - 1):
+        tag = lambda frames: [f.assign(unit=[(i, 0)] * len(f)) for i, f in enumerate(frames)]  # noqa: E731
+        return "runs (unpaired)", tag(base), [f.assign(unit=[(len(base) + i, 0)] * len(f))
+                                              for i, f in enumerate(new)]
+    series = [f["step_time_ms"].to_numpy(float) for f in [*base, *new]]
+    size = gate_stats.batch_size(series, 2 * needed)
+    if size is None:
+        return "too few steps for batch means", [], []
+    tag = lambda frames, first: [f.assign(unit=[(first + i, j // size) for j in range(len(f))])  # noqa: E731
+                                 for i, f in enumerate(frames)]
+    return (f"batches of {size} steps (unpaired, runs not paced: drift between them counts "
+            f"as change)", tag(base, 0), tag(new, len(base)))
 
 
-def verdict(kind: str, better: str, effect: float, ci: tuple[float, float], p_adj: float,
-            alpha: float, threshold: float) -> str:
-    """Regressed/improved: significant (Holm-adjusted), beyond the threshold, and the
-    interval entirely on that side of "no change"."""
-    none = 0.0 if kind == "ratio" else 1.0
-    change = effect - none  # + means the metric went up
-    if not p_adj < alpha or abs(change) <= threshold:
-        return "unchanged"
-    if not (ci[0] > none or ci[1] < none):
-        return "unchanged"
-    worse = change > 0 if better == "lower" else change < 0
-    return "regressed" if worse else "improved"
+def unit_sums(frames: list[pd.DataFrame], metric: str, suffix: str = "") -> tuple[np.ndarray, np.ndarray]:
+    num, den = TOTALS[metric]
+    table = pd.concat(frames, ignore_index=True)
+    if f"{num}{suffix}" not in table or f"{den}{suffix}" not in table:
+        raise KeyError(metric)
+    sums = table.groupby("unit")[[f"{num}{suffix}", f"{den}{suffix}"]].sum()
+    return sums.iloc[:, 0].to_numpy(float), sums.iloc[:, 1].to_numpy(float)
 
 
-def incomparable(base: pd.DataFrame, new: pd.DataFrame) -> list[str]:
-    """Why some runs are left out, one line each."""
-    why = []
-    for side, runs in (("BASE", base), ("NEW", new)):
-        for flag in ("contended", "oversubscribed"):
-            if flag in runs and runs[flag].fillna(False).astype(bool).any():
-                bad = runs[runs[flag].fillna(False).astype(bool)]
-                why += [f"{side} {r.run_id}: {flag}, left out" for r in bad.itertuples()]
-    schemas = set(base.get("schema_version", pd.Series([1]))) ^ set(new.get("schema_version", pd.Series([1])))
-    if schemas:
-        why.append(f"summary schemas differ ({sorted(schemas)}): runs of another schema left out")
-    keys_b = set(map(tuple, base[KEY].astype(str).to_numpy()))
-    keys_n = set(map(tuple, new[KEY].astype(str).to_numpy()))
-    why += [f"BASE only: {' '.join(k)}" for k in sorted(keys_b - keys_n)]
-    why += [f"NEW only: {' '.join(k)}" for k in sorted(keys_n - keys_b)]
-    return why
-
-
-def usable(runs: pd.DataFrame) -> pd.DataFrame:
-    keep = pd.Series(True, index=runs.index)
-    for flag in ("contended", "oversubscribed"):
-        if flag in runs:
-            keep &= ~runs[flag].fillna(False).astype(bool)
-    return runs[keep]
-
+# ---------------------------------------------------------------------------
+# The comparison
 
 def compare(base: pd.DataFrame, new: pd.DataFrame, alpha: float = DEFAULT_ALPHA,
-            thresholds: dict[str, float] | None = None) -> tuple[list[Row], list[str]]:
+            thresholds: dict[str, float] | None = None,
+            allow_cross_machine: bool = False) -> tuple[list[Row], list[str]]:
+    """Rows (one per key and metric; inconclusive keys as one row, metric "*") and notes
+    (runs left out, the machines, anything else a reader must know)."""
     thresholds = {**DEFAULT_THRESHOLDS, **(thresholds or {})}
-    notes = incomparable(base, new)
-    base, new = usable(base), usable(new)
+    notes = left_out(base, "BASE") + left_out(new, "NEW")
+    differ = machines_differ(base, new)
+    if differ and allow_cross_machine:
+        notes.append(f"machines differ ({differ}); compared anyway (--allow-cross-machine)")
+    schemas = set(base.get("schema_version", pd.Series([1]))) ^ set(new.get("schema_version", pd.Series([1])))
+    if schemas:
+        notes.append(f"summary schemas differ ({sorted(schemas)}): metrics missing on one side "
+                     "are inconclusive")
     rows: list[Row] = []
-    for key, b in base.groupby(KEY, dropna=False):
-        n = new[(new[KEY].astype(str) == pd.Series(key, index=KEY).astype(str)).all(axis=1)]
-        if not len(n):
+    keys = pd.concat([base[KEY], new[KEY]]).astype(str).drop_duplicates()
+    for key in map(tuple, keys.to_numpy()):
+        pick = lambda runs: runs[(runs[KEY].astype(str) == pd.Series(key, index=KEY)).all(axis=1)]  # noqa: E731
+        b_all, n_all = pick(base), pick(new)
+        if differ and not allow_cross_machine:
+            rows.append(_nan_row(key, "*", f"runs from different machines: {differ}",
+                                 "run both sides on one machine (`fsbench gate` does), or "
+                                 "pass --allow-cross-machine to compare anyway"))
             continue
-        # A gate's runs come in pairs, one seed per pair on both sides. A run whose partner
-        # was left out (contended) goes too: unpaired it would turn the comparison into an
-        # unpaired one, which no longer cancels the machine's drift.
-        common = set(b["seed"]) & set(n["seed"])
-        paired = bool(common) and b["seed"].is_unique and n["seed"].is_unique
-        if paired:
-            for side, runs in (("BASE", b), ("NEW", n)):
-                notes += [f"{side} {r.run_id}: its seed-{r.seed} partner was left out, so is it"
-                          for r in runs.itertuples() if r.seed not in common]
-            b = b[b["seed"].isin(common)].sort_values("seed")
-            n = n[n["seed"].isin(common)].sort_values("seed")
-        sides = {side: ([step_samples(d) for d in runs["run_dir"]],
-                        [np.asarray(peak_samples(d), dtype=float) for d in runs["run_dir"]],
-                        [pace_of(d) for d in runs["run_dir"]])
-                 for side, runs in (("base", b), ("new", n))}
-        # Blocks pair only where every pair of runs took turns together, in one block size.
-        blocks = [pb[1] if pb and pb == pn else None
-                  for pb, pn in zip(sides["base"][2], sides["new"][2])]
-        if None in blocks or len(set(blocks)) != 1:
-            blocks = [None] * len(blocks)
-        pairing = "none" if not paired else f"blocks of {blocks[0]} steps" if blocks[0] else "runs"
-        found = []
-        for metric, (kind, better) in METRICS.items():
-            per_run = {s: ([x for x in sides[s][1] if len(x)] if metric == "peak_memory_mb"
-                           else [t[metric].to_numpy(dtype=float) for t in sides[s][0]
-                              if len(t) and metric in t])
-                       for s in ("base", "new")}
-            if not per_run["base"] or not per_run["new"]:
-                continue
-            xb, xn = np.concatenate(per_run["base"]), np.concatenate(per_run["new"])
-            if paired:
-                units = (paired_memory(sides["base"][1], sides["new"][1]) if metric == "peak_memory_mb"
-                         else paired_units(kind, metric, list(zip(sides["base"][0], sides["new"][0],
-                                                                  blocks))))
-                effect, lo, hi, p = paired_test(kind, units)
-                found.append((metric, kind, better, xb, xn, effect, (lo, hi), p, len(units)))
-            else:
-                ci = run_bootstrap(kind, per_run["base"], per_run["new"])
-                found.append((metric, kind, better, xb, xn, statistic(kind, xb, xn), ci,
-                              mann_whitney(xb, xn), 0))
-        adjusted = holm([f[7] for f in found])
-        for (metric, kind, better, xb, xn, effect, ci, p, units), p_adj in zip(found, adjusted):
-            rows.append(Row(key[0], key[2], int(key[3]), metric, float(np.median(xb)),
-                            float(np.median(xn)), effect, ci[0], ci[1], p, p_adj, len(xb), len(xn),
-                            verdict(kind, better, effect, ci, p_adj, alpha,
-                                    thresholds.get(metric, thresholds[kind])),
-                            "per rank" if paired and metric == "peak_memory_mb" else pairing, units))
-    if not rows and not notes:
-        notes.append("no (workload, trainer, world size) is present on both sides")
+        for side, own, other in (("BASE", b_all, n_all), ("NEW", n_all, b_all)):
+            if len(own) and not len(other):
+                rows.append(_nan_row(key, "*", f"only {side} has runs of this key",
+                                     "run this workload, trainer and world size on both sides"))
+        if not len(b_all) or not len(n_all):
+            continue
+        rows += compare_key(key, usable(b_all), usable(n_all), alpha, thresholds, notes)
+    if not rows:
+        notes.append("nothing to compare")
     return rows, notes
 
 
-def mann_whitney(base: np.ndarray, new: np.ndarray) -> float:
-    from scipy import stats
+def compare_key(key: tuple, b: pd.DataFrame, n: pd.DataFrame, alpha: float,
+                thresholds: dict[str, float], notes: list[str]) -> list[Row]:
+    """Every metric of one (workload, version, trainer, world size)."""
+    for side, runs in (("BASE", b), ("NEW", n)):
+        if not len(runs):
+            return [_nan_row(key, "*", f"every {side} run of this key is contended, "
+                                       "oversubscribed or simulated (listed below)",
+                             "rerun on a quiet machine with no more ranks than cores "
+                             "(`fsbench gate` reruns contended pairs)")]
+    # A gate's runs come in pairs, one seed per pair on both sides. A run whose partner
+    # was left out goes too: unpaired it would turn the comparison into an unpaired one,
+    # which no longer cancels the machine's drift.
+    common = set(b["seed"]) & set(n["seed"])
+    paired = bool(common) and b["seed"].is_unique and n["seed"].is_unique
+    if paired:
+        for side, runs in (("BASE", b), ("NEW", n)):
+            notes += [f"{side} {r.run_id}: its seed-{r.seed} partner was left out, so is it"
+                      for r in runs.itertuples() if r.seed not in common]
+        b = b[b["seed"].isin(common)].sort_values("seed")
+        n = n[n["seed"].isin(common)].sort_values("seed")
+    b, tb = _readable(b, "BASE", notes)
+    n, tn = _readable(n, "NEW", notes)
+    if paired:  # drop pairs that lost a partner to an unreadable file
+        ok = set(b["seed"]) & set(n["seed"])
+        tb = [t for t, s in zip(tb, b["seed"]) if s in ok]
+        tn = [t for t, s in zip(tn, n["seed"]) if s in ok]
+        b, n = b[b["seed"].isin(ok)], n[n["seed"].isin(ok)]
+    if not len(b) or not len(n):
+        return [_nan_row(key, "*", "no readable run left on one side (listed below)",
+                         "rerun the missing side")]
+    metric_names = [m for m in METRICS if m == "peak_memory_mb" or
+                    any(TOTALS[m][0] in t for t in tb) and any(TOTALS[m][0] in t for t in tn)]
+    needed = units_needed(len(METRICS), alpha)
+    if paired:
+        blocks = [pb[1] if pb and pb == pn else None
+                  for pb, pn in zip(map(pace_of, b["run_dir"]), map(pace_of, n["run_dir"]))]
+        design, frames = paired_design(list(zip(tb, tn)), blocks, needed)
+    else:
+        design, fb, fn = unpaired_design(tb, tn, needed)
+    found = []
+    for metric in METRICS:
+        kind, better = METRICS[metric]
+        if metric not in metric_names:
+            found.append((metric, None, f"{metric} missing on one side (an older summary schema?)"))
+            continue
+        if metric == "peak_memory_mb":
+            vb = np.concatenate([peak_samples(d) for d in b["run_dir"]] or [[]])
+            vn = np.concatenate([peak_samples(d) for d in n["run_dir"]] or [[]])
+            effect, lo, hi, p, floor = gate_stats.memory_test(vb, vn, paired)
+            stats = dict(base_total=float(np.mean(vb)) if len(vb) else math.nan,
+                         new_total=float(np.mean(vn)) if len(vn) else math.nan,
+                         n_base=len(vb), n_new=len(vn), units=min(len(vb), len(vn)),
+                         pairing="per rank" if paired else "none")
+            found.append((metric, (effect, lo, hi, p, floor, stats), None))
+            continue
+        try:
+            if paired:
+                if not frames:
+                    raise KeyError(metric)
+                nb, db = unit_sums(frames, metric, "_b")
+                nn, dn = unit_sums(frames, metric, "_n")
+                p, floor = gate_stats.paired_test(kind, nb, db, nn, dn)
+            else:
+                if not fb:
+                    raise KeyError(metric)
+                nb, db = unit_sums(fb, metric)
+                nn, dn = unit_sums(fn, metric)
+                p, floor = gate_stats.unpaired_test(kind, nb, db, nn, dn)
+        except KeyError:
+            found.append((metric, None, f"{design}: no units to test"))
+            continue
+        effect = gate_stats.total_effect(kind, nb, db, nn, dn)
+        lo, hi = gate_stats.interval(kind, nb, db, nn, dn, paired)
+        total = lambda num, den: float(num.sum() / den.sum())  # noqa: E731
+        stats = dict(base_total=total(nb, db), new_total=total(nn, dn),
+                     n_base=int(sum(len(t) for t in tb)), n_new=int(sum(len(t) for t in tn)),
+                     units=len(nb) if paired else len(nb) + len(nn), pairing=design)
+        found.append((metric, (effect, lo, hi, p, floor, stats), None))
+    tested = [f for f in found if f[1] is not None]
+    adjusted = iter(gate_stats.holm([f[1][3] for f in tested]))
+    m = len(tested)
+    rows = []
+    for metric, result, why in found:
+        kind, better = METRICS[metric]
+        if result is None:
+            rows.append(_nan_row(key, metric, why, "rerun both sides with this fsbench"
+                                 if "missing" in why else MORE_UNITS))
+            continue
+        effect, lo, hi, p, floor, stats = result
+        p_adj = next(adjusted)
+        row = Row(str(key[0]), str(key[2]), int(key[3]), metric, effect=effect, ci_low=lo,
+                  ci_high=hi, p=p, p_adjusted=p_adj, p_min=floor, verdict="", **stats)
+        threshold = thresholds.get(metric, thresholds[kind])
+        if floor * m >= alpha:
+            row.verdict = "inconclusive"
+            row.reason = (f"{stats['units']} unit(s) ({stats['pairing']}): the smallest p this "
+                          f"design can give is {floor:.2g}, x{m} metrics (Holm) >= alpha {alpha}")
+            row.remedy = MORE_UNITS
+        else:
+            row.verdict = gate_stats.verdict(kind, better, effect, (lo, hi), p_adj, alpha, threshold)
+            if row.verdict == "inconclusive":
+                row.reason = (f"the 95% interval {_fmt_interval(kind, lo, hi)} reaches beyond the "
+                              f"{_fmt_threshold(kind, threshold)} threshold without a significant "
+                              f"change (p {p_adj:.2g})")
+                row.remedy = MORE_UNITS + ", or a quieter machine"
+        rows.append(row)
+    return rows
 
-    if np.ptp(np.concatenate([base, new])) == 0:
-        return 1.0  # identical constants: nothing to test
-    return float(stats.mannwhitneyu(base, new, alternative="two-sided").pvalue)
+
+def outcome(rows: list[Row]) -> str:
+    """The command's verdict: regressed if anything regressed, else inconclusive if
+    anything could not be told, else unchanged (improvements included)."""
+    verdicts = {r.verdict for r in rows}
+    if "regressed" in verdicts:
+        return "regressed"
+    if "inconclusive" in verdicts or not rows:
+        return "inconclusive"
+    return "unchanged"
+
+
+def exit_code(rows: list[Row]) -> int:
+    return EXIT[outcome(rows)]
+
+
+# ---------------------------------------------------------------------------
+# Output
+
+def _fmt_threshold(kind: str, threshold: float) -> str:
+    return f"{100 * threshold:.1f} pp" if kind == "ratio" else f"{100 * threshold:.0f}%"
+
+
+def _fmt_interval(kind: str, lo: float, hi: float) -> str:
+    if kind == "ratio":
+        return f"[{100 * lo:+.1f}, {100 * hi:+.1f}] pp"
+    return f"[{lo:.3f}, {hi:.3f}]x"
 
 
 def _fmt_effect(row: Row) -> str:
+    if math.isnan(row.effect):
+        return "n/a"
     kind = METRICS[row.metric][0]
     if kind == "ratio":
-        return (f"{100 * row.effect:+.1f} pp [{100 * row.ci_low:+.1f}, {100 * row.ci_high:+.1f}]")
+        return f"{100 * row.effect:+.1f} pp [{100 * row.ci_low:+.1f}, {100 * row.ci_high:+.1f}]"
     return f"{row.effect:.3f}x [{row.ci_low:.3f}, {row.ci_high:.3f}]"
 
 
+def _fmt(v: float) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}"
+
+
 def markdown(rows: list[Row], notes: list[str]) -> str:
-    mark = {"regressed": "**regressed**", "improved": "improved", "unchanged": "unchanged"}
+    mark = {"regressed": "**regressed**", "improved": "improved", "unchanged": "unchanged",
+            "inconclusive": "*inconclusive*"}
     lines = ["| workload | trainer | ranks | metric | base | new | change [95% CI] | p (Holm) | verdict |",
              "|---|---|---:|---|---:|---:|---|---:|---|"]
     for r in rows:
+        if r.metric == "*":
+            continue
         lines.append(f"| {r.workload} | {r.trainer} | {r.world_size} | {r.metric} | "
-                     f"{r.base_median:.4g} | {r.new_median:.4g} | {_fmt_effect(r)} | "
-                     f"{r.p_adjusted:.2g} | {mark[r.verdict]} |")
-    regressions = sum(r.verdict == "regressed" for r in rows)
-    lines.append("")
-    lines.append(f"{regressions} regression(s), "
-                 f"{sum(r.verdict == 'improved' for r in rows)} improvement(s) in {len(rows)} comparisons.")
+                     f"{_fmt(r.base_total)} | {_fmt(r.new_total)} | {_fmt_effect(r)} | "
+                     f"{_fmt(r.p_adjusted)} | {mark[r.verdict]} |")
+    counts = {v: sum(r.verdict == v for r in rows) for v in mark}
+    lines += ["", f"outcome: **{outcome(rows)}** (exit {exit_code(rows)}): {counts['regressed']} "
+              f"regressed, {counts['inconclusive']} inconclusive, {counts['improved']} improved, "
+              f"{counts['unchanged']} unchanged, of {len(rows)}."]
     for r in rows:
         if r.metric == "step_time_ms":
-            lines.append(f"- {r.workload} {r.trainer} {r.world_size} ranks: " + (
-                f"paired by {r.pairing} ({r.units} units; signed-rank test)" if r.pairing != "none"
-                else "unpaired (Mann-Whitney U on steps, run-level bootstrap interval)"))
-    lines += [f"- not compared: {n}" for n in notes]
+            lines.append(f"- {r.workload} {r.trainer} {r.world_size} ranks: design "
+                         f"{'paired' if r.pairing != 'none' and 'unpaired' not in r.pairing else ''} "
+                         f"{r.pairing}, {r.units} units (randomization test on totals)".replace("  ", " "))
+    for r in rows:
+        if r.verdict == "inconclusive":
+            lines.append(f"- inconclusive: {r.workload} {r.trainer} {r.world_size} ranks "
+                         f"{'(every metric)' if r.metric == '*' else r.metric}: {r.reason}. "
+                         f"To settle it: {r.remedy}.")
+    lines += [f"- note: {n}" for n in notes]
     return "\n".join(lines) + "\n"
 
 
 def to_json(rows: list[Row], notes: list[str]) -> str:
-    clean = lambda v: None if isinstance(v, float) and math.isnan(v) else v  # noqa: E731
-    return json.dumps({"rows": [{k: clean(v) for k, v in dataclasses.asdict(r).items()} for r in rows],
-                       "not_compared": notes,
-                       "regressions": sum(r.verdict == "regressed" for r in rows)}, indent=1)
+    clean = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731
+    return json.dumps({"outcome": outcome(rows), "exit_code": exit_code(rows),
+                       "rows": [{k: clean(v) for k, v in dataclasses.asdict(r).items()} for r in rows],
+                       "notes": notes,
+                       "regressions": sum(r.verdict == "regressed" for r in rows),
+                       "inconclusive": sum(r.verdict == "inconclusive" for r in rows)}, indent=1)
 
 
 def parse_thresholds(pairs: list[str]) -> dict[str, float]:

@@ -64,9 +64,13 @@ class SyntheticComputeConfig:
     slow_factor: float = 0.0
     """The slow rank's cost is (1 + slow_factor) times its tokens' cost."""
     comm_delay_ms: float = 0.0
-    """Every rank waits this long (sleeping, no CPU) before its gradient collective."""
+    """Every rank waits this long (sleeping, no CPU) before its gradient collective, with a
+    collective in flight: a slow network (exposed communication)."""
     input_delay_ms: float = 0.0
     """Producing each global batch takes this long (sleeping): a slow data source."""
+    optimizer_sleep_ms: float = 0.0
+    """Every rank sleeps this long in its optimizer step, no collective in flight (a host
+    sync, a file read): blocked time that is other idle, not communication."""
 
     def __post_init__(self) -> None:
         _require(self.us_per_token > 0, f"synthetic.us_per_token={self.us_per_token} must be > 0")
@@ -76,6 +80,8 @@ class SyntheticComputeConfig:
                  f"synthetic.comm_delay_ms={self.comm_delay_ms} must be >= 0")
         _require(self.input_delay_ms >= 0,
                  f"synthetic.input_delay_ms={self.input_delay_ms} must be >= 0")
+        _require(self.optimizer_sleep_ms >= 0,
+                 f"synthetic.optimizer_sleep_ms={self.optimizer_sleep_ms} must be >= 0")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

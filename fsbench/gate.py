@@ -13,6 +13,7 @@ B or B then A, paired run by run: far less sensitive, and said so. Runs are kept
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -52,6 +53,10 @@ class Sweep:
     pairs: int = 2
     seed: int = 0
     block_steps: int = 1
+
+
+# Reruns of a pair in which a run was contended, before its key is called inconclusive.
+DEFAULT_RETRIES = 2
 
 
 def repo_root() -> Path:
@@ -188,17 +193,88 @@ def run_paced(sides: tuple[Side, Side], sweep: Sweep, trainer: str, out: Path, s
                         proc.kill()
 
 
-def run_pairs(sides: tuple[Side, Side], sweep: Sweep, out: Path,
-              progress: Callable[[Iterable], Iterable] = lambda it: it) -> bool:
-    """Every (pair, trainer) of the plan; True when paced, False on the unpaced fallback.
-    Same seed on both sides of a pair (same batches), another seed per pair."""
-    paced = all(supports_pacing(s) for s in sides)
+def _new_runs(out: Path, sides: tuple[Side, Side], before: dict[str, set[str]]) -> dict[str, Path]:
+    """The run directory each side added since `before` (names per side)."""
+    found = {}
+    for side in sides:
+        root = out / side.name
+        added = [d for d in root.iterdir() if d.is_dir() and d.name not in before[side.name]] \
+            if root.is_dir() else []
+        if added:
+            found[side.name] = max(added, key=lambda d: d.stat().st_mtime)
+    return found
+
+
+def _listing(out: Path, sides: tuple[Side, Side]) -> dict[str, set[str]]:
+    return {s.name: {d.name for d in (out / s.name).iterdir()} if (out / s.name).is_dir() else set()
+            for s in sides}
+
+
+def contended(run_dir: Path) -> bool | None:
+    """The run's `contended` flag from its summary (None: unknown or unreadable)."""
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("contended")
+    except (OSError, ValueError):
+        return None
+
+
+def run_pair(sides: tuple[Side, Side], sweep: Sweep, trainer: str, out: Path, seed: int,
+             rng: random.Random, retries: int = DEFAULT_RETRIES, paced: bool = True,
+             order: tuple[str, str] | None = None) -> list[str]:
+    """One pair of runs (same seed on both sides), rerun while a run in it was contended
+    (a neighbour took the CPU): the contended pair moves to `out/contended/` (kept, not
+    compared). Dropping it would leave fewer units; rerunning until quiet would never end
+    on a busy machine, so after `retries` reruns it stays, and the sides still contended
+    are returned (compare then calls its key inconclusive)."""
     by_name = {s.name: s for s in sides}
-    rng = random.Random(sweep.seed + 1)
-    for pair, trainer, order in progress(plan(sweep, (sides[0].name, sides[1].name))):
+    for attempt in range(retries + 1):
+        before = _listing(out, sides)
         if paced:
-            run_paced(sides, sweep, trainer, out, sweep.seed + pair, rng)
+            run_paced(sides, sweep, trainer, out, seed, rng)
         else:
-            for name in order:
-                run_one(by_name[name], sweep, trainer, out, seed=sweep.seed + pair)
-    return paced
+            for name in order or [s.name for s in sides]:
+                run_one(by_name[name], sweep, trainer, out, seed=seed)
+        runs = _new_runs(out, sides, before)
+        busy = [name for name, d in runs.items() if contended(d)]
+        if not busy or attempt == retries:
+            return busy
+        print(f"gate: {trainer} seed {seed}: {', '.join(busy)} contended (a neighbour took the "
+              f"CPU); moved to {out / 'contended'}, running the pair again "
+              f"({attempt + 1} of {retries})", file=sys.stderr)
+        for name, d in runs.items():
+            target = out / "contended" / name / d.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            d.rename(target)
+    return busy
+
+
+def run_pairs(sides: tuple[Side, Side], sweep: Sweep, out: Path,
+              progress: Callable[[Iterable], Iterable] = lambda it: it,
+              retries: int = DEFAULT_RETRIES) -> tuple[bool, list[tuple[str, int, list[str]]]]:
+    """Every (pair, trainer) of the plan (`run_pair`). Returns (paced, pairs still
+    contended after their reruns: (trainer, seed, sides)). Same seed on both sides of a
+    pair (same batches), another seed per pair."""
+    paced = all(supports_pacing(s) for s in sides)
+    rng = random.Random(sweep.seed + 1)
+    still = []
+    for pair, trainer, order in progress(plan(sweep, (sides[0].name, sides[1].name))):
+        busy = run_pair(sides, sweep, trainer, out, sweep.seed + pair, rng, retries, paced, order)
+        if busy:
+            still.append((trainer, sweep.seed + pair, busy))
+    return paced, still
+
+
+def contended_rows(sweep: Sweep, still: list[tuple[str, int, list[str]]], retries: int) -> list:
+    """An inconclusive row per trainer with a pair that stayed contended: its comparison
+    rests on fewer pairs than asked for, on a machine that was not quiet."""
+    from fsbench.compare import Row
+
+    rows = []
+    for trainer in dict.fromkeys(t for t, _, _ in still):
+        seeds = [f"seed {s} ({'/'.join(b)})" for t, s, b in still if t == trainer]
+        nan = float("nan")
+        rows.append(Row(sweep.workload, trainer, sweep.world_size, "*", nan, nan, nan, nan, nan,
+                        nan, nan, 0, 0, "inconclusive",
+                        reason=f"{', '.join(seeds)} stayed contended in {retries + 1} tries",
+                        remedy="run the gate on a quiet machine, or with more --retries"))
+    return rows

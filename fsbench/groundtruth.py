@@ -2,12 +2,13 @@
 form, and compare what the harness measures with it (`fsbench validate`).
 
 Each case runs the DDP baseline with `compute=synthetic` (fsbench.models.synthetic): a
-per-token CPU cost, optionally one slower rank, a delayed gradient collective and a slow
-input source. The closed form treats the harness itself as free; on a 2-core VM with gloo
-it is not, and all of it is bubble by definition: the start barrier releases ranks up to
-~1.5 ms apart, the (one-element) all-reduce with its wake-ups costs 1-2 ms, the inline
-input stage ~1 ms, and the ranks' compute threads wait ~1-1.5% of the time for a CPU that
-the run's own threads (monitor, gloo) took. Steps of ~530 ms keep the fixed parts under
+per-token CPU cost, optionally one slower rank, a delayed gradient collective, a slow
+input source and a sleep in the optimizer step with no collective in flight. The closed
+form treats the harness itself as free; on a 2-core VM with gloo it is not, and all of it
+is bubble by definition: the start barrier releases ranks up to ~1.5 ms apart, the
+(one-element) all-reduce with its wake-ups costs 1-2 ms, the inline input stage ~1 ms,
+and the ranks' compute threads wait ~1-1.5% of the time for a CPU that the run's own
+threads (monitor, gloo) took. Steps of ~530 ms keep the fixed parts under
 1%; measured worst bubble error 0.02-0.03 on a quiet VM (results/measurement_cpu.md).
 
 Cases run with `input_workers=0` (each rank prepares its input inline, at the step's
@@ -55,6 +56,9 @@ CASES: dict[str, WorkloadConfig] = {
     "rank0_30pct_more_and_delayed_80ms": synthetic_workload(slow_rank=0, slow_factor=0.3,
                                                             comm_delay_ms=80.0),
     "input_delayed_60ms": synthetic_workload(input_delay_ms=60.0),
+    # Blocked with no collective in flight (a host sync, a file read): other idle, and
+    # exposed communication stays ~0.
+    "optimizer_sleeps_100ms": synthetic_workload(optimizer_sleep_ms=100.0),
 }
 
 

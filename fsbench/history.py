@@ -63,9 +63,11 @@ def history(runs: pd.DataFrame) -> list[dict]:
     out = []
     for key, g in ordered_runs(runs).groupby(KEY, sort=True):
         for metric in METRICS:
-            if metric not in g or g[metric].isna().all():
+            # A value of the wrong type (a hand-edited or foreign summary) is no value.
+            series = pd.to_numeric(g[metric], errors="coerce").to_numpy(dtype=float) \
+                if metric in g else np.array([np.nan])
+            if np.isnan(series).all():
                 continue
-            series = g[metric].astype(float).to_numpy()
             points = change_points(series)
             bounds = [0, *points, len(series)]
             segments = [float(np.nanmedian(series[a:b])) for a, b in zip(bounds, bounds[1:])]

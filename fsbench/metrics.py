@@ -13,17 +13,32 @@ For step k on N ranks:
   idle_r splits into four causes that sum to it exactly (`rank_causes`):
     straggler_r = max_j busy_j - busy_r                 (idle caused by imbalance)
     exposed_r   = communication waits not hidden by compute: comm/wait spans, and time
-                  a compute span was blocked (wall - CPU - run-queue wait: a collective
+                  a compute span was blocked (wall - CPU - run-queue wait) while one of
+                  the rank's collectives was in flight (`flight` records: a collective
                   waited on inside backward), less the straggler share found there
     input_r     = waiting for the step's input (`input` spans)
     other_r     = the rest: time outside the rank's step span (barrier release skew, end
-                  skew), Python between spans, run-queue waits (a busy neighbour)
+                  skew), Python between spans, run-queue waits (a busy neighbour), and
+                  blocked time with no collective in flight (a sleep, a host sync, a file
+                  read, a lock)
+  Where inside a compute span its blocked time fell is not recorded, so a span books as
+  communication at most the time during which one of its rank's flights was in flight
+  (the span's overlap with the union of the rank's flight intervals, whatever step issued
+  them); the rest of its blocked time is other idle. Timelines without any flight record
+  (written before trainers recorded them) cannot tell the two apart: there every blocked
+  second stays communication, as they were booked when written.
   The straggler share is taken out of the waits it shows up in, in this order: a faster
   rank waits for the slowest at its next collective (comm), else at the step's end
   (other), else for input. Each cause's ratio is sum_r cause_r / (N T).
   imbalance  = sum_r (max_j busy_j - busy_r) / (N max_j busy_j)
   skew       = max_j busy_j / median_r busy_r
-  cpu_wait   = sum_r run-queue wait in the step span / sum_r step span wall time
+  cpu_wait   = sum_r run-queue wait in the step span / sum_r step span wall time (the
+               compute threads' wait: what stretched their steps)
+  cpu_wait_all_threads = the same for every thread of the ranks' processes and of their
+               loader workers (gloo's, the monitor's) over the measured window
+  helper_cpu = CPU time of those threads but the compute threads, over the same window
+  contended  = cpu_wait_all_threads - 2 helper_cpu + cpu steal > CONTENDED_CPU_WAIT;
+               None without schedstat (unknown, never "no")
 
   comm_overlap = share of communication time hidden under compute (Holistic Trace
                Analysis's definition): sum over collectives issued in measured steps of
@@ -43,12 +58,19 @@ import pandas as pd
 from fsbench.speed_probe import probe_ns_per_step
 
 CAUSES = ("straggler", "exposed_comm", "input_stall", "other_idle")
-# A run is `contended` when its ranks' compute threads waited for a CPU (Linux run-queue
-# wait) for more than this share of their step time beyond what the run's own loader
-# workers used (`input_worker_cpu_ratio`): a neighbour process took cores.
-# Measured on the 2-core VM at 2 ranks: quiet runs 1.7% (synthetic ground truth) to 3.4%
-# (DDP on `small`: gloo's threads, the loader workers, the monitor); beside one busy
-# process 28% (`small`), and a ground-truth bubble of 0.37 where 0 is true.
+# A run is `contended` when its ranks' threads (every thread of each rank process and of
+# its loader workers: a neighbour can starve gloo's threads or a loader without touching
+# the compute thread) waited for a CPU (Linux run-queue wait) for more than this share of
+# the measured window beyond what the run inflicts on itself: a neighbour took cores.
+# Without a spare core each CPU second of a helper thread (gloo's two, the monitor, the
+# loader) is a second a compute thread waits, and the helper waits about as long again
+# for a core at its wake-ups; so twice the helpers' CPU is the run's own.
+# Measured on the 2-core VM at 2 ranks, DDP, one loader per rank: quiet runs wait 6-11%
+# (synthetic, ~50 ms steps) and 12-17% (`small`) in all, of which the compute threads
+# 2-5%, with helpers' CPU of 4-8%: -4% to +3% beyond twice it; beside one busy process
+# all threads wait 29-45%, 23-34% beyond it (compute threads 20-34%).
+# (Before every thread was measured: the compute threads' wait beyond the loaders' CPU,
+# quiet 1.7-3.4%, beside a busy process 28%; runs recorded then are still judged so.)
 CONTENDED_CPU_WAIT = 0.10
 
 
@@ -83,6 +105,9 @@ def rank_step_table(spans: pd.DataFrame, gpu_busy: pd.DataFrame | None = None) -
     # busy nor blocked (fsbench.emulation).
     overhead = inner["overhead_ns"].fillna(0) if "overhead_ns" in inner else 0
     blocked = (inner["dur_ns"] - inner["cpu_ns"] - runq - overhead).clip(lower=0)
+    flights = spans[spans["kind"] == "flight"]
+    if len(flights):  # blocked with no collective in flight is not communication
+        blocked = np.minimum(blocked, in_flight_ns(inner, flights))
     inner = inner.assign(
         busy=np.where(compute, inner[busy_col].fillna(0), 0),
         comm=np.where(inner["kind"].isin(["comm", "wait"]), inner["dur_ns"],
@@ -99,6 +124,36 @@ def rank_step_table(spans: pd.DataFrame, gpu_busy: pd.DataFrame | None = None) -
     for col in ("busy_ns", "comm_wait_ns", "input_wait_ns", "runq_ns"):
         out[col] = out[col].astype("int64")
     return out.reset_index()
+
+
+def in_flight_ns(spans: pd.DataFrame, flights: pd.DataFrame) -> np.ndarray:
+    """Per span: ns of it during which at least one flight of its rank was in flight (its
+    overlap with the union of the rank's flight intervals)."""
+    out = np.zeros(len(spans))
+    start = spans["start_ns"].to_numpy(dtype=float)
+    end = start + spans["dur_ns"].to_numpy(dtype=float)
+    rank = spans["rank"].to_numpy()
+    for r, fl in flights.groupby("rank"):
+        s = fl["start_ns"].to_numpy(dtype=float)
+        mine = rank == r
+        covered = _union_before(s, s + fl["dur_ns"].to_numpy(dtype=float))
+        out[mine] = covered(end[mine]) - covered(start[mine])
+    return out
+
+
+def _union_before(starts: np.ndarray, ends: np.ndarray):
+    """t -> length of the union of the intervals [starts, ends) that lies before t."""
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], np.maximum.accumulate(ends[order])
+    first = np.r_[True, s[1:] > e[:-1]]  # starts a new disjoint piece of the union
+    lo, hi = s[first], e[np.r_[first[1:], True]]
+    before = np.r_[0.0, np.cumsum(hi - lo)]
+
+    def covered(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(lo, t, side="right") - 1
+        j = np.maximum(i, 0)
+        return np.where(i >= 0, before[j] + np.clip(t - lo[j], 0, hi[j] - lo[j]), 0.0)
+    return covered
 
 
 def rank_step_busy(spans: pd.DataFrame) -> pd.DataFrame:
@@ -180,7 +235,8 @@ RATIO_KEYS = ("bubble_ratio", "straggler_bubble_ratio", "exposed_comm_ratio",
 def summarize(spans: pd.DataFrame, stats: pd.DataFrame,
               gpu_busy: pd.DataFrame | None = None,
               input_cpu: pd.DataFrame | None = None, steal_ticks: int = 0,
-              total_ticks: int = 0) -> dict:
+              total_ticks: int = 0,
+              threads_runq: list[tuple[int | None, int | None, int]] | None = None) -> dict:
     """Totals over measured (non-warm-up) steps, per-step quantiles beside them, and the
     global loss per step.
 
@@ -191,7 +247,16 @@ def summarize(spans: pd.DataFrame, stats: pd.DataFrame,
 
     steal_ticks / total_ticks (optional): the machine's CPU steal over the measured steps
     (/proc/stat): the hypervisor running something else on our virtual CPUs stretches
-    wall time without any run-queue wait, so it counts towards `contended` too."""
+    wall time without any run-queue wait, so it counts towards `contended` too.
+
+    threads_runq (optional): per rank, over the measured window, the run-queue wait (ns)
+    of all threads of its process and of its loader workers, the CPU time (ns) of those
+    but its compute thread (None, None where the machine has no schedstat), and the
+    window's wall time (ns). Without it (runs recorded before the worker measured it) the
+    compute threads' wait beyond the loaders' CPU decides `contended`, as it did then;
+    where every span's wait is 0 there was no schedstat either (a thread running whole
+    steps always waits some nanoseconds). Unknown wait makes `contended` None, never
+    False."""
     table = throughput(step_metrics(spans, gpu_busy), stats)
     m = table[~table["warmup"]]
     if m.empty:
@@ -235,10 +300,33 @@ def summarize(spans: pd.DataFrame, stats: pd.DataFrame,
     out["input_worker_cpu_ratio"] = own
     out["comm_overlap_ratio"] = comm_overlap_ratio(spans)
     out["cpu_steal_ratio"] = steal_ticks / total_ticks if total_ticks > 0 else 0.0
-    out["contended"] = out["cpu_wait_ratio"] - own + out["cpu_steal_ratio"] > CONTENDED_CPU_WAIT
+    out.update(contention(m, spans, threads_runq, own, out["cpu_steal_ratio"]))
     for key in RATIO_KEYS:
         out[f"{key}_p10"], out[f"{key}_p50"], out[f"{key}_p90"] = (q(key, p) for p in (0.1, 0.5, 0.9))
     return out
+
+
+def contention(measured: pd.DataFrame, spans: pd.DataFrame,
+               threads_runq: list[tuple[int | None, int | None, int]] | None,
+               own: float, steal: float) -> dict:
+    """cpu_wait_all_threads_ratio, helper_cpu_ratio and `contended` (summarize's
+    threads_runq); None where schedstat was missing."""
+    unknown = {"cpu_wait_all_threads_ratio": None, "helper_cpu_ratio": None, "contended": None}
+    if threads_runq:
+        window = sum(ns for _, _, ns in threads_runq)
+        if window <= 0 or any(wait is None for wait, _, _ in threads_runq):
+            return unknown
+        wait = sum(w for w, _, _ in threads_runq) / window
+        helpers = sum(c for _, c, _ in threads_runq) / window
+        return {"cpu_wait_all_threads_ratio": wait, "helper_cpu_ratio": helpers,
+                "contended": bool(wait - 2 * helpers + steal > CONTENDED_CPU_WAIT)}
+    # Runs recorded before the worker measured every thread: their compute threads' wait.
+    runq = spans["runq_ns"] if "runq_ns" in spans else pd.Series(dtype=float)
+    span_ns = measured["span_ns"].sum()
+    if not runq.fillna(0).gt(0).any() or span_ns <= 0:
+        return unknown
+    wait = float(measured["runq_ns"].sum() / span_ns)
+    return {**unknown, "contended": bool(wait - own + steal > CONTENDED_CPU_WAIT)}
 
 
 def comm_overlap_ratio(spans: pd.DataFrame) -> float | None:

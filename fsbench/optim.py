@@ -1,6 +1,7 @@
 """The optimizer a workload names, built the same way for every trainer."""
 from __future__ import annotations
 
+import time
 from typing import Iterable
 
 import torch
@@ -9,6 +10,14 @@ from fsbench.config import WorkloadConfig
 
 
 def make_optimizer(params: Iterable[torch.nn.Parameter], workload: WorkloadConfig) -> torch.optim.Optimizer:
+    optimizer = _build(params, workload)
+    stall_s = workload.synthetic.optimizer_sleep_ms / 1e3 if workload.compute == "synthetic" else 0
+    if stall_s > 0:  # the ground truth's host stall inside the optimizer step (fsbench.models.synthetic)
+        optimizer.register_step_pre_hook(lambda *_: time.sleep(stall_s))
+    return optimizer
+
+
+def _build(params: Iterable[torch.nn.Parameter], workload: WorkloadConfig) -> torch.optim.Optimizer:
     if workload.optimizer == "adam":
         # foreach=False: the same per-tensor arithmetic whichever trainer owns which
         # parameters, so trainers stay bit-comparable where reduction order allows.

@@ -1,10 +1,11 @@
 """The report's plots, and the pure functions that feed them.
 
 Data functions (no matplotlib, tested on their own): `cause_bars` (the bubble's four
-causes per report row), `step_timeline` (one step's per-rank spans for a Gantt chart),
-`median_step_busy_idle`. Drawing functions return a matplotlib Figure on the Agg canvas,
-without pyplot's global state; `render_plots` draws every plot a report holds and returns
-them as PNG bytes, which `fsbench.report` writes beside the table or embeds in the page.
+causes per report row), `relative_scaling` (the scaling plot's values), `step_timeline`
+(one step's per-rank spans for a Gantt chart), `median_step_busy_idle`. Drawing functions
+return a matplotlib Figure on the Agg canvas, without pyplot's global state; `render_plots`
+draws every plot a report holds and returns them as PNG bytes, which `fsbench.report`
+writes beside the table or embeds in the page.
 
 Marks, the same in every plot: simulated points and bars are hollow or hatched and joined by
 dashed lines; wall-clock values of oversubscribed or contended runs (which measure
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +49,9 @@ PLOTS = {
                    "world size; the stacked height is the bubble ratio."),
     "throughput": Plot("throughput_vs_world_size.png", "Throughput against world size."),
     "scaling": Plot("scaling_efficiency_vs_world_size.png",
-                    "Scaling efficiency, throughput(N) / (N x throughput(1)), against world size."),
+                    "Scaling efficiency, throughput(N) / (N x throughput(1)), against world size; "
+                    "a line without a 1-rank run is drawn relative to its smallest world size N0, "
+                    "throughput(N) / ((N / N0) x throughput(N0)), as its label says."),
     "busy_idle": Plot("rank_busy_idle.png", "One step's busy and idle time per rank (the step with "
                       "the median step time)."),
     "timeline": Plot("step_timeline.png", "One step per trainer, rank by rank: compute, "
@@ -85,6 +89,22 @@ def cause_bars(table: pd.DataFrame) -> pd.DataFrame:
     for i, c in enumerate(CAUSES):
         out[c] = causes[:, i] * scale
     out["unsplit"] = np.where(split, 0.0, bubble)
+    return out
+
+
+def relative_scaling(table: pd.DataFrame) -> pd.DataFrame:
+    """The scaling plot's values: `table` with, per (workload, trainer, simulated) line, its
+    smallest world size N0 (`base_world_size`) and `relative_efficiency` = throughput(N) /
+    ((N / N0) x throughput(N0)). Where N0 = 1 that is the table's scaling efficiency; a
+    line without a 1-rank row (a store of 2-rank runs, simulated runs from 8 GPUs up) has
+    none (n/a in the table), and its plot is drawn relative to N0, labelled so."""
+    keys = ["workload", "trainer", "simulated"]
+    first = table.loc[table.groupby(keys, sort=False)["world_size"].idxmin()].set_index(keys)
+    lines = pd.MultiIndex.from_frame(table[keys])
+    out = table.copy()
+    out["base_world_size"] = first["world_size"].reindex(lines).to_numpy()
+    base = first["samples_per_s"].reindex(lines).to_numpy()
+    out["relative_efficiency"] = out["samples_per_s"] / (out["world_size"] / out["base_world_size"] * base)
     return out
 
 
@@ -154,30 +174,48 @@ def step_timeline(spans: pd.DataFrame, step: int | None = None) -> tuple[int, pd
     return step, windows, segments.sort_values(["rank", "start_ms"]).reset_index(drop=True)
 
 
-def choose_step_run(runs: pd.DataFrame, trainer: str) -> str | None:
-    """The measured run of `trainer` at its largest world size (any trainer's if it has no
-    measured run); ties go to the last run directory by name."""
+def step_run_candidates(runs: pd.DataFrame, trainer: str, others: bool = True) -> list[str]:
+    """Measured complete runs in the order the per-rank plots try them: `trainer`'s, largest
+    world size first (ties: the last run directory by name), then (`others`) the other
+    trainers' in the same order."""
     measured = runs[~_flag(runs, "simulated")]
     if "status" in measured:
         measured = measured[measured["status"] == "complete"]
-    pool = measured[measured["trainer"] == trainer]
-    pool = pool if len(pool) else measured
-    if pool.empty:
-        return None
-    return str(pool.sort_values(["world_size", "run_dir"]).iloc[-1]["run_dir"])
+    measured = measured.assign(_own=measured["trainer"] == trainer)
+    if not others:
+        measured = measured[measured["_own"]]
+    order = measured.sort_values(["_own", "world_size", "run_dir"], ascending=False)
+    return [str(d) for d in order["run_dir"]]
 
 
-def timeline_runs(runs: pd.DataFrame, step_run: str | None = None) -> dict[str, str]:
-    """Per trainer with a measured run, the run whose step the timeline shows
-    (`choose_step_run`); `step_run`, if given, replaces its own trainer's choice."""
-    measured = runs[~_flag(runs, "simulated")]
-    chosen = {t: choose_step_run(runs, t) for t in dict.fromkeys(measured["trainer"])}
-    if step_run is not None:
-        manifest = Path(step_run) / "manifest.json"
-        trainer = store.read_json(manifest).get("trainer") if manifest.exists() else None
-        if trainer:
-            chosen[trainer] = str(step_run)
-    return {t: d for t, d in chosen.items() if d is not None}
+def choose_step_run(runs: pd.DataFrame, trainer: str) -> str | None:
+    """The measured run of `trainer` at its largest world size (any trainer's if it has no
+    measured run); ties go to the last run directory by name."""
+    return next(iter(step_run_candidates(runs, trainer)), None)
+
+
+def run_spans(run_dir: str | os.PathLike) -> pd.DataFrame:
+    """A run's timelines, checked for what the per-rank plots need: spans of every rank of
+    its world size and a measured step. ConfigError saying what is missing or damaged."""
+    from fsbench.timeline import read_timelines
+
+    spans = read_timelines(run_dir)  # a damaged file: ConfigError naming it
+    if spans.empty:
+        raise ConfigError("no timelines (rank-*.jsonl)")
+    world = _manifest(run_dir).get("world_size")
+    missing = sorted(set(range(world)) - set(spans["rank"])) if isinstance(world, int) else []
+    if missing:  # a plot of the other ranks would look like a smaller world
+        raise ConfigError(f"no timeline of rank(s) {', '.join(map(str, missing))}")
+    median_step(spans)  # ConfigError without a measured step
+    return spans
+
+
+def _manifest(run_dir: str | os.PathLike) -> dict:
+    """The run's manifest for a plot's labels; {} where it is unreadable (the spans suffice)."""
+    try:
+        return store.read_object(Path(run_dir) / "manifest.json")
+    except ConfigError:
+        return {}
 
 
 # ---------------------------------------------------------------------------- drawing
@@ -205,7 +243,9 @@ def plot_vs_world_size(table: pd.DataFrame, column: str, ylabel: str, scale: flo
     """One panel per workload, a line per trainer and kind: measured solid with filled
     circles, simulated dashed with hollow squares. Crosses on oversubscribed or contended
     points (wall clock measures time-sharing), diamond rings on emulated ones. `ideal`
-    draws a reference line (100 for scaling efficiency in %)."""
+    draws a reference line (100 for scaling efficiency in %). A line whose rows carry a
+    `base_world_size` other than 1 (`relative_scaling`) says so in its label; a panel
+    without any value says n/a."""
     workloads = list(dict.fromkeys(table["workload"]))
     colors = {t: f"C{i % 10}" for i, t in enumerate(dict.fromkeys(table["trainer"]))}
     fig, axes = _figure(1, len(workloads))
@@ -215,9 +255,11 @@ def plot_vs_world_size(table: pd.DataFrame, column: str, ylabel: str, scale: flo
         for (trainer, sim), g in rows.groupby(["trainer", "simulated"], sort=False):
             g = g.sort_values("world_size")
             color = colors[trainer]  # a trainer keeps its colour, measured or simulated
+            base = int(g["base_world_size"].iloc[0]) if "base_world_size" in g else 1
             ax.plot(g["world_size"], g[column] * scale, "--" if sim else "-", marker="s" if sim else "o",
                     mfc="white" if sim else color, mec=color, color=color,
-                    label=trainer + (" (simulated)" if sim else ""))
+                    label=trainer + (" (simulated)" if sim else "")
+                    + (f", relative to {base} ranks" if base != 1 else ""))
             flagged = g[_flag(g, "oversubscribed") | _flag(g, "contended")]
             if len(flagged):
                 ax.plot(flagged["world_size"], flagged[column] * scale, "x", color="black", ms=9,
@@ -228,7 +270,12 @@ def plot_vs_world_size(table: pd.DataFrame, column: str, ylabel: str, scale: flo
                         ms=11, label=labels.pop("emulated", None))
         if ideal is not None:
             ax.axhline(ideal, color="gray", lw=0.8, ls=":", label="ideal")
+        if not np.isfinite(pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=float)).any():
+            ax.text(0.5, 0.5, "n/a: no run has this value", transform=ax.transAxes, ha="center")
         sizes = sorted(rows["world_size"].unique())
+        # Limits from the world sizes, not the data: a panel with no finite value has no
+        # data limits, and a log axis cannot start at matplotlib's default 0.
+        ax.set_xlim(sizes[0] / 1.5, sizes[-1] * 1.5)
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(n) for n in sizes])
         ax.set(title=workload, xlabel="world size (ranks)", ylabel=ylabel)
@@ -236,6 +283,12 @@ def plot_vs_world_size(table: pd.DataFrame, column: str, ylabel: str, scale: flo
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     return fig
+
+
+def plot_scaling(table: pd.DataFrame):
+    """Scaling efficiency against world size (`relative_scaling`), 100% ideal."""
+    return plot_vs_world_size(relative_scaling(table), "relative_efficiency", "scaling efficiency %",
+                              100, ideal=100)
 
 
 def plot_bubble_causes(table: pd.DataFrame):
@@ -283,15 +336,11 @@ def plot_bubble_causes(table: pd.DataFrame):
     return fig
 
 
-def plot_rank_busy_idle(run_dir: str | os.PathLike):
-    """One step's busy and idle time per rank, stacked to T."""
-    from fsbench.timeline import read_timelines
-
+def plot_rank_busy_idle(run_dir: str | os.PathLike, spans: pd.DataFrame | None = None):
+    """One step's busy and idle time per rank, stacked to T. `spans`: the run's timelines
+    when already read (`run_spans`)."""
     run_dir = Path(run_dir)
-    spans = read_timelines(run_dir)
-    if spans.empty:
-        raise ConfigError(f"{run_dir} has no timelines (rank-*.jsonl) to plot; choose a run "
-                          "with --step-run, or pass --no-plots")
+    spans = run_spans(run_dir) if spans is None else spans
     step, t_ms, per_rank = median_step_busy_idle(spans)
     fig, (ax,) = _figure()
     ax.bar(per_rank["rank"], per_rank["busy_ms"], label="busy (compute CPU time)")
@@ -299,8 +348,7 @@ def plot_rank_busy_idle(run_dir: str | os.PathLike):
            color="lightgray", hatch="//", edgecolor="gray")
     ax.axhline(t_ms, color="black", lw=0.8, ls=":", label=f"T = {t_ms:.2f} ms")
     ax.set_xticks(per_rank["rank"], [str(r) for r in per_rank["rank"]])
-    manifest = run_dir / "manifest.json"
-    over = manifest.exists() and store.read_json(manifest).get("oversubscribed")
+    over = _manifest(run_dir).get("oversubscribed")
     title = f"{run_dir.name}\nstep {step} (median step time)"
     if over:  # the idle bars then include waiting for a core, not only for other ranks
         title += ", oversubscribed: idle includes time-sharing"
@@ -310,20 +358,14 @@ def plot_rank_busy_idle(run_dir: str | os.PathLike):
     return fig
 
 
-def plot_step_timelines(run_dirs: dict[str, str]):
+def plot_step_timelines(runs: dict[str, tuple[str, pd.DataFrame]]):
     """A panel per trainer (shared time axis): its run's median step, one row per rank,
-    with the spans of `step_timeline`. A compute span's busy time is drawn solid from its
-    start and the rest of it (blocked, e.g. DDP's last all-reduce inside backward) pale;
-    where inside the span the blocked time fell is not recorded."""
-    from fsbench.timeline import read_timelines
-
-    shown = {}
-    for trainer, run_dir in run_dirs.items():
-        spans = read_timelines(run_dir)
-        if not spans.empty:
-            shown[trainer] = (Path(run_dir).name, *step_timeline(spans))
-    if not shown:
-        raise ConfigError("no run has timelines (rank-*.jsonl) for the step timeline; pass --no-plots")
+    with the spans of `step_timeline`. `runs`: trainer -> (run_dir, its timelines as
+    `run_spans` returns them). A compute span's busy time is drawn solid from its start and
+    the rest of it (blocked, e.g. DDP's last all-reduce inside backward) pale; where inside
+    the span the blocked time fell is not recorded."""
+    shown = {trainer: (Path(run_dir).name, *step_timeline(spans))
+             for trainer, (run_dir, spans) in runs.items()}
     heights = [1.4 + 0.35 * len(w) for _, _, w, _ in shown.values()]
     fig, axes = _figure(len(shown), 1, width=9.0, height=float(np.mean(heights)), sharex=True)
     for ax, (trainer, (name, step, windows, segments)) in zip(axes, shown.items()):
@@ -358,18 +400,55 @@ def plot_step_timelines(run_dirs: dict[str, str]):
     return fig
 
 
+def _first_drawable(candidates: list[str], read: dict) -> tuple[str, pd.DataFrame] | None:
+    """The first candidate run whose timelines the per-rank plots can draw (`run_spans`),
+    with them. `read` keeps what was read (None: not drawable), so a run is read once and
+    one left out is named on stderr once, with why, while the report goes on."""
+    for run_dir in candidates:
+        if run_dir not in read:
+            try:
+                read[run_dir] = run_spans(run_dir)
+            except ConfigError as e:
+                read[run_dir] = None
+                print(f"fsbench: warning: left out of the per-rank plots: {Path(run_dir).name}: {e}",
+                      file=sys.stderr)
+        if read[run_dir] is not None:
+            return run_dir, read[run_dir]
+    return None
+
+
 def render_plots(table: pd.DataFrame, runs: pd.DataFrame, baseline: str,
                  step_run: str | None = None) -> dict[str, bytes]:
-    """Every plot of a report as PNG bytes, keyed by PLOTS' keys, in PLOTS' order. The
-    per-rank plots need a measured run: without one (all simulated) they are left out."""
+    """Every plot of a report as PNG bytes, keyed by PLOTS' keys, in PLOTS' order.
+
+    The per-rank plots draw the baseline's largest measured run (`step_run` if given) and
+    one run per trainer: a run whose timelines are missing or damaged is named on stderr
+    and the next candidate drawn; without any drawable run (all simulated, or all damaged)
+    those plots are left out. A given `step_run` that cannot be drawn is refused."""
     out = {
         "bubble": png(plot_vs_world_size(table, "bubble_ratio", "bubble %", 100)),
         "causes": png(plot_bubble_causes(table)),
         "throughput": png(plot_vs_world_size(table, "samples_per_s", "samples/s", 1)),
-        "scaling": png(plot_vs_world_size(table, "scaling_efficiency", "scaling efficiency %", 100, ideal=100)),
+        "scaling": png(plot_scaling(table)),
     }
-    step_run = step_run or choose_step_run(runs, baseline)
+    read: dict[str, pd.DataFrame | None] = {}
     if step_run is not None:
-        out["busy_idle"] = png(plot_rank_busy_idle(step_run))
-        out["timeline"] = png(plot_step_timelines(timeline_runs(runs, step_run)))
+        try:
+            first = str(step_run), run_spans(step_run)
+        except ConfigError as e:
+            raise ConfigError(f"--step-run {step_run}: {e}") from None
+    else:
+        first = _first_drawable(step_run_candidates(runs, baseline), read)
+    if first is None:
+        if read:  # measured runs there were, none drawable
+            print("fsbench: warning: no measured run has usable timelines: the per-rank plots "
+                  "are left out", file=sys.stderr)
+        return out
+    out["busy_idle"] = png(plot_rank_busy_idle(*first))
+    measured = runs[~_flag(runs, "simulated")]
+    panels = {t: got for t in dict.fromkeys(measured["trainer"])
+              if (got := _first_drawable(step_run_candidates(runs, t, others=False), read))}
+    if step_run is not None or not panels:  # a given run replaces its trainer's choice
+        panels[_manifest(first[0]).get("trainer") or "?"] = first
+    out["timeline"] = png(plot_step_timelines(panels))
     return out

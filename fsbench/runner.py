@@ -15,15 +15,16 @@ import pandas as pd
 
 from fsbench import memory, metrics, store
 from fsbench.columns import SUMMARY_KEYS  # noqa: F401  (re-exported: the keys every summary has)
-from fsbench.config import RunConfig
+from fsbench.config import ConfigError, RunConfig
 from fsbench.kineto import read_run_gpu_busy
 from fsbench.launch.local import launch_local
-from fsbench.timeline import read_timelines
+from fsbench.timeline import read_records, read_timelines
 
 def read_step_stats(run_dir: Path) -> pd.DataFrame:
+    """Every rank's per-step stats; ConfigError naming a damaged file (read_records)."""
     rows = []
-    for p in sorted(run_dir.glob("steps-rank-*.jsonl")):
-        rows += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    for p in sorted(Path(run_dir).glob("steps-rank-*.jsonl")):
+        rows += read_records(p, {"rank": int, "step": int})
     # Trainers may add their own per-step columns (e.g. a balancer's predictions).
     base = ["rank", "step", "loss", "num_samples", "num_targets"]
     df = pd.DataFrame(rows)
@@ -34,7 +35,7 @@ def merge_monitors(run_dir: Path) -> dict:
     """One run-level view of the ranks' monitor summaries: SM occupancy and utilization
     averaged over ranks (None, with the first rank's reason, unless every rank measured
     it), CPU utilization as the median rank, memory peaks as the largest rank."""
-    ranks = [store.read_json(p)["summary"] for p in sorted(run_dir.glob("monitor-rank-*.json"))]
+    ranks = [store.read_object(p).get("summary") or {} for p in sorted(run_dir.glob("monitor-rank-*.json"))]
     if not ranks:
         return {"sm_occupancy": None, "sm_occupancy_reason": "no monitor output"}
     def mean(key):
@@ -59,7 +60,7 @@ def merge_monitors(run_dir: Path) -> dict:
 
 def summarize_run(run_dir: Path) -> dict:
     """The run's summary.json content, computed from its files alone."""
-    manifest = store.read_json(run_dir / "manifest.json")
+    manifest = store.read_manifest(run_dir)
     summary = {
         "run_id": manifest["run_id"],
         "trainer": manifest["trainer"],
@@ -68,12 +69,17 @@ def summarize_run(run_dir: Path) -> dict:
         "seed": manifest["seed"],
         "steps": manifest["config"]["workload"]["steps"],
         "warmup": manifest["config"]["workload"]["warmup"],
-        "oversubscribed": manifest["oversubscribed"],
+        "oversubscribed": manifest.get("oversubscribed"),
         # compute=emulated: busy time is the calibrated model's, not measured (fsbench.emulation)
         "emulated": manifest["config"]["workload"].get("compute") == "emulated",
     }
     spans, stats = read_timelines(run_dir), read_step_stats(run_dir)
-    inputs = [(int(p.stem.split("-")[-1]), store.read_json(p))
+    silent = [r for r in range(manifest["world_size"])
+              if r not in set(spans["rank"]) or r not in set(stats["rank"])]
+    if silent:  # metrics over the other ranks alone would look sound and be wrong
+        raise ConfigError(f"{run_dir}: no timeline or step records of rank(s) "
+                          f"{', '.join(map(str, silent))}; copy every rank's files into it")
+    inputs = [(int(p.stem.split("-")[-1]), store.read_object(p))
               for p in sorted(run_dir.glob("input-rank-*.json"))]
     input_cpu = pd.DataFrame([{"rank": r, "step": int(k), "cpu_ns": v} for r, i in inputs
                               for k, v in i.get("worker_cpu_ns", {}).items()],
@@ -82,10 +88,13 @@ def summarize_run(run_dir: Path) -> dict:
     gpu_busy = read_run_gpu_busy(run_dir)
     summary["busy_source"] = "kineto" if gpu_busy is not None else (
         "cuda_events" if spans["gpu_ns"].notna().any() else "thread_cpu_time")
-    steal = [store.read_json(p) for p in sorted(run_dir.glob("machine-rank-*.json"))]
+    steal = [store.read_object(p) for p in sorted(run_dir.glob("machine-rank-*.json"))]
     summary.update(metrics.summarize(spans, stats, gpu_busy, input_cpu,
                                      steal_ticks=max((s["steal_ticks"] for s in steal), default=0),
-                                     total_ticks=max((s["total_ticks"] for s in steal), default=0)))
+                                     total_ticks=max((s["total_ticks"] for s in steal), default=0),
+                                     # absent in runs recorded before the worker measured it
+                                     threads_runq=[(s["threads_runq_ns"], s["helper_cpu_ns"], s["window_ns"])
+                                                   for s in steal if "window_ns" in s] or None))
     summary.update(metrics.plan_accuracy(spans, stats))
     summary.update(merge_monitors(run_dir))
     summary.update(peak_memory(run_dir))
@@ -105,14 +114,14 @@ def quality(run_dir: Path, spans: pd.DataFrame, gpu_busy: pd.DataFrame | None) -
     if not path.exists():
         return evaluate.summarize(None, {})
     steps = metrics.step_metrics(spans, gpu_busy)  # T per step, warm-up steps included
-    return evaluate.summarize(store.read_json(path),
+    return evaluate.summarize(store.read_object(path),
                               dict(zip(steps["step"].astype(int), steps["step_time_ms"])))
 
 
 def peak_memory(run_dir: Path) -> dict:
     """Peak memory per rank (MiB): the GPU allocator's peak on CUDA runs, else the rank
     process's peak RSS; None for runs written before ranks recorded it."""
-    per_rank = [store.read_json(p) for p in sorted(run_dir.glob("memory-rank-*.json"),
+    per_rank = [store.read_object(p) for p in sorted(run_dir.glob("memory-rank-*.json"),
                                                    key=lambda p: int(p.stem.split("-")[-1]))]
     if not per_rank:
         return {"peak_memory_mb": None, "peak_memory_mb_per_rank": None, "peak_memory_kind": None}
@@ -150,7 +159,7 @@ def finish_run(run_dir: Path) -> dict:
     store.write_json_atomic(run_dir / "summary.json", summary)
     ran = run_dir / "trainer-ran.json"
     store.update_manifest(run_dir, status="complete",
-                          **({"trainer_ran": store.read_json(ran)} if ran.exists() else {}))
+                          **({"trainer_ran": store.read_object(ran)} if ran.exists() else {}))
     return summary
 
 

@@ -111,6 +111,19 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name (Linux /proc/cpuinfo), else the platform's processor string:
+    compare refuses to pair runs of different CPUs without being told to."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def host_info() -> dict:
     import torch
 
@@ -119,6 +132,7 @@ def host_info() -> dict:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpus": usable_cpus(),
+        "cpu_model": cpu_model(),
         "cuda_available": torch.cuda.is_available(),
     }
     if torch.cuda.is_available():
@@ -218,6 +232,39 @@ def _read_dict(path: Path) -> tuple[dict | None, str | None]:
     return obj, None
 
 
+def read_object(path: str | os.PathLike) -> dict:
+    """A JSON object file of a run (manifest, a rank's record), or ConfigError in one line
+    naming it: readers refuse a damaged file instead of failing somewhere inside."""
+    obj, why = _read_dict(Path(path))
+    if why:
+        raise ConfigError(f"{path}: {why}")
+    return obj
+
+
+def _manifest_problem(manifest: dict) -> str | None:
+    """Why a manifest is not one fsbench can use (None if it is)."""
+    missing = [k for k in _REQUIRED if k not in manifest]
+    if missing or not isinstance(manifest.get("config"), dict) \
+            or not isinstance(manifest["config"].get("workload"), dict):
+        return f"not an fsbench manifest (missing {', '.join(missing) or 'config.workload'})"
+    n = manifest["world_size"]
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        return f"not an fsbench manifest (world_size {n!r} is not a positive integer)"
+    return None
+
+
+def read_manifest(run_dir: str | os.PathLike) -> dict:
+    """RUN_DIR's manifest, or ConfigError in one line saying why it cannot be used."""
+    path = Path(run_dir) / "manifest.json"
+    if not path.is_file():
+        raise ConfigError(f"{run_dir}: not a run directory (no manifest.json)")
+    manifest = read_object(path)
+    why = _manifest_problem(manifest)
+    if why:
+        raise ConfigError(f"{path}: {why}")
+    return manifest
+
+
 def _pid_alive(pid: int | None) -> bool:
     if not pid:
         return False
@@ -250,10 +297,7 @@ def run_row(run_dir: Path) -> dict | None:
     if not path.exists():
         return None
     manifest, why = _read_dict(path)
-    missing = [k for k in _REQUIRED if k not in manifest] if manifest else []
-    if manifest and (missing or not isinstance(manifest.get("config"), dict)
-                     or not isinstance(manifest["config"].get("workload"), dict)):
-        why = f"not an fsbench manifest (missing {', '.join(missing) or 'config.workload'})"
+    why = why or _manifest_problem(manifest)
     if why:
         warn_skip(path, why)
         return None

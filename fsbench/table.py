@@ -10,9 +10,10 @@ import pandas as pd
 from fsbench.columns import BY_KEY
 
 def cell(col: str, value: object) -> str:
-    """One value as shown in tables; missing values (None, NaN) read "n/a"."""
+    """One value as shown in tables; missing values (None, NaN) read "n/a", or as
+    their column says (a contended flag that nobody measured reads "unknown")."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
+        return BY_KEY[col].missing if col in BY_KEY else "n/a"
     if col in BY_KEY:
         return BY_KEY[col].fmt(value)
     if col.startswith(("throughput_vs_", "ratio_")):

@@ -10,7 +10,8 @@ A record is {rank, step, warmup, name, kind, start_ns, dur_ns, cpu_ns, runq_ns}:
   no CPU; gloo's own worker threads are not counted).
 - `runq_ns` is the time the calling thread waited for a CPU during the span (runnable,
   not running: Linux `/proc/thread-self/schedstat`, second field): a neighbour process
-  or oversubscription taking the core. 0 where schedstat does not exist.
+  or oversubscription taking the core. 0 where schedstat does not exist (the worker
+  records that apart, with every thread's wait: `threads_schedstat`).
 - `warmup` is true for steps that are not measured: warm-up steps, and steps outside
   whole look-ahead windows (fsbench.trainer.measured_steps).
 - `gpu_ns` (CUDA runs, compute spans only): the compute stream's time between two CUDA
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Iterator
 
 from fsbench.clock import emulated_ns, now_ns
+from fsbench.errors import ConfigError
 
 # `probe`: the CPU-speed probe before a step's barrier (fsbench.speed_probe), outside every
 # step window, so in no partition.
@@ -198,6 +200,54 @@ def runqueue_wait_ns() -> int:
         return 0
 
 
+PROC = "/proc"
+
+
+def threads_schedstat() -> dict[int, tuple[int, int]] | None:
+    """(CPU ns, run-queue wait ns) so far of every thread of this process and of its
+    descendant processes (loader workers), by thread id: gloo's threads and a loader wait
+    for a CPU too, and a neighbour can take it from them alone. None where schedstat does
+    not exist. A thread that ended is gone from /proc, and its times with it."""
+    import psutil
+
+    pids = [os.getpid()]
+    try:
+        pids += [c.pid for c in psutil.Process().children(recursive=True)]
+    except psutil.Error:
+        pass
+    out: dict[int, tuple[int, int]] = {}
+    for pid in pids:
+        try:
+            tids = os.listdir(f"{PROC}/{pid}/task")
+        except OSError:  # no /proc, or the process just ended
+            continue
+        for tid in tids:
+            try:
+                with open(f"{PROC}/{pid}/task/{tid}/schedstat") as f:
+                    cpu, wait = f.read().split()[:2]
+                out[int(tid)] = (int(cpu), int(wait))
+            except (OSError, ValueError):
+                continue
+    return out or None  # not even this thread's: no schedstat here
+
+
+def threads_since(before: dict[int, tuple[int, int]] | None,
+                  after: dict[int, tuple[int, int]] | None) -> tuple[int, int] | None:
+    """Between two `threads_schedstat` readings taken by the compute thread: (run-queue
+    wait of every thread, CPU time of every thread but the calling one: the helpers').
+    A thread born in between counts whole; None without schedstat."""
+    if before is None or after is None:
+        return None
+    me = threading.get_native_id()
+    wait = helper_cpu = 0
+    for tid, (cpu, waited) in after.items():
+        cpu0, wait0 = before.get(tid, (0, 0))
+        wait += max(waited - wait0, 0)
+        if tid != me:
+            helper_cpu += max(cpu - cpu0, 0)
+    return wait, helper_cpu
+
+
 def cpu_steal_ticks() -> tuple[int, int]:
     """(steal, total) clock ticks of the whole machine (Linux /proc/stat): time the
     hypervisor ran something else on our virtual CPUs. Invisible to the run-queue wait
@@ -230,27 +280,58 @@ def span(name: str, kind: str | None = None):
     return _current.span(name, kind)
 
 
+# The fields every record of a rank's JSONL files has, with their types.
+SPAN_FIELDS = {"rank": int, "step": int, "name": str, "kind": str, "start_ns": int, "dur_ns": int}
+
+
+def read_records(path: str | os.PathLike, fields: dict[str, type]) -> list[dict]:
+    """The records a rank appended to one JSONL file.
+
+    A torn last line (a rank killed mid-write) is dropped. Anything else that is not a
+    JSON object with `fields` of their types (bytes that are not text, a line that is not
+    JSON, a record without its fields) raises ConfigError naming the file and line: a
+    damaged file is refused in one line, never half read into wrong figures.
+    """
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.read().splitlines()
+    records = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines):
+                break
+            raise ConfigError(f"{path}: line {i} is not JSON (the file is damaged)") from None
+        if not isinstance(rec, dict) or not all(
+                isinstance(rec.get(k), t) and not isinstance(rec.get(k), bool) for k, t in fields.items()):
+            raise ConfigError(f"{path}: line {i} is not a record with {', '.join(fields)} "
+                              "(the file is damaged)")
+        records.append(rec)
+    return records
+
+
 def read_timelines(run_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
-    """All `rank-*.jsonl` files of a run as one DataFrame (one row per span)."""
+    """All `rank-*.jsonl` files of a run as one DataFrame (one row per span). ConfigError,
+    naming the file, when one is damaged (`read_records`)."""
     import pandas as pd
 
     rows = []
     for p in sorted(Path(run_dir).glob("rank-*.jsonl")):
-        with open(p) as f:
-            for line in f:
-                line = line.strip()
-                if line:
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        break  # a torn last line from a killed rank: keep what precedes it
+        rows += read_records(p, SPAN_FIELDS)
     cols = ["rank", "step", "warmup", "name", "kind", "start_ns", "dur_ns", "cpu_ns", "runq_ns",
             "gpu_ns", "nested", "overhead_ns"]
     df = pd.DataFrame(rows, columns=cols)
     # Every rank's stamps on rank 0's clock (fsbench.clock); runs from before offsets
     # were measured, and one-host runs, have none or ~0.
     for p in Path(run_dir).glob("clock-rank-*.json"):
-        offset = json.loads(p.read_text())["offset_ns"]
+        try:
+            offset = json.loads(p.read_text())["offset_ns"]
+        except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
+            offset = None
+        if not isinstance(offset, int):  # a wrong offset would misplace the rank's spans
+            raise ConfigError(f"{p}: not a clock record with offset_ns (the file is damaged)")
         if offset:
             rank = int(p.stem.split("-")[-1])
             df.loc[df["rank"] == rank, "start_ns"] += offset

@@ -110,14 +110,21 @@ def chrome_trace(spans: pd.DataFrame) -> dict:
 def write_trace(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> tuple[Path, int]:
     """Write RUN_DIR's merged trace (default RUN_DIR/trace.json). Returns (path, spans)."""
     run_dir = Path(run_dir)
+    try:  # who/what the trace shows, for whoever opens the file later; the spans need none of it
+        m = store.read_object(run_dir / "manifest.json")
+    except ConfigError:
+        m = {}
+    if m.get("simulated"):
+        raise ConfigError(f"{run_dir} is a simulated run (fsbench simulate): it has no rank "
+                          "timelines to trace")
     if not run_dir.is_dir() or not any(run_dir.glob("rank-*.jsonl")):
+        if (run_dir / "manifest.json").is_file():
+            raise ConfigError(f"{run_dir} has no rank timelines (rank-*.jsonl) to trace")
         raise ConfigError(f"{run_dir} is not a run directory (no rank-*.jsonl timelines)")
     spans = read_timelines(run_dir)
     trace = chrome_trace(spans)
-    manifest = run_dir / "manifest.json"
-    if manifest.exists():  # who/what the trace shows, for whoever opens the file later
-        m = store.read_json(manifest)
-        trace["otherData"].update({k: m.get(k) for k in ("run_id", "trainer", "workload", "world_size")})
+    trace["otherData"].update({k: m.get(k) for k in ("run_id", "trainer", "workload", "world_size")
+                               if k in m})
     out = Path(out) if out is not None else run_dir / "trace.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     store.write_json_atomic(out, trace)

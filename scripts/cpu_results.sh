@@ -7,10 +7,15 @@ FS=.venv/bin/fsbench
 OUT=${OUT:-runs/cpu_results}
 mkdir -p results "$OUT"
 host="$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'), $(date -u +%Y-%m-%d)"
-section() { printf '\n## %s\n\nMachine: %s\n\nCommand: `%s`\n\n```\n' "$1" "$host" "$2"; }
+# The commit the numbers come from; "-dirty" when the tree had uncommitted changes to
+# tracked files (then the commit alone does not reproduce them).
+commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!results' || echo -dirty)"
+made_by() { printf '\nMade by `bash scripts/cpu_results.sh` at commit `%s`; each section names its own command.\n' "$commit"; }
+section() { printf '\n## %s\n\nMachine: %s; commit `%s`\n\nCommand: `%s`\n\n```\n' "$1" "$host" "$commit" "$2"; }
 
 {
   echo "# Measurement: ground truth and instrumentation overhead (CPU)"
+  made_by
   section "Ground truth (fsbench validate)" "fsbench validate --world-size 2"
   $FS validate --world-size 2 --out "$OUT" || echo "(at least one case outside the tolerance)"
   echo '```'
@@ -21,6 +26,7 @@ section() { printf '\n## %s\n\nMachine: %s\n\nCommand: `%s`\n\n```\n' "$1" "$hos
 
 {
   echo "# FreeScale load balancing (CPU)"
+  made_by
   section "Cost model calibration" "fsbench calibrate --workload small"
   $FS calibrate --workload small --out "$OUT" 2>/dev/null
   echo '```'
@@ -52,6 +58,7 @@ PY
 
 {
   echo "# Four trainers on small (CPU): the main job"
+  made_by
   section "make run" "fsbench sweep --workload small --trainers ddp,torchrec,deepspeed,freescale --world-sizes 1,2 --repeats 2"
   $FS sweep --workload small --trainers ddp,torchrec,deepspeed,freescale --world-sizes 1,2 --repeats 2 --out "$OUT" 2>/dev/null
   echo '```'

@@ -7,15 +7,21 @@ runs taking turns block by block, fsbench.pacing), in a shuffled order:
   A/A ddp, A/A freescale   identical code on both sides: any verdict but unchanged is a false alarm
   A/S   a test-only DDP with +10% step time on every rank (tests/support/trainers_for_tests.py:
         InjectedDDP): step_time_ms must say regressed
+  A/I   the same DDP with an intermittent stall: every 8th step twice as slow (+12.5% in
+        total, the median step unchanged): step_time_ms must say regressed
   A/B   the same DDP with a straggler on rank 0 (about +5 bubble points): bubble_ratio must
         say regressed
 
 A gate of the default size is two rounds (two seeds); disjoint pairs of rounds give
-independent gates, and every round alone is a one-seed gate. Reports the counts, the
-injected changes as measured, and the smallest change the default gate detects per metric.
-Writes results/gate_calibration_cpu.md.
+independent gates, and every round alone is a one-seed gate. A duel in which a run was
+contended is rerun as the gate reruns it (fsbench.gate.run_pair), and one that stays
+contended is kept: its gates count as what compare calls them (inconclusive). Then the
+all-contended case: A/A duels run beside busy neighbour processes, which the gate must
+call inconclusive (exit 3), never unchanged. Reports every verdict (regressed, unchanged,
+improved, inconclusive), the injected changes as measured, and the smallest change the
+default gate detects per metric. Writes results/gate_calibration_cpu.md.
 
-    python scripts/gate_calibration.py [--rounds 12] [--out runs/gate_calibration]
+    python scripts/gate_calibration.py [--rounds 20] [--kinds "A/A ddp,A/S"] [--out runs/gate_calibration]
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ import os
 import platform
 import random
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -42,10 +49,12 @@ TEST_DDP = "trainers_for_tests:InjectedDDP"
 # Rank 0 spins this share of its step's wall time: with a bubble b near 13% (small at 2
 # ranks) adding x = s T to one rank of two moves the bubble to (2bT + x) / (2T + 2x): 0.16
 # measured +4.1 points (results/gate_calibration_cpu.md at 94a3e1c); 0.20 aims at +5.
-SLOWDOWN, STRAGGLE = 0.10, 0.20
+SLOWDOWN, STRAGGLE, STALL_EVERY = 0.10, 0.20, 8
 
 
-DUELS = ("A/A ddp", "A/A freescale", "A/S", "A/B")
+DUELS = ("A/A ddp", "A/A freescale", "A/S", "A/I", "A/B")
+# What a gate must say for each duel (metric, verdict); A/A: every metric unchanged.
+EXPECTED = {"A/S": "step_time_ms", "A/I": "step_time_ms", "A/B": "bubble_ratio"}
 
 
 def duel_sides(kind: str) -> tuple[tuple[gate.Side, gate.Side], str]:
@@ -54,40 +63,64 @@ def duel_sides(kind: str) -> tuple[tuple[gate.Side, gate.Side], str]:
     base = gate.Side(f"{tag}_base", HERE, test if kind != "A/A freescale" else {})
     new_env = {"A/A ddp": test, "A/A freescale": {},
                "A/S": {**test, "FSBENCH_TEST_SLOWDOWN": str(SLOWDOWN)},
+               "A/I": {**test, "FSBENCH_TEST_STALL_EVERY": str(STALL_EVERY)},
                "A/B": {**test, "FSBENCH_TEST_STRAGGLE": str(STRAGGLE)}}[kind]
     trainer = "freescale" if kind == "A/A freescale" else TEST_DDP
     return (base, gate.Side(f"{tag}_new", HERE, new_env)), trainer
 
 
-def rounds_run(rounds: int, sweep: gate.Sweep, out: Path) -> None:
+def rounds_run(rounds: dict[str, int], sweep: gate.Sweep, out: Path) -> None:
+    """Round r runs every kind with more than r rounds, in a shuffled order."""
     rng = random.Random(sweep.seed)
     order = []
-    for r in range(rounds):
-        kinds = list(DUELS)
-        rng.shuffle(kinds)
-        order += [(r, k) for k in kinds]
+    for r in range(max(rounds.values())):
+        shuffled = [k for k in rounds if r < rounds[k]]
+        rng.shuffle(shuffled)
+        order += [(r, k) for k in shuffled]
     done = out / "done.txt"  # resumable: a stopped calibration keeps its finished duels
-    finished = set(done.read_text().splitlines()) if done.exists() else set()
+    finished = {" ".join(line.split()[:3]) for line in done.read_text().splitlines()} if done.exists() else set()
     turns = random.Random(sweep.seed + 1)
     for r, kind in tqdm(order, desc="calibration duels"):
         if f"{r} {kind}" in finished:
             continue
         sides, trainer = duel_sides(kind)
-        gate.run_paced(sides, sweep, trainer, out, seed=sweep.seed + r, rng=turns)
+        busy = gate.run_pair(sides, sweep, trainer, out, seed=sweep.seed + r, rng=turns)
         with open(done, "a") as f:
-            f.write(f"{r} {kind}\n")
+            f.write(f"{r} {kind}" + (f" contended:{'/'.join(busy)}" if busy else "") + "\n")
 
 
-def draws(out: Path, pairs: int, overlapping: bool = True) -> pd.DataFrame:
+def contended_case(trials: int, sweep: gate.Sweep, out: Path) -> list[dict]:
+    """A/A ddp duels beside two busy neighbour processes (one per core), rerun once as the
+    gate would: compare must call them inconclusive. One dict per trial."""
+    results = []
+    for trial in range(trials):
+        where = out / "all_contended" / f"trial{trial}"
+        sides, trainer = duel_sides("A/A ddp")
+        spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+        try:
+            busy = gate.run_pair(sides, sweep, trainer, where, seed=1000 + trial,
+                                 rng=random.Random(trial), retries=1)
+        finally:
+            for proc in spinners:
+                proc.kill()
+        rows, notes = compare.compare(*(compare.load_side(where / s.name) for s in sides))
+        results.append({"trial": trial, "still_contended": "/".join(busy) or "none",
+                        "outcome": compare.outcome(rows), "exit": compare.exit_code(rows),
+                        "reason": next((r.reason for r in rows if r.verdict == "inconclusive"), "")})
+    return results
+
+
+def draws(out: Path, kinds: list[str], pairs: int, overlapping: bool = True) -> pd.DataFrame:
     """Every gate of `pairs` rounds from disjoint rounds (independent), every round alone
-    (a one-seed gate), and every combination of `pairs` rounds."""
+    (a one-seed gate), and every combination of `pairs` rounds: one row per gate and
+    metric, with the gate's outcome (what its exit code says)."""
     # Every run enters many comparisons here: read its steps once (finished runs never change).
     compare.step_samples = functools.lru_cache(maxsize=None)(compare.step_samples)
     rows = []
-    for kind in DUELS:
+    for kind in kinds:
         (base_side, new_side), _ = duel_sides(kind)
         base, new = load_runs(out / base_side.name), load_runs(out / new_side.name)
-        seeds = sorted(set(base["seed"]) & set(new["seed"]))
+        seeds = sorted(set(base["seed"]) | set(new["seed"]))
         groups = [("gate", seeds[i:i + pairs]) for i in range(0, len(seeds) - pairs + 1, pairs)]
         groups += [("one seed", [s]) for s in seeds]
         # Every two rounds: more gates than the disjoint ones, but they share rounds.
@@ -98,147 +131,164 @@ def draws(out: Path, pairs: int, overlapping: bool = True) -> pd.DataFrame:
             result, notes = compare.compare(pick(base), pick(new))
             for r in result:
                 rows.append({"gate": f"{size} {'+'.join(map(str, group))}", "size": size, "kind": kind,
-                             "metric": r.metric, "verdict": r.verdict, "effect": r.effect,
-                             "ci_low": r.ci_low, "ci_high": r.ci_high, "p_adjusted": r.p_adjusted,
-                             "units": r.units, "left_out": len(notes)})
+                             "metric": r.metric, "verdict": r.verdict, "outcome": compare.outcome(result),
+                             "effect": r.effect, "ci_low": r.ci_low, "ci_high": r.ci_high,
+                             "p_adjusted": r.p_adjusted, "units": r.units, "reason": r.reason,
+                             "left_out": sum("left out" in n for n in notes)})
     return pd.DataFrame(rows)
 
 
-def paired_spread(out: Path, block_steps: int) -> tuple[float, float, int]:
-    """(sd of one paired step's log step-time ratio, sd of a block's mean of them, duels):
-    medians over the A/A duels. What a turn's length does to the gate's noise: blocks of
-    independent steps would give sd(step) / sqrt(block_steps)."""
-    per_step, per_block = [], []
+def paired_spread(out: Path) -> tuple[float, int]:
+    """(sd of one paired step's log step-time ratio, duels): the median over A/A duels."""
+    spreads = []
     for kind in ("A/A ddp", "A/A freescale"):
         (base_side, new_side), _ = duel_sides(kind)
+        if not (out / base_side.name).is_dir():
+            continue
         base, new = load_runs(out / base_side.name), load_runs(out / new_side.name)
         base, new = compare.usable(base), compare.usable(new)
         for seed in sorted(set(base["seed"]) & set(new["seed"])):
-            pair = [(compare.step_samples(base[base["seed"] == seed]["run_dir"].iloc[0]),
-                     compare.step_samples(new[new["seed"] == seed]["run_dir"].iloc[0]))]
-            per_step.append(compare.paired_units("time", "step_time_ms", [(*pair[0], 1)]).std(ddof=1))
-            per_block.append(compare.paired_units("time", "step_time_ms", [(*pair[0], block_steps)]).std(ddof=1))
-    return float(np.median(per_step)), float(np.median(per_block)), len(per_step)
-
-
-def detected(df: pd.DataFrame, kind: str, metric: str | None = None) -> pd.Series:
-    """Per gate: did it fail (any regression, or a regression of `metric`)?"""
-    g = df[df["kind"] == kind]
-    if metric:
-        g = g[g["metric"] == metric]
-    return g.groupby("gate")["verdict"].apply(lambda v: bool((v == "regressed").any()))
+            b = compare.step_samples(base[base["seed"] == seed]["run_dir"].iloc[0])
+            n = compare.step_samples(new[new["seed"] == seed]["run_dir"].iloc[0])
+            j = b.merge(n, on="step", suffixes=("_b", "_n"))
+            spreads.append(float(np.log(j["step_time_ms_n"] / j["step_time_ms_b"]).std(ddof=1)))
+    return (float(np.median(spreads)) if spreads else float("nan")), len(spreads)
 
 
 def counts(df: pd.DataFrame, size: str) -> list[str]:
     d = df[df["size"] == size]
     if not len(d):
         return ["- none: too few rounds"]
-    aa = d[d["kind"].str.startswith("A/A")]
-    alarms = aa[aa["verdict"] != "unchanged"]
-    n_aa = aa.groupby(["gate", "kind"]).ngroups
-    fails = alarms[alarms["verdict"] == "regressed"].groupby(["gate", "kind"]).ngroups
-    slow, strag, strag_any = detected(d, "A/S"), detected(d, "A/B", "bubble_ratio"), detected(d, "A/B")
-    eff = lambda kind, metric: d[(d["kind"] == kind) & (d["metric"] == metric)]["effect"].median()  # noqa: E731
-    return [
-        f"- **A/A: {fails} failed gates of {n_aa}** (any verdict but unchanged: "
-        f"{alarms.groupby(['gate', 'kind']).ngroups}; {len(alarms)} metric verdicts of {len(aa)}).",
-        f"- **A/S (+{SLOWDOWN:.0%} step time) detected: {int(slow.sum())} of {len(slow)}**; measured "
-        f"change (median): {eff('A/S', 'step_time_ms'):.3f}x; gates with a contended run left out "
-        f"(fewer blocks): {int((d[d['kind'] == 'A/S'].groupby('gate')['left_out'].max() > 0).sum())}.",
-        f"- **A/B (straggler) detected as a bubble regression: {int(strag.sum())} of {len(strag)}** "
-        f"(gate failed on any metric: {int(strag_any.sum())}); measured change (median): "
-        f"{100 * eff('A/B', 'bubble_ratio'):+.1f} points, step time {eff('A/B', 'step_time_ms'):.3f}x.",
-    ]
+    lines = []
+    per_gate = d.groupby(["kind", "gate"])
+    outcome = per_gate["outcome"].first()
+    for kind in dict.fromkeys(d["kind"]):
+        o = outcome[kind]
+        tally = ", ".join(f"{v} {int((o == v).sum())}" for v in ("regressed", "inconclusive", "unchanged")
+                          if (o == v).any())
+        if kind.startswith("A/A"):
+            wrong = d[(d["kind"] == kind) & (d["verdict"] != "unchanged")]
+            lines.append(f"- **{kind}: {int((o == 'regressed').sum())} false alarms (regressed) of "
+                         f"{len(o)} gates**; outcomes: {tally}; metric verdicts other than unchanged: "
+                         f"{len(wrong)} of {int((d['kind'] == kind).sum())}.")
+            continue
+        metric = EXPECTED[kind]
+        k = d[d["kind"] == kind]
+        # The expected metric's verdict per gate; a gate that compared nothing for this key
+        # (metric "*": every run contended, ...) is inconclusive.
+        g = k[k["metric"] == metric].set_index("gate")["verdict"].reindex(k["gate"].unique()).fillna("inconclusive")
+        g = pd.DataFrame({"verdict": g})
+        caught = int((g["verdict"] == "regressed").sum())
+        eff = k[k["metric"] == metric]["effect"].median()
+        change = f"{100 * eff:+.1f} points" if compare.METRICS[metric][0] == "ratio" else f"{eff:.3f}x"
+        lines.append(f"- **{kind}: {metric} regressed in {caught} of {len(g)} gates** "
+                     f"(inconclusive {int((g['verdict'] == 'inconclusive').sum())}, missed "
+                     f"{int(g['verdict'].isin(['unchanged', 'improved']).sum())}); gate outcomes: "
+                     f"{tally}; measured change (median): {change}.")
+    return lines
 
 
-def render(df: pd.DataFrame, args, sweep: gate.Sweep, elapsed_s: float) -> str:
-    from scipy import stats
-
+def render(df: pd.DataFrame, args, rounds: dict[str, int], sweep: gate.Sweep,
+           elapsed_s: float | None, contended: list[dict]) -> str:
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                          cwd=HERE).stdout.strip()
-    gates = df[df["size"] == "gate"]  # the smallest detectable change: independent gates
-    aa = gates[gates["kind"].str.startswith("A/A")]
-    units = int(aa[aa["metric"] == "step_time_ms"]["units"].median()) if len(aa) else 0
-    # A change is flagged when |t| clears the Holm-adjusted alpha; with one metric moving,
-    # about alpha / (number of metrics): half-width x t(1 - alpha/2m) / t(0.975).
-    widen = (stats.t.ppf(1 - compare.DEFAULT_ALPHA / (2 * len(compare.METRICS)), units - 1)
-             / stats.t.ppf(0.975, units - 1)) if units > 1 else float("nan")
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True, cwd=HERE).stdout.strip()
+    spread, duels = paired_spread(Path(args.out).resolve())
     lines = [
-        "# Regression gate calibration (A/A, A/S, A/B)\n",
+        "# Regression gate calibration\n",
         f"Machine: {os.cpu_count()} cores ({platform.machine()}), no GPU, torch {torch.__version__}, "
-        f"gloo. Commit `{sha}`. Default gate sweep: `{sweep.workload}`, {sweep.world_size} ranks, "
-        f"{sweep.steps} steps ({sweep.warmup} warm-up), the two versions taking turns every "
-        f"{sweep.block_steps} steps (fsbench.pacing), {sweep.pairs} seeds per gate. {args.rounds} "
-        f"rounds (one seed each) of four paced duels in shuffled order: identical ddp, identical "
-        f"freescale, +{SLOWDOWN:.0%} step time (A/S), rank-0 straggler +{STRAGGLE:.0%} compute (A/B). "
-        f"Default thresholds {compare.DEFAULT_THRESHOLDS}, alpha {compare.DEFAULT_ALPHA} (Holm over "
-        f"{len(compare.METRICS)} metrics). "
-        + (f"{elapsed_s / 60:.0f} min of runs. " if elapsed_s else "Runs reused (about 1 min per duel on this VM). ")
-        + f"Command: "
-        f"`python scripts/gate_calibration.py --rounds {args.rounds}"
-        + (f" --block-steps {sweep.block_steps}" if sweep.block_steps != gate.Sweep.block_steps else "")
-        + "`.\n",
+        f"gloo. Commit `{sha}`{' (with uncommitted changes)' if dirty else ''}. Default gate sweep: "
+        f"`{sweep.workload}`, {sweep.world_size} ranks, {sweep.steps} steps ({sweep.warmup} warm-up), "
+        f"the two versions taking turns every {sweep.block_steps} step(s) (fsbench.pacing), "
+        f"{sweep.pairs} seeds per gate. Rounds (one seed each) of the duels "
+        f"{', '.join(f'{k} x{n}' for k, n in rounds.items())}, kinds in shuffled order within a round: identical code (A/A), +{SLOWDOWN:.0%} step "
+        f"time on every step (A/S), every {STALL_EVERY}th step twice as slow (A/I), rank-0 "
+        f"straggler +{STRAGGLE:.0%} compute (A/B). Default thresholds {compare.DEFAULT_THRESHOLDS}, "
+        f"alpha {compare.DEFAULT_ALPHA} (Holm over {len(compare.METRICS)} metrics); effects are "
+        f"totals, tested by sign-flip randomization over paired steps (fsbench.gate_stats). "
+        + (f"{elapsed_s / 60:.0f} min of runs. " if elapsed_s else "Runs reused. ")
+        + f"Command: `python scripts/gate_calibration.py --kinds "
+        f"\"{','.join(f'{k}:{n}' for k, n in rounds.items())}\" --contended-trials {args.contended_trials}`.\n",
+        "A gate's outcome is its exit code: regressed (1), inconclusive (3), unchanged (0). "
+        "Inconclusive gates are counted as such: they are neither a catch nor a pass.\n",
         f"## Default gates ({sweep.pairs} seeds; disjoint rounds, so independent)\n",
         *counts(df, "gate"),
-        "\n## One-seed gates (every round alone; half the default's units)\n",
+        "\n## One-seed gates (`fsbench gate --pairs 1`: every round alone, independent, half the "
+        "default's units)\n",
         *counts(df, "one seed"),
         *([f"\n## Every {sweep.pairs} rounds as a gate (rounds shared between gates: not independent)\n",
            *counts(df, "any two")] if (df["size"] == "any two").any() else []),
+        "\n## All contended (A/A beside two busy processes, one rerun)\n",
+        *([f"- trial {c['trial']}: outcome **{c['outcome']}** (exit {c['exit']}); still contended: "
+           f"{c['still_contended']}; {c['reason']}" for c in contended] or ["- not run"]),
         "\n## Noise of the pairing (A/A duels)\n",
-        "Median over {2} A/A duels: one paired step's log step-time ratio varies with sd "
-        "{0:.3f}, a turn's ({3} step(s)) mean with sd {1:.3f}.".format(
-            *paired_spread(Path(args.out).resolve(), sweep.block_steps), sweep.block_steps),
-        "\n## Smallest change the default gate detects, per metric\n",
-        f"The larger of the metric's threshold and the change that clears the Holm-adjusted alpha "
-        f"with one metric moving: the median A/A 95% half-width x {widen:.2f} "
-        f"(t quantiles at {units - 1} degrees of freedom; {units} paired blocks of "
-        f"{sweep.block_steps} step(s) per gate).\n",
-        "| metric | threshold | A/A 95% half-width (median) | smallest detectable change |",
-        "|---|---:|---:|---:|",
+        f"Median over {duels} A/A duels: one paired step's log step-time ratio varies with sd "
+        f"{spread:.3f}.",
+        "\n## Interval half-widths of the default gate (A/A, median)\n",
+        "A change is called only beyond the threshold and with the interval clear of no change; "
+        "unchanged needs the whole interval within the threshold, so a half-width near the "
+        "threshold makes A/A gates inconclusive.\n",
+        "| metric | threshold | A/A 95% half-width (median) |",
+        "|---|---:|---:|",
     ]
+    gates = df[(df["size"] == "gate") & df["kind"].str.startswith("A/A")]
     for metric, (kind, _) in compare.METRICS.items():
-        g = aa[aa["metric"] == metric]
+        g = gates[gates["metric"] == metric].dropna(subset=["ci_low", "ci_high"])
         if not len(g):
             continue
-        half = float(((g["ci_high"] - g["ci_low"]) / 2).median())
-        if kind != "ratio":  # ratios: as a relative change
-            half = float((((g["ci_high"] - g["ci_low"]) / 2) / g["effect"]).median())
-        thr = compare.DEFAULT_THRESHOLDS[kind]
+        half = (g["ci_high"] - g["ci_low"]) / 2
+        if kind != "ratio":  # as a relative change
+            half = half / g["effect"]
         fmt = (lambda v: f"{100 * v:.1f} pp") if kind == "ratio" else (lambda v: f"{100 * v:.1f}%")
-        lines.append(f"| {metric} | {fmt(thr)} | {fmt(half)} | {fmt(max(thr, half * widen))} |")
-    alarms = df[df["kind"].str.startswith("A/A") & (df["verdict"] != "unchanged")]
-    if len(alarms):
-        lines += ["\n## A/A verdicts other than unchanged\n", "```", alarms.to_string(index=False), "```"]
+        lines.append(f"| {metric} | {fmt(compare.DEFAULT_THRESHOLDS[kind])} | {fmt(float(half.median()))} |")
+    odd = df[df["kind"].str.startswith("A/A") & (df["verdict"] != "unchanged") & (df["size"] != "any two")]
+    if len(odd):
+        lines += ["\n## A/A verdicts other than unchanged (default and one-seed gates)\n", "```",
+                  odd[["gate", "kind", "metric", "verdict", "effect", "ci_low", "ci_high", "p_adjusted",
+                       "reason"]].to_string(index=False, max_colwidth=90), "```"]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
+    import json
     import time
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=20, help="rounds of every kind without its own")
+    ap.add_argument("--kinds", type=lambda t: [k.strip() for k in t.split(",") if k.strip()],
+                    default=list(DUELS), help=f"duels to run, each KIND or KIND:ROUNDS "
+                    f"(default: {','.join(DUELS)})")
+    ap.add_argument("--contended-trials", type=int, default=2,
+                    help="all-contended duels (beside busy processes); default: %(default)s")
     ap.add_argument("--out", default="runs/gate_calibration")
     ap.add_argument("--skip-runs", action="store_true", help="only re-analyse the stored duels")
     ap.add_argument("--no-overlapping", action="store_true",
                     help="skip the overlapping gates (every combination of rounds: slow to analyse)")
-    ap.add_argument("--from-draws", action="store_true",
-                    help="only re-render the table from the stored draws.csv")
     ap.add_argument("--table", default="results/gate_calibration_cpu.md")
     ap.add_argument("--block-steps", type=int, default=gate.Sweep.block_steps,
                     help="steps per turn (default: the gate's, %(default)s)")
     args = ap.parse_args()
+    rounds = {}
+    for item in args.kinds:
+        kind, _, n = item.partition(":")
+        if kind not in DUELS or (n and not n.isdigit()):
+            ap.error(f"--kinds: {item!r}: expected KIND or KIND:ROUNDS with KIND one of: {', '.join(DUELS)}")
+        rounds[kind] = int(n) if n else args.rounds
+    args.kinds = list(rounds)
     sweep = gate.Sweep(trainers=(), block_steps=args.block_steps)
     out = Path(args.out).resolve()
     start = time.time()
-    ran = not (args.skip_runs or args.from_draws)
-    if ran:
-        rounds_run(args.rounds, sweep, out)
-    if args.from_draws:
-        df = pd.read_csv(out / "draws.csv")
-    else:
-        df = draws(out, sweep.pairs, not args.no_overlapping)
-        df.to_csv(out / "draws.csv", index=False)
-    Path(args.table).write_text(render(df, args, sweep, time.time() - start if ran else None))
+    stored = out / "all_contended.json"
+    if not args.skip_runs:
+        if args.contended_trials and not stored.exists():  # first: a few minutes, then the rounds
+            stored.write_text(json.dumps(contended_case(args.contended_trials, sweep, out)))
+        rounds_run(rounds, sweep, out)
+    contended = json.loads(stored.read_text()) if stored.exists() else []
+    df = draws(out, args.kinds, sweep.pairs, not args.no_overlapping)
+    df.to_csv(out / "draws.csv", index=False)
+    Path(args.table).write_text(render(df, args, rounds, sweep,
+                                       None if args.skip_runs else time.time() - start, contended))
     print(Path(args.table).read_text())
 
 

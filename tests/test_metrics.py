@@ -161,3 +161,100 @@ def test_comm_overlap_ratio_counts_only_busy_compute():
     ])
     assert comm_overlap_ratio(spans) == pytest.approx(100 / 200)
     assert comm_overlap_ratio(spans[spans["kind"] != "flight"]) is None
+
+
+# --- Blocked time inside compute: communication only while a collective is in flight ---
+
+def _blocked_backward(*flights_ms):
+    """One rank, T = 100 ms: a backward span blocked 40 of its 100 ms (60 ms of CPU), and
+    the rank's flights (start, duration), which may lie outside the step."""
+    spans = [_span(0, 0, "step", "step", 0, 100),
+             _span(0, 0, "backward", "compute", 0, 100, cpu_ms=60)]
+    spans += [_span(0, 0, "allreduce", "flight", start, dur, cpu_ms=0) for start, dur in flights_ms]
+    return metrics.step_metrics(pd.DataFrame(spans)).iloc[0]
+
+
+def test_blocked_compute_with_a_collective_in_flight_is_exposed_communication():
+    row = _blocked_backward((20, 80))  # in flight over 80 ms of the span: covers the 40 blocked
+    assert row["exposed_comm_ratio"] == pytest.approx(0.4)
+    assert row["other_idle_ratio"] == pytest.approx(0.0)
+
+
+def test_blocked_compute_with_no_collective_in_flight_is_other_idle():
+    """A sleep, a host sync, a lock: the rank's only flight is in the next step."""
+    row = _blocked_backward((150, 10))
+    assert row["exposed_comm_ratio"] == pytest.approx(0.0)
+    assert row["other_idle_ratio"] == pytest.approx(0.4)
+
+
+def test_blocked_compute_partly_under_a_flight_splits():
+    """In flight for the span's last 15 ms (two overlapping flights, counted once):
+    at most 15 of its 40 blocked ms are communication, the rest other idle."""
+    row = _blocked_backward((85, 10), (90, 10))
+    assert row["exposed_comm_ratio"] == pytest.approx(0.15)
+    assert row["other_idle_ratio"] == pytest.approx(0.25)
+    assert row["exposed_comm_ratio"] + row["other_idle_ratio"] == pytest.approx(row["bubble_ratio"])
+
+
+def test_another_ranks_flight_does_not_make_a_rank_wait_on_communication():
+    spans = [_span(0, 0, "step", "step", 0, 100), _span(0, 0, "backward", "compute", 0, 100, cpu_ms=60),
+             _span(1, 0, "step", "step", 0, 100), _span(1, 0, "backward", "compute", 0, 100, cpu_ms=60),
+             _span(1, 0, "allreduce", "flight", 0, 100, cpu_ms=0)]
+    row = metrics.step_metrics(pd.DataFrame(spans)).iloc[0]
+    assert row["exposed_comm_ratio"] == pytest.approx(40 / 200)  # rank 1's only
+    assert row["other_idle_ratio"] == pytest.approx(40 / 200)
+
+
+def test_timelines_without_any_flight_keep_blocked_time_as_communication():
+    """Runs recorded before trainers recorded flights: nothing tells a sleep from a
+    collective there, so they read as they did when written."""
+    row = _blocked_backward()
+    assert row["exposed_comm_ratio"] == pytest.approx(0.4)
+
+
+def test_in_flight_time_is_the_overlap_with_the_union_of_the_ranks_flights():
+    spans = pd.DataFrame([_span(0, 0, "a", "compute", 0, 100), _span(0, 0, "b", "compute", 100, 50),
+                          _span(1, 0, "c", "compute", 0, 100)])
+    flights = pd.DataFrame([_span(0, 0, "f", "flight", 10, 30), _span(0, 0, "g", "flight", 20, 10),
+                            _span(0, 0, "h", "flight", 90, 20), _span(0, 0, "i", "flight", 140, 100)])
+    np.testing.assert_allclose(metrics.in_flight_ns(spans, flights) / MS, [30 + 10, 10 + 10, 0])
+
+
+# --- Contention: unknown without schedstat, never quiet ---
+
+def _summary(**kwargs):
+    spans = [_span(r, 0, "step", "step", 0, 100, runq_ms=1) for r in range(2)]
+    spans += [_span(r, 0, "forward", "compute", 0, 100, runq_ms=1) for r in range(2)]
+    stats = pd.DataFrame([{"rank": r, "step": 0, "loss": 0.1, "num_samples": 4, "num_targets": 10}
+                          for r in range(2)])
+    return metrics.summarize(pd.DataFrame(spans), stats, **kwargs)
+
+
+def test_contended_counts_every_thread_of_the_ranks():
+    """The compute threads waited 1%; all threads 6%, of which twice the helpers' 2% of
+    CPU is the run's own (quiet); 17% with the same helpers: a neighbour."""
+    quiet = _summary(threads_runq=[(6 * MS, 2 * MS, 100 * MS), (6 * MS, 2 * MS, 100 * MS)])
+    assert quiet["contended"] is False
+    assert (quiet["cpu_wait_all_threads_ratio"], quiet["helper_cpu_ratio"]) == pytest.approx((0.06, 0.02))
+    loud = _summary(threads_runq=[(17 * MS, 2 * MS, 100 * MS), (17 * MS, 2 * MS, 100 * MS)])
+    assert loud["contended"] is True and loud["cpu_wait_ratio"] == pytest.approx(0.01)
+
+
+def test_contended_is_unknown_without_schedstat():
+    out = _summary(threads_runq=[(None, None, 100 * MS), (None, None, 100 * MS)])
+    assert out["contended"] is None and out["cpu_wait_all_threads_ratio"] is None
+
+
+def test_contended_of_older_runs_comes_from_the_spans_unless_they_never_waited():
+    assert _summary()["contended"] is False  # 1% run-queue wait recorded
+    spans = [_span(0, 0, "step", "step", 0, 100), _span(0, 0, "forward", "compute", 0, 100)]
+    stats = pd.DataFrame([{"rank": 0, "step": 0, "loss": 0.1, "num_samples": 4, "num_targets": 10}])
+    assert metrics.summarize(pd.DataFrame(spans), stats)["contended"] is None  # 0 ns: no schedstat
+
+
+def test_tables_show_an_unknown_contended_as_unknown():
+    from fsbench.table import cell
+
+    assert (cell("contended", None), cell("contended", True), cell("contended", False)) == (
+        "unknown", "yes", "no")
+    assert cell("cpu_wait_ratio", None) == "n/a"

@@ -72,3 +72,41 @@ def test_cpu_timelines_have_no_gpu_time(tmp_path):
         pass
     tl.flush()
     assert "gpu_ns" not in json.loads((tmp_path / "rank-0.jsonl").read_text())
+
+
+def test_run_queue_wait_covers_every_thread_and_child_process():
+    """gloo's threads and the loader workers are threads of the rank's process tree; the
+    calling (compute) thread's CPU is not a helper's."""
+    import subprocess
+    import sys
+    import threading
+
+    from fsbench.timeline import threads_schedstat, threads_since
+
+    spun, stop = threading.Event(), threading.Event()
+    helper = threading.Thread(target=lambda: (_spin(0.05), spun.set(), stop.wait()))
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        before = threads_schedstat()
+        if before is None:
+            pytest.skip("no schedstat on this machine")
+        helper.start()
+        spun.wait()
+        after = threads_schedstat()
+        assert {threading.get_native_id(), helper.native_id, child.pid} <= set(after)
+        wait, helper_cpu = threads_since(before, after)
+        assert wait >= 0 and 0.04e9 <= helper_cpu < 0.15e9  # the helper's spin, not ours
+    finally:
+        child.kill()
+        child.wait()
+        stop.set()
+        if helper.is_alive():
+            helper.join()
+
+
+def test_without_schedstat_the_wait_is_unknown_not_zero(monkeypatch, tmp_path):
+    from fsbench import timeline
+
+    monkeypatch.setattr(timeline, "PROC", str(tmp_path))  # a machine without schedstat
+    assert timeline.threads_schedstat() is None
+    assert timeline.threads_since(None, None) is None

@@ -18,14 +18,14 @@ from pathlib import Path
 import torch
 
 from fsbench import dist as fsdist
-from fsbench.clock import measure_offset
+from fsbench.clock import measure_offset, now_ns
 from fsbench.config import run_from_dict
 from fsbench.evaluate import Evaluator
 from fsbench.monitor import RankMonitor
 from fsbench.pacing import Pacer
 from fsbench.speed_probe import PROBE_SPAN, SpeedProbe
 from fsbench.store import write_json_atomic
-from fsbench.timeline import Timeline, cpu_steal_ticks, set_current
+from fsbench.timeline import Timeline, cpu_steal_ticks, set_current, threads_schedstat, threads_since
 from fsbench.inputs import InputPipeline, MeteredSource
 from fsbench.trainer import measured_steps, resolve_trainer_class, trainer_options
 from fsbench.workloads import make_batch_source
@@ -62,7 +62,10 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
     # Samples SM occupancy (GPU) or CPU utilization and RSS during measured steps only.
     monitor = RankMonitor(ctx.device)
     profiler = GpuKernelRecord(ctx, run_dir)
-    steal0 = steal1 = None
+    # The machine over the measured window: CPU steal, and the run-queue wait of every
+    # thread of this rank and of its loader workers (what decides `contended`).
+    steal0 = steal1 = threads0 = threads1 = None
+    start_ns = end_ns = 0
     # CPU runs: the CPU's own speed, timed before each step's barrier (step_time_norm).
     probe = SpeedProbe() if ctx.device.type == "cpu" else None
     # Under `fsbench gate`: take turns with the other version's run (fsbench.pacing).
@@ -73,11 +76,11 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
                 if step == measured.start:
                     monitor.start()
                     profiler.start()
-                    steal0 = cpu_steal_ticks()
+                    steal0, threads0, start_ns = cpu_steal_ticks(), threads_schedstat(), now_ns()
                 if step == measured.stop:
                     monitor.stop()
                     profiler.stop()
-                    steal1 = cpu_steal_ticks()
+                    steal1, threads1, end_ns = cpu_steal_ticks(), threads_schedstat(), now_ns()
                 pacer.before_step(step)  # before the barrier: parked time is in no step
                 timeline.begin_step(step, warmup=step not in measured)
                 # The start barrier (its own group): every rank enters the timed step
@@ -100,14 +103,19 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
                 timeline.flush()
                 if evaluator is not None:  # between steps: in no step's span, before the barrier
                     evaluator.after_step(step, trainer)
+        if steal1 is None:  # the measured window ran to the last step
+            steal1, threads1, end_ns = cpu_steal_ticks(), threads_schedstat(), now_ns()
         pacer.before_step(run.workload.steps)  # the other side's last block runs undisturbed
         monitor.stop()
         profiler.stop()
         if evaluator is not None:  # the final model, after the measured window closed
             evaluator.after_training(trainer)
-        steal1 = steal1 or cpu_steal_ticks()
+        # None, None: no schedstat on this machine, contention unknown
+        wait, helper_cpu = threads_since(threads0, threads1) or (None, None)
         write_json_atomic(run_dir / f"machine-rank-{ctx.rank}.json",
-                          {"steal_ticks": steal1[0] - steal0[0], "total_ticks": steal1[1] - steal0[1]})
+                          {"steal_ticks": steal1[0] - steal0[0], "total_ticks": steal1[1] - steal0[1],
+                           "threads_runq_ns": wait, "helper_cpu_ns": helper_cpu,
+                           "window_ns": end_ns - start_ns})
         write_json_atomic(run_dir / f"input-rank-{ctx.rank}.json",
                           {"input_workers": run.input_workers,
                            "batches_generated_in_rank": source.generated,

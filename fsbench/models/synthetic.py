@@ -1,14 +1,18 @@
 """Ground-truth compute: a model whose cost is known exactly.
 
 With `compute=synthetic` every target token costs `us_per_token` of thread CPU time (a
-third in forward, the rest in backward), one chosen rank can be made slower, and every
-rank can be made to wait before its gradient collective. The expected step time, bubble,
-straggler bubble, exposed communication and load imbalance then follow in closed form
+third in forward, the rest in backward), one chosen rank can be made slower, every rank
+can be made to wait before its gradient collective, and every rank can stall in its
+optimizer step. The expected step time, bubble, its four causes and load imbalance then
+follow in closed form
 (`expected_ratios`), and a measured run can be checked against them: the proof that the
 harness's spans, clocks and metrics mean what they say.
 
 The spin burns *thread CPU time* rather than wall time, so a rank's cost stays exact when
-ranks share cores; the delay *sleeps*, so it shows as idle time, as a slow network would.
+ranks share cores; the delay *sleeps*, so it shows as idle time, as a slow network would,
+and is recorded as a collective in flight (a `flight`), as a slow network's transfer would
+be. The optimizer stall sleeps with no collective in flight (a host sync, a file read):
+blocked time that is other idle, not communication.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fsbench.config import SyntheticComputeConfig, WorkloadConfig
+from fsbench.timeline import current
 from fsbench.workloads.batch import JaggedBatch
 
 FORWARD_SHARE = 1 / 3
@@ -47,8 +52,12 @@ class _Spin(torch.autograd.Function):
     def backward(ctx, grad):
         spin_cpu(ctx.cost_ns * (1 - FORWARD_SHARE))
         # The gradient collective (DDP's all-reduce hook) fires once this returns, so
-        # sleeping here delays every rank's collective by the same amount.
-        time.sleep(ctx.delay_ns / 1e9)
+        # sleeping here delays every rank's collective by the same amount: a transfer
+        # that takes that long, in flight while the rank waits.
+        if ctx.delay_ns > 0:
+            flight = current().in_flight("synthetic.comm_delay")
+            time.sleep(ctx.delay_ns / 1e9)
+            flight.finish()
         return grad.expand(1), None, None
 
 
@@ -71,13 +80,15 @@ class SpinModel(nn.Module):
 def expected_ratios(tokens_per_rank: list[int], cfg: SyntheticComputeConfig,
                     input_inline: bool = True) -> dict[str, float]:
     """Closed-form metrics of one step of the synthetic model with a final collective:
-    busy_r = c_r, T = input delay + max_r c_r + comm delay. The input delay is on the
-    step's critical path when inputs are prepared inline (input_workers=0); a prefetching
-    worker hides it when it is shorter than the step."""
+    busy_r = c_r, T = input delay + max_r c_r + comm delay + optimizer stall. The input
+    delay is on the step's critical path when inputs are prepared inline (input_workers=0);
+    a prefetching worker hides it when it is shorter than the step. Every rank stalls in
+    its optimizer at once, after the gradient collective: other idle on every rank."""
     busy = [rank_cost_ns(t, r, cfg) for r, t in enumerate(tokens_per_rank)]
     n, bmax = len(busy), max(busy)
     input_ns = cfg.input_delay_ms * 1e6 if input_inline else 0.0
-    t = input_ns + bmax + cfg.comm_delay_ms * 1e6
+    stall_ns = cfg.optimizer_sleep_ms * 1e6
+    t = input_ns + bmax + cfg.comm_delay_ms * 1e6 + stall_ns
     bubble = sum(t - b for b in busy) / (n * t)
     straggler = sum(bmax - b for b in busy) / (n * t)
     return {
@@ -86,6 +97,6 @@ def expected_ratios(tokens_per_rank: list[int], cfg: SyntheticComputeConfig,
         "straggler_bubble_ratio": straggler,
         "exposed_comm_ratio": cfg.comm_delay_ms * 1e6 / t,
         "input_stall_ratio": input_ns / t,
-        "other_idle_ratio": 0.0,
+        "other_idle_ratio": stall_ns / t,
         "load_imbalance": sum(bmax - b for b in busy) / (n * bmax),
     }

@@ -81,8 +81,9 @@ class InjectedDDP(DDPTrainer):
     """DDP with a known extra cost, for calibrating regression gates (fsbench.gate):
     FSBENCH_TEST_SLOWDOWN=f adds f x the step's own wall time as compute on every rank
     (step time about +f); FSBENCH_TEST_STRAGGLE=f adds it on rank 0 only (a straggler:
-    the bubble grows). The extra is real thread CPU in a compute span, measured like any
-    compute."""
+    the bubble grows); FSBENCH_TEST_STALL_EVERY=k doubles every k-th step on every rank
+    (an intermittent stall: step time about +1/k in total, the median step unchanged).
+    The extra is real thread CPU in a compute span, measured like any compute."""
 
     def step(self, inputs) -> StepStats:
         import time
@@ -94,6 +95,9 @@ class InjectedDDP(DDPTrainer):
         factor = float(os.environ.get("FSBENCH_TEST_SLOWDOWN", "0"))
         if self.ctx.rank == 0:
             factor += float(os.environ.get("FSBENCH_TEST_STRAGGLE", "0"))
+        every = int(os.environ.get("FSBENCH_TEST_STALL_EVERY", "0"))
+        if every and stats.step % every == 0:
+            factor += 1.0
         if factor > 0:
             target = time.thread_time_ns() + factor * (time.monotonic_ns() - wall0)
             with span("injected", kind="compute"):
