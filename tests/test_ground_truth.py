@@ -4,6 +4,7 @@ be within 0.03 (absolute) of its expected value."""
 import os
 
 import pytest
+from timing import contended_after_retries
 
 from fsbench.groundtruth import (CASES, TOLERANCE, TRUTH_MAX_CPU_WAIT, expected_for_step,
                                  synthetic_workload, validate)
@@ -15,12 +16,13 @@ from fsbench.timeline import read_timelines
 pytestmark = pytest.mark.dist
 
 
-TRIES = 3  # a run that waited for CPUs is retried this many times, then the test skips
+TRIES = 3  # a run that waited for CPUs is tried this many times; then it skips, or fails under CI
 
 
 def quiet_validation(tmp_path, case: str):
-    """The case's validation table from a run on a quiet machine; skips (naming the
-    measured CPU wait) when every try waited for CPUs more than the truth can absorb
+    """The case's validation table from a run on a quiet machine; skips locally and fails
+    under CI (tests/support/timing.py), naming the measured CPU wait, when every try
+    waited for CPUs more than the truth can absorb
     (groundtruth.TRUTH_MAX_CPU_WAIT): a timing truth cannot be judged while a neighbour
     takes the cores, and must not flake either way."""
     waits = []
@@ -29,7 +31,7 @@ def quiet_validation(tmp_path, case: str):
         if table["cpu_wait_ratio"].max() <= TRUTH_MAX_CPU_WAIT:
             return table
         waits.append(float(table["cpu_wait_ratio"].max()))
-    pytest.skip(f"machine busy in all {TRIES} tries: ranks waited for a CPU "
+    contended_after_retries(f"machine busy in all {TRIES} tries: ranks waited for a CPU "
                 f"{', '.join(f'{w:.1%}' for w in waits)} of their step time "
                 f"(judged only at <= {TRUTH_MAX_CPU_WAIT:.0%}; contended above "
                 f"{CONTENDED_CPU_WAIT:.0%})")
