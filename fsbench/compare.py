@@ -183,6 +183,18 @@ def machines_differ(base: pd.DataFrame, new: pd.DataFrame) -> str | None:
     return "; ".join(diffs) or None
 
 
+def machine_lines(base: pd.DataFrame, new: pd.DataFrame) -> list[tuple[str, str]]:
+    """What each side ran on, one line per distinct machine ("both" when they agree)."""
+    def lines(runs):
+        seen = [machine_of(d) for d in runs["run_dir"]]
+        return list(dict.fromkeys(", ".join(f"{k}={m[k] if m[k] is not None else 'unknown'}"
+                                            for k in MACHINE_FIELDS) for m in seen))
+    b, n = lines(base), lines(new)
+    if b == n:
+        return [("BASE and NEW", line) for line in b]
+    return [("BASE", line) for line in b] + [("NEW", line) for line in n]
+
+
 def _flag(runs: pd.DataFrame, name: str) -> pd.Series:
     if name not in runs:
         return pd.Series(False, index=runs.index)
@@ -306,6 +318,7 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, alpha: float = DEFAULT_ALPHA,
     thresholds = {**DEFAULT_THRESHOLDS, **(thresholds or {})}
     notes = left_out(base, "BASE") + left_out(new, "NEW")
     differ = machines_differ(base, new)
+    notes += [f"{side} machine: {line}" for side, line in machine_lines(base, new)]
     if differ and allow_cross_machine:
         notes.append(f"machines differ ({differ}); compared anyway (--allow-cross-machine)")
     schemas = set(base.get("schema_version", pd.Series([1]))) ^ set(new.get("schema_version", pd.Series([1])))

@@ -341,6 +341,10 @@ def test_runs_from_two_machines_are_inconclusive_unless_allowed(tmp_path, capsys
     code = main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--format", "json", "--allow-cross-machine"])
     result = json.loads(capsys.readouterr().out)
     assert code == 1 and any("machines differ" in n for n in result["notes"])
+    # Each side's machine is stated, whatever the verdict.
+    assert any(n.startswith("BASE machine: hostname=box, cpu_model=cpu, cpus=2, accelerator=none")
+               for n in result["notes"])
+    assert any(n.startswith("NEW machine: hostname=other") for n in result["notes"])
 
 
 @pytest.mark.parametrize("damage", ["garbage", "empty", "missing"])
