@@ -2,7 +2,7 @@
 VENV ?= .venv
 STAMP := $(VENV)/.fsbench-installed
 
-.PHONY: setup run test bench reference gate clean-runs
+.PHONY: setup run test test-dist test-all bench reference gate clean-runs
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh $(VENV)
@@ -14,8 +14,15 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/fsbench sweep --workload small --trainers ddp,torchrec,deepspeed,freescale --world-sizes 1,2
 
+# The fast tier: unit tests, no process starts ranks (a guard in tests/conftest.py fails an
+# unmarked test that does). test-dist: the multi-process gloo and end-to-end tests.
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -m "not dist"
+
+test-dist: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m dist
+
+test-all: test test-dist
 
 # The quick asv suite against this environment (no builds), then the pytest-benchmark suite.
 bench: $(STAMP)

@@ -31,3 +31,38 @@ def tiny_sweep(tmp_path_factory):
     assert main(["sweep", "--workload", "tiny", "--trainers", "ddp,freescale", "--world-sizes",
                  "1,2", "--out", str(out)]) == 0
     return out
+
+
+# Programs that start ranks: the local launcher's worker, the CLI's commands that launch
+# runs, and torchrun. A test that starts them belongs to the dist tier.
+RANK_STARTERS = ("fsbench.launch.worker", "torchrun")
+LAUNCHING_COMMANDS = {"run", "sweep", "gate", "validate", "overhead", "calibrate"}
+
+
+def _starts_ranks(argv) -> bool:
+    words = [str(a) for a in (argv if isinstance(argv, (list, tuple)) else [argv])]
+    if any(any(s in w for s in RANK_STARTERS) for w in words):
+        return True
+    return "fsbench.cli" in words and bool(LAUNCHING_COMMANDS & set(words))
+
+
+@pytest.fixture(autouse=True)
+def _ranks_only_in_the_dist_tier(request, monkeypatch):
+    """The fast tier (`make test`, `-m "not dist"`) must stay fast: a test that starts
+    ranks without the `dist` mark fails here, naming what it started."""
+    if request.node.get_closest_marker("dist"):
+        yield
+        return
+    import subprocess
+
+    real = subprocess.Popen
+
+    class Guarded(real):
+        def __init__(self, args, *rest, **kwargs):
+            if _starts_ranks(args):
+                raise RuntimeError(f"{request.node.nodeid} starts ranks ({' '.join(map(str, args))[:120]}) "
+                                   "but is not marked dist: add @pytest.mark.dist (make test-all runs it)")
+            super().__init__(args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", Guarded)
+    yield
