@@ -166,8 +166,9 @@ def cmd_gate(args: argparse.Namespace) -> int:
     (out / "compare.json").write_text(compare.to_json(rows, notes))
     print(compare.to_json(rows, notes) if args.format == "json" else compare.markdown(rows, notes))
     if not paced:
-        print("gate: one version predates turn-taking (fsbench/pacing.py), so runs were paired "
-              "whole: with this few pairs only very large changes can be detected", file=sys.stderr)
+        print("gate: one version predates turn-taking (fsbench/pacing.py), so the versions ran "
+              "one after the other: the machine's drift between runs counts as change (the design "
+              "line says how the steps were paired)", file=sys.stderr)
     print(f"gate runs and comparison in {out}", file=sys.stderr)
     return compare.exit_code(rows)
 

@@ -52,6 +52,10 @@ def _normalized(runs: pd.DataFrame) -> pd.DataFrame:
     runs = runs.copy()
     if "status" in runs:
         runs = runs[runs["status"] == "complete"]
+    # Contention is unknown (null) for a measured run whose machine has no schedstat: it
+    # must not read as "uncontended" once the flags are made boolean below.
+    measured = ~runs["simulated"].fillna(False).astype(bool) if "simulated" in runs else True
+    runs["contention_unknown"] = (runs["contended"].isna() if "contended" in runs else True) & measured
     for col, default in (("simulated", False), *((f, False) for f in columns.FLAGS)):
         runs[col] = runs[col].fillna(default).astype(bool) if col in runs else default
     for col in MEDIANS:
@@ -85,7 +89,7 @@ def report_table(runs: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     table["repeats"] = g.size()
     # Spread of throughput over repeats, (max - min) / median: how far to trust a ratio.
     table["samples_per_s_spread"] = (g["samples_per_s"].max() - g["samples_per_s"].min()) / table["samples_per_s"]
-    for flag in columns.FLAGS:  # a row is flagged when any of its repeats is
+    for flag in [*columns.FLAGS, "contention_unknown"]:  # a row is flagged when any of its repeats is
         table[flag] = g[flag].any()
     table = table.reset_index()
     table["scaling_efficiency"] = table["samples_per_s"] / (
@@ -98,7 +102,8 @@ def report_table(runs: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     table = table.assign(_w=table["workload"].map(wl), _t=table["trainer"].map(order))
     table = table.sort_values(["_w", "simulated", "_t", "world_size"], kind="stable")
     cols = KEYS + ["repeats"] + MEDIANS + ["samples_per_s_spread", "scaling_efficiency",
-                                           f"throughput_vs_{baseline}", *columns.FLAGS]
+                                           f"throughput_vs_{baseline}", *columns.FLAGS,
+                                           "contention_unknown"]
     return table[cols].reset_index(drop=True)
 
 
@@ -126,6 +131,9 @@ def footnotes(table: pd.DataFrame, symbols: bool = False) -> list[str]:
         notes.append(f"‡ contended (ranks waited for a CPU > {metrics.CONTENDED_CPU_WAIT:.0%} of "
                      "their step time: another process took cores): wall-clock cells measure "
                      "that neighbour too; load imbalance stays valid.")
+    if "contention_unknown" in table and table["contention_unknown"].any():
+        notes.append("contention unknown for some measured rows (their machine has no "
+                     "schedstat): a neighbour taking cores would not have been flagged there.")
     if table["simulated"].any():
         notes.append(("§ simulated" if symbols else "simulated = yes") + ": projected by the cost "
                      "model, not measured; kept apart from measured rows.")

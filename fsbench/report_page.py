@@ -203,7 +203,9 @@ def page(table: pd.DataFrame, cells: pd.DataFrame, notes: list[str], marks: dict
     present = [f for f in marks if f in table and table[f].any()]
     legend = ("Marked rows: " + "; ".join(f'<span class="mark {f}">{escape(marks[f])} {f}</span> '
                                           f"{escape(MARK_LABELS[f])}" for f in present) + "."
-              if present else "Every row is measured on real compute, uncontended and not oversubscribed.")
+              if present else "Every row is measured on real compute, not oversubscribed, and "
+              + ("uncontended." if not table.get("contention_unknown", pd.Series(False)).any()
+                 else "with contention unknown on some rows (no schedstat on their machine)."))
     summary = (f"{len(table)} rows; workloads: {', '.join(dict.fromkeys(map(str, table['workload'])))}; "
                f"trainers: {', '.join(dict.fromkeys(map(str, table['trainer'])))}; world sizes: "
                f"{', '.join(map(str, sorted(set(table['world_size']))))}.")

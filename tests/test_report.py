@@ -333,3 +333,18 @@ def test_many_runs_show_a_progress_bar_on_stderr(tiny_sweep, tmp_path, capsys):
                  "--format", "csv", "--no-plots"]) == 0
     assert "reading runs" in capsys.readouterr().err
     assert pd.read_csv(tmp_path / "r" / "report.csv")["repeats"].tolist() == [PROGRESS_MIN_RUNS]
+
+
+def test_unknown_contention_is_said_not_read_as_uncontended():
+    """A run from a machine without schedstat has `contended: null`: the report's notes
+    say contention is unknown there instead of counting the row as quiet."""
+    from fsbench.report import footnotes
+
+    known = pd.DataFrame([{**_run("ddp", 1, 100.0, 10.0), "contended": False},
+                          {**_run("ddp", 2, 180.0, 11.0), "contended": False}])
+    unknown = known.assign(contended=[False, None])
+    assert not any("contention unknown" in n for n in footnotes(report_table(known, "ddp")))
+    table = report_table(unknown, "ddp")
+    assert table["contention_unknown"].tolist() == [False, True]
+    assert not table["contended"].any()
+    assert any("contention unknown" in n for n in footnotes(table))
