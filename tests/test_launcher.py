@@ -3,9 +3,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from fsbench.store import read_json
 
 
+@pytest.mark.dist
 def test_a_rank_that_raises_ends_the_run_nonzero_naming_the_rank(tmp_path, rank_pythonpath):
     start = time.monotonic()
     proc = subprocess.run(

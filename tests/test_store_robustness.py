@@ -52,6 +52,7 @@ def test_scan_skips_bad_files_with_one_warning_each(tmp_path, good_run, capsys):
     assert "notes.txt" not in " ".join(lines) and "calibrations" not in " ".join(lines)
 
 
+@pytest.mark.dist
 def test_run_and_report_go_on_past_a_corrupt_summary(tmp_path, good_run, capsys):
     root = _bad_store(tmp_path, good_run)
     assert main(["run", "--workload", "tiny", "--out", str(root)]) == 0

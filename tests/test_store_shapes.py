@@ -21,6 +21,9 @@ from hypothesis import strategies as st
 
 from fsbench.cli import main
 
+# Every shape starts from real runs (ranks on gloo): the dist tier.
+pytestmark = pytest.mark.dist
+
 FORMATS = ("md", "latex", "csv", "html")
 PLOT_FILES = ("bubble_vs_world_size.png", "bubble_causes.png", "throughput_vs_world_size.png",
               "scaling_efficiency_vs_world_size.png")
