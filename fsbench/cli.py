@@ -17,11 +17,12 @@ from pathlib import Path
 from collections import defaultdict
 
 from fsbench import cli_gates, cli_results, cli_scaling, memory
+from fsbench.cli_args import DEFAULT_STORE, Parser, add_format, add_store
 from fsbench.columns import EVAL_VIEW, FLAGS, RUN_VIEW
 from fsbench.config import ConfigError, EvalConfig, RunConfig, WorkloadConfig, override_all
+from fsbench.table import dumps, format_table, note, records, set_quiet, warn
 from fsbench.trainer import TRAINERS, resolve_trainer_class, trainer_options
 
-DEFAULT_OUT = "runs"
 DEFAULT_MICRO_OUT = "runs/micro"
 RUN_COLUMNS = ["trainer", "world_size", *RUN_VIEW, *FLAGS]
 # --target-hr10 without --eval-every: evaluate every this many steps (a few seconds on
@@ -91,7 +92,7 @@ def make_run_factory(args: argparse.Namespace, trainers: list[str]):
     options = {t: trainer_options(t, trainer_sets.get(t, {})) for t in trainers}
     evaluation = eval_config(args)
     if workload.compute == "emulated":
-        ensure_cost_fit(workload, args.out, args.device, args.threads)
+        ensure_cost_fit(workload, args.store, args.device, args.threads)
 
     def make(trainer: str, world_size: int) -> RunConfig:
         return RunConfig(workload=workload, trainer=trainer, world_size=world_size,
@@ -113,7 +114,7 @@ def make_run_factory(args: argparse.Namespace, trainers: list[str]):
     return make
 
 
-def ensure_cost_fit(workload: WorkloadConfig, out: str, device: str, threads: int) -> None:
+def ensure_cost_fit(workload: WorkloadConfig, store: str, device: str, threads: int) -> None:
     """compute=emulated waits for the calibrated cost of the encoder: make sure the store
     holds a fit for this model on this device (as the ranks will look it up)."""
     import torch
@@ -122,24 +123,26 @@ def ensure_cost_fit(workload: WorkloadConfig, out: str, device: str, threads: in
     from fsbench.table import progress
 
     torch.set_num_threads(threads)  # part of the fit's key: the ranks' thread count
-    if load_fit(out, workload, device) is None:
-        print(f"compute=emulated: no cost fit for this model in {out}/calibrations/; "
-              "calibrating it first (fsbench calibrate)", file=sys.stderr)
-        calibrate(dataclasses.replace(workload, compute="model"), out, device=device,
+    if load_fit(store, workload, device) is None:
+        note(f"compute=emulated: no cost fit for this model in {store}/calibrations/; "
+             "calibrating it first (fsbench calibrate)")
+        calibrate(dataclasses.replace(workload, compute="model"), store, device=device,
                   progress=lambda lengths: progress(lengths, "calibrating", "length"))
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", default="small",
                    help="workload preset (fsbench list shows them; sweep takes a comma-separated "
-                        "list); default: %(default)s")
-    p.add_argument("--steps", type=int, help="steps per run, warm-up included")
-    p.add_argument("--warmup", type=int, help="leading steps that are run but not measured")
-    p.add_argument("--seed", type=int, default=0, help="data and weight seed; default: %(default)s")
-    p.add_argument("--out", default=DEFAULT_OUT, help="where run directories go; default: %(default)s")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+                        "list)")
+    p.add_argument("--steps", type=int, help="steps per run, warm-up included; default: the workload's")
+    p.add_argument("--warmup", type=int, help="leading steps that are run but not measured; "
+                                               "default: the workload's")
+    p.add_argument("--seed", type=int, default=0, help="data and weight seed")
+    add_store(p, "the store of runs: run directories go here (and compute=emulated's cost "
+                 "fits are looked up here)", old="--out")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where ranks compute")
     p.add_argument("--threads", type=int, default=1,
-                   help="intra-op threads per rank (OMP_NUM_THREADS); default: %(default)s")
+                   help="intra-op threads per rank (OMP_NUM_THREADS)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a workload field (e.g. lengths=yelp, model.dim=32, "
                         "lengths=hist:PATH) or a trainer switch (<trainer>.<key>=value)")
@@ -156,7 +159,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "X (implies --eval)")
     p.add_argument("--input-workers", type=int, default=1,
                    help="data-loader worker processes per rank preparing inputs ahead "
-                        "(0: prepare inline, all of it input stall); default: %(default)s")
+                        "(0: prepare inline, all of it input stall)")
+    add_format(p)
 
 
 def _csv(kind):
@@ -188,27 +192,35 @@ def version_line() -> str:
 class _Version(argparse.Action):
     """--version, computed only when asked for (it runs git)."""
 
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
     def __call__(self, parser, namespace, values, option_string=None):
         print(version_line())
         parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="fsbench",
         description="Benchmark distributed training of sequence-recommendation models: "
-                    "bubbles, throughput and SM occupancy, per trainer and world size.")
-    parser.add_argument("--version", action=_Version, nargs=0,
+                    "bubbles, throughput and SM occupancy, per trainer and world size. "
+                    "Results go to stdout (a table, or one JSON document with --format json); "
+                    "notes and progress to stderr.")
+    parser.add_argument("--version", action=_Version,
                         help="print fsbench's version and the git commit it runs from")
     parser.add_argument("--debug", action="store_true",
                         help="on an internal error, print the traceback (else it goes to a log file)")
-    sub = parser.add_subparsers(dest="command")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no notes and no progress bars on stderr (results, warnings and "
+                             "errors still print); give it before the command: fsbench -q sweep ...")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("run", help="one training run; prints and stores its summary",
                        description="Train one workload with one trainer on N local ranks "
                                    "and write DIR/<run_id>/ (manifest, timelines, summary).")
     _common(p)
-    p.add_argument("--trainer", default="ddp", help="trainer name; default: %(default)s")
+    p.add_argument("--trainer", default="ddp", help="trainer name")
     p.add_argument("--world-size", type=int, default=None,
                    help="number of ranks; default: 1, or under torchrun/srun the launcher's")
 
@@ -217,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "and mark the run complete: for a run launched by torchrun or "
                                    "srun whose rank 0 did not summarize it.")
     p.add_argument("run_dir", metavar="RUN_DIR")
+    add_format(p)
 
     p = sub.add_parser("sweep", help="every trainer x world size, repeated; one comparison table",
                        description="Run every (trainer, world size) combination, repeats "
@@ -225,30 +238,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trainers", type=_csv(str), default=["ddp"],
                    help="comma-separated trainer names; the first is the baseline for ratios")
     p.add_argument("--world-sizes", type=_csv(int), default=[1, 2],
-                   help="comma-separated world sizes; default: 1,2")
-    p.add_argument("--repeats", type=int, default=1, help="runs per combination; default: %(default)s")
+                   help="comma-separated world sizes")
+    p.add_argument("--repeats", type=int, default=1, help="runs per combination")
     p.add_argument("--rerun", action="store_true",
-                   help="run again what the store (--out) already holds complete; by default a "
+                   help="run again what the store (--store) already holds complete; by default a "
                         "sweep resumes: an interrupted sweep run again skips its finished runs")
 
-    cli_results.add_parsers(sub, _csv, DEFAULT_OUT)
-    cli_gates.add_parsers(sub, _csv, DEFAULT_OUT)
-    cli_scaling.add_parsers(sub, _csv, DEFAULT_OUT)
+    cli_results.add_parsers(sub, _csv, DEFAULT_STORE)
+    cli_gates.add_parsers(sub, _csv, DEFAULT_STORE)
+    cli_scaling.add_parsers(sub, _csv, DEFAULT_STORE)
 
     p = sub.add_parser("validate", help="check the harness against closed-form ground truth",
                        description="Run synthetic workloads with known per-token cost, an injected "
                                    "slow rank and a delayed collective; compare every measured ratio "
                                    "with its closed-form value (tolerance 0.03).")
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--out", default=DEFAULT_OUT)
+    p.add_argument("--world-size", type=int, default=2, help="ranks of every case")
+    add_store(p, "the store the synthetic runs go to", old="--out")
+    add_format(p)
 
     p = sub.add_parser("overhead", help="instrumentation cost: spans + monitor vs a bare loop",
                        description="Step time with timeline spans and the monitor against the same "
                                    "trainer with both off, in alternating blocks, in one process.")
-    p.add_argument("--workload", default="small")
-    p.add_argument("--trainer", default="ddp")
+    p.add_argument("--workload", default="small", help="workload preset")
+    p.add_argument("--trainer", default="ddp", help="trainer name")
     p.add_argument("--blocks", type=int, default=10, help="alternating blocks (first 2 warm-up)")
-    p.add_argument("--steps-per-block", type=int, default=6)
+    p.add_argument("--steps-per-block", type=int, default=6, help="steps timed per block")
+    add_format(p)
 
     p = sub.add_parser("micro", help="micro-benchmarks on one GPU (sm-contention)",
                        description="Micro-benchmarks that isolate one effect on one GPU.")
@@ -262,30 +277,39 @@ def build_parser() -> argparse.ArgumentParser:
                     "bytes (cudaMemcpyAsync device-to-device, pinned host-to-device, and "
                     "GPU-to-GPU when a peer GPU exists), which use DMA engines, not SMs. "
                     "Prints GEMM TFLOP/s, the slowdown of each condition against the GEMM "
-                    "alone and the copies' bandwidth; stores a JSON record in --out. "
+                    "alone and the copies' bandwidth; stores a JSON record in --out DIR. "
                     "Needs one NVIDIA GPU.")
     p.add_argument("--gemm-size", type=int, default=8192, metavar="N",
-                   help="GEMM of N x N by N x N in bf16; default: %(default)s")
+                   help="GEMM of N x N by N x N in bf16")
     p.add_argument("--bytes", type=int, default=256 * 2**20, metavar="B",
                    help="bytes per copy, a multiple of 4; default: %(default)s (256 MiB)")
     p.add_argument("--repeats", type=int, default=20,
-                   help="timed GEMMs per condition (median); default: %(default)s")
+                   help="timed GEMMs per condition (median)")
     p.add_argument("--out", default=DEFAULT_MICRO_OUT, metavar="DIR",
-                   help="where the JSON record goes; default: %(default)s")
+                   help="where the JSON record goes (a folder of records, not a store of runs)")
+    add_format(p)
     return parser
 
 
-def check_writable_dir(path: str) -> None:
+def check_writable_dir(path: str, flag: str = "--store") -> None:
     from fsbench.store import check_writable_dir as check
 
-    check(path)
+    check(path, flag)
+
+
+def print_run(args: argparse.Namespace, run_dir: Path, summary: dict, columns: list[str]) -> None:
+    """What `run` and `summarize` print: the run's row, or its summary as JSON."""
+    if args.format == "json":
+        print(dumps({"run_dir": run_dir, "summary": summary}))
+        return
+    import pandas as pd
+
+    quality = list(EVAL_VIEW) if summary.get("hr_at_10") is not None else []
+    print(format_table(pd.DataFrame([summary]), columns + quality))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import pandas as pd
-
     from fsbench.runner import run_once
-    from fsbench.table import format_table
 
     from fsbench.launch.external import external_world, run_external
 
@@ -295,27 +319,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     args.world_size = args.world_size or 1
     args.world_sizes = [args.world_size]
     make = make_run_factory(args, [args.trainer])
-    check_writable_dir(args.out)
+    check_writable_dir(args.store)
     if world is None:
-        run_dir, summary = run_once(make(args.trainer, args.world_size), args.out)
+        run_dir, summary = run_once(make(args.trainer, args.world_size), args.store)
     else:
-        run_dir, summary = run_external(make(args.trainer, args.world_size), args.out)
+        run_dir, summary = run_external(make(args.trainer, args.world_size), args.store)
         if summary is None:  # not rank 0: rank 0 summarizes and prints
             return 0
-    quality = list(EVAL_VIEW) if summary.get("hr_at_10") is not None else []
-    print(format_table(pd.DataFrame([summary]), RUN_COLUMNS + quality))
-    print(f"run stored in {run_dir}")
+    print_run(args, run_dir, summary, RUN_COLUMNS)
+    note(f"run stored in {run_dir}")
     return 0
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
     """Complete a run whose ranks finished but were not summarized (a multi-node run whose
     rank 0 stopped early, or files gathered by hand)."""
-    import pandas as pd
-
     from fsbench.runner import finish_run
-    from fsbench.table import format_table
-
     from fsbench.store import read_manifest
 
     run_dir = Path(args.run_dir)
@@ -329,15 +348,15 @@ def cmd_summarize(args: argparse.Namespace) -> int:
         raise ConfigError(f"{run_dir}: no files of rank(s) {', '.join(map(str, missing))}; "
                           "copy every node's rank files into it first")
     summary = finish_run(run_dir)
-    print(format_table(pd.DataFrame([summary]), RUN_COLUMNS))
-    print(f"summary written to {run_dir / 'summary.json'}")
+    print_run(args, run_dir, summary, RUN_COLUMNS)
+    note(f"summary written to {run_dir / 'summary.json'}")
     return 0
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from fsbench.report import report_table
     from fsbench.runner import sweep
-    from fsbench.table import format_table, progress
+    from fsbench.table import progress
 
     if args.repeats < 1:
         raise ConfigError(f"--repeats={args.repeats} must be >= 1")
@@ -347,61 +366,82 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     # Every workload's runs are validated (and their memory checked) before any starts.
     factories = {w: make_run_factory(argparse.Namespace(**{**vars(args), "workload": w}), args.trainers)
                  for w in names}
-    check_writable_dir(args.out)
+    check_writable_dir(args.store)
 
     def skipped(n: int, total: int) -> None:
         if n:
-            print(f"resuming: {n} of {total} runs are already complete in {args.out} "
-                  "(--rerun runs them again)", file=sys.stderr)
+            note(f"resuming: {n} of {total} runs are already complete in {args.store} "
+                 "(--rerun runs them again)")
 
     runs = sweep(lambda t, n, w: factories[w](t, n), args.trainers, args.world_sizes,
-                 args.repeats, args.out, lambda plan: progress(plan, "runs", "run"),
+                 args.repeats, args.store, lambda plan: progress(plan, "runs", "run"),
                  workloads=names, rerun=args.rerun, on_skip=skipped)
     baseline = args.trainers[0]
     table = report_table(runs, baseline)
-    steps = ", ".join(f"{w}: {factories[w](baseline, 1).workload.steps}" for w in names)
-    print(f"workload={args.workload} steps={steps} "
-          f"repeats={args.repeats} (medians over measured steps, then over repeats)")
-    spread = ["samples_per_s_spread"] if args.repeats > 1 else []
+    steps = {w: factories[w](baseline, 1).workload.steps for w in names}
     many = ["workload"] if len(names) > 1 else []
-    print(format_table(table, [*many, "trainer", "world_size", "repeats", *RUN_VIEW,
-                               f"throughput_vs_{baseline}", *spread, *FLAGS]))
-    if "hr_at_10" in runs and runs["hr_at_10"].notna().any():  # --eval: quality, run by run
-        print(format_table(runs, [*many, "trainer", "world_size", "repeat", *EVAL_VIEW]))
+    evaluated = "hr_at_10" in runs and runs["hr_at_10"].notna().any()  # --eval: quality, run by run
+    quality = [*many, "trainer", "world_size", "repeat", *EVAL_VIEW]
+    if args.format == "json":
+        doc = {"workloads": names, "steps": steps, "repeats": args.repeats, "baseline": baseline,
+               "table": records(table), "store": args.store}
+        if evaluated:
+            doc["quality"] = records(runs, quality)
+        print(dumps(doc))
+    else:
+        print(f"workload={args.workload} steps={', '.join(f'{w}: {n}' for w, n in steps.items())} "
+              f"repeats={args.repeats} (medians over measured steps, then over repeats)")
+        spread = ["samples_per_s_spread"] if args.repeats > 1 else []
+        print(format_table(table, [*many, "trainer", "world_size", "repeats", *RUN_VIEW,
+                                   f"throughput_vs_{baseline}", *spread, *FLAGS]))
+        if evaluated:
+            print(format_table(runs, quality))
     if table["oversubscribed"].any():
-        print("oversub=yes: more busy threads than cores; step time, bubble and throughput "
-              "measure time-sharing there, load imbalance stays valid.")
+        warn("oversub=yes: more busy threads than cores; step time, bubble and throughput "
+             "measure time-sharing there, load imbalance stays valid.")
     if table["contended"].any():
-        print("contended=yes: another process took CPU time during the run (cpu wait); "
-              "wall-clock columns measure it too. Rerun on a quiet machine.")
-    print(f"runs stored in {args.out}/")
+        warn("contended=yes: another process took CPU time during the run (cpu wait); "
+             "wall-clock columns measure it too. Rerun on a quiet machine.")
+    note(f"runs stored in {args.store}/")
     return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from fsbench.groundtruth import TOLERANCE, TRUTH_MAX_CPU_WAIT, validate
 
-    table = validate(args.out, world_size=args.world_size)
-    print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    worst = table["abs_error"].max()
-    print(f"worst absolute error {worst:.4f} (tolerance {TOLERANCE})")
-    loud = table[table["cpu_wait_ratio"] > TRUTH_MAX_CPU_WAIT]["case"].unique()
-    if len(loud):
-        print(f"warning: ranks waited for a CPU more than {TRUTH_MAX_CPU_WAIT:.0%} of their step "
-              f"time in {', '.join(loud)}: another process was busy; errors there include it")
-    return 0 if table["ok"].all() else 1
+    check_writable_dir(args.store)
+    table = validate(args.store, world_size=args.world_size)
+    worst = float(table["abs_error"].max())
+    loud = list(table[table["cpu_wait_ratio"] > TRUTH_MAX_CPU_WAIT]["case"].unique())
+    ok = bool(table["ok"].all())
+    if args.format == "json":
+        print(dumps({"ok": ok, "worst_abs_error": worst, "tolerance": TOLERANCE,
+                     "cases": records(table), "cpu_waited": loud}))
+    else:
+        print(format_table(table.assign(**{c: table[c].map(lambda v: f"{v:.4f}") for c in
+                                           ("measured", "expected", "abs_error", "cpu_wait_ratio")})))
+        print(f"worst absolute error {worst:.4f} (tolerance {TOLERANCE})")
+    if loud:
+        warn(f"ranks waited for a CPU more than {TRUTH_MAX_CPU_WAIT:.0%} of their step "
+             f"time in {', '.join(loud)}: another process was busy; errors there include it")
+    return 0 if ok else 1
 
 
 def cmd_overhead(args: argparse.Namespace) -> int:
     from fsbench.overhead import measure_overhead
+    from fsbench.table import grid
     from fsbench.workloads.presets import get_workload
 
     if args.blocks < 3 or args.steps_per_block < 1:
         raise ConfigError("--blocks must be >= 3 and --steps-per-block >= 1")
     trainer_options(args.trainer, {})  # validates the name before any work
     out = measure_overhead(get_workload(args.workload), args.trainer, args.blocks, args.steps_per_block)
-    for key, value in out.items():
-        print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
+    if args.format == "json":
+        print(dumps(out))
+    else:
+        print(grid(["quantity", "value"],
+                   [[k, f"{v:.4f}" if isinstance(v, float) else str(v)] for k, v in out.items()],
+                   align=["left", "right"]))
     return 0
 
 
@@ -413,37 +453,61 @@ def cmd_micro(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         raise ConfigError("micro sm-contention: no CUDA GPU is visible "
                           "(torch.cuda.is_available() is False), so this benchmark cannot run here")
-    check_writable_dir(args.out)
+    check_writable_dir(args.out, "--out")
     try:
         record = micro.sm_contention(torch, args.gemm_size, args.bytes, args.repeats)
     except torch.cuda.OutOfMemoryError:
         raise ConfigError(f"--gemm-size={args.gemm_size} --bytes={args.bytes}: out of GPU "
                           "memory; choose smaller sizes") from None
     path = micro.write_record(record, args.out)
-    print(micro.format_table(record))
-    print(f"record stored in {path}")
+    print(dumps({"path": path, "record": record}) if args.format == "json"
+          else micro.format_table(record))
+    note(f"record stored in {path}")
     return 0
 
 
+COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "validate": cmd_validate, "overhead": cmd_overhead,
+            "micro": cmd_micro, "summarize": cmd_summarize, **cli_results.COMMANDS,
+            **cli_scaling.COMMANDS, **cli_gates.COMMANDS}
+
+
 def main(argv: list[str] | None = None) -> int:
+    """`fsbench ...`: the command's exit code (docs/ci.md)."""
+    try:
+        try:
+            return dispatch(argv)
+        finally:
+            # Output may still sit in stdout's buffer (help text included): flushed here, a
+            # reader that left (`fsbench list | head -1`) shows up inside this try, not as
+            # a traceback at interpreter exit.
+            sys.stdout.flush()
+    except BrokenPipeError:  # the reader left; nothing is wrong
+        stdout_to_devnull()
+        return 0
+
+
+def dispatch(argv: list[str] | None) -> int:
     from fsbench.launch.local import RankFailed
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except ConfigError as e:  # a usage error: one line, as any bad input
+        print(f"fsbench: error: {e}", file=sys.stderr)
+        return 2
+    set_quiet(args.quiet)
     if args.command is None:  # a new user's first try: what to do, not just "required"
         parser.print_help()
         print(f"\nStart with: {FIRST_COMMAND}")
         return 0
-    commands = {"run": cmd_run, "sweep": cmd_sweep,
-                "validate": cmd_validate, "overhead": cmd_overhead, "micro": cmd_micro,
-                "summarize": cmd_summarize, **cli_results.COMMANDS, **cli_scaling.COMMANDS,
-                **cli_gates.COMMANDS}
     try:
         if getattr(args, "world_size", None) is not None and args.world_size < 1:
             raise ConfigError(f"--world-size={args.world_size} must be >= 1")
         if any(n < 1 for n in getattr(args, "world_sizes", [1])):
             raise ConfigError(f"--world-sizes={args.world_sizes}: every world size must be >= 1")
-        return commands[args.command](args)
+        return COMMANDS[args.command](args)
+    except BrokenPipeError:  # for main: not an internal error
+        raise
     except ConfigError as e:
         print(f"fsbench: error: {e}", file=sys.stderr)
         return 2
@@ -454,11 +518,19 @@ def main(argv: list[str] | None = None) -> int:
         print("fsbench: interrupted; the run directory is kept and marked 'interrupted'",
               file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `fsbench list | head -1`: the reader left; nothing is wrong
-        sys.stderr.close()
-        return 0
     except Exception as e:  # a bug, not the user's input: never exit 1, the regression code
         return internal_error(e, args.debug)
+
+
+def stdout_to_devnull() -> None:
+    """After a closed pipe: what is left in stdout's buffer goes nowhere, so that Python's
+    flush at exit does not fail again (and print a second traceback)."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # no file behind stdout (replaced in tests)
+        pass
 
 
 def internal_error(error: Exception, debug: bool) -> int:

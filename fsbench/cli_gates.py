@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Callable
 
+from fsbench.cli_args import add_format, add_store, rename
 from fsbench.errors import ConfigError
+from fsbench.table import dumps, note, warn
 
 
-def add_parsers(sub, csv: Callable, default_out: str) -> None:
+def add_parsers(sub, csv: Callable, default_store: str) -> None:
     """The gates' sub-commands; `csv` parses a comma-separated flag (fsbench.cli's)."""
     from fsbench import gate
     from fsbench.gate import Sweep
@@ -29,10 +30,10 @@ def add_parsers(sub, csv: Callable, default_out: str) -> None:
                     "interval within the threshold; anything else is inconclusive, with its "
                     "reason and what would settle it. Exit codes: 0 unchanged or improved, "
                     "1 regressed, 2 bad input, 3 inconclusive, 4 internal error (docs/ci.md).")
-    p.add_argument("base", metavar="BASE")
-    p.add_argument("new", metavar="NEW")
+    p.add_argument("base", metavar="BASE", help="a run directory or a store of runs")
+    p.add_argument("new", metavar="NEW", help="a run directory or a store of runs")
     _verdict_args(p)
-    p.add_argument("--out", metavar="FILE", help="also write the output here")
+    p.add_argument("--out", metavar="FILE", help="also write the output (in --format) to this file")
 
     p = sub.add_parser(
         "gate", help="run BASE and NEW code in interleaved pairs on this machine, then compare",
@@ -50,20 +51,20 @@ def add_parsers(sub, csv: Callable, default_out: str) -> None:
     p.add_argument("--base", required=True, metavar="REV", help="the version to compare against")
     p.add_argument("--new", metavar="REV", help="default: this checkout, uncommitted changes included")
     defaults = Sweep()
-    p.add_argument("--workload", default=defaults.workload, help="default: %(default)s")
-    p.add_argument("--trainers", type=csv(str), default=list(defaults.trainers),
-                   help="comma-separated; default: ddp,freescale")
-    p.add_argument("--world-size", type=int, default=defaults.world_size, help="default: %(default)s")
+    p.add_argument("--workload", default=defaults.workload, help="workload preset")
+    p.add_argument("--trainers", type=csv(str), default=list(defaults.trainers), help="comma-separated")
+    p.add_argument("--world-size", type=int, default=defaults.world_size, help="ranks per run")
     p.add_argument("--pairs", type=int, default=defaults.pairs,
-                   help="A/B run pairs (seeds) per trainer; default: %(default)s")
+                   help="A/B run pairs (seeds) per trainer")
     p.add_argument("--retries", type=int, default=gate.DEFAULT_RETRIES,
-                   help="reruns of a pair with a contended run; default: %(default)s")
+                   help="reruns of a pair with a contended run")
     p.add_argument("--block-steps", type=int, default=defaults.block_steps,
-                   help="steps per turn when the versions take turns; default: %(default)s")
-    p.add_argument("--steps", type=int, default=defaults.steps, help="steps per run; default: %(default)s")
-    p.add_argument("--warmup", type=int, default=defaults.warmup, help="default: %(default)s")
-    p.add_argument("--seed", type=int, default=0, help="order of each pair and data seeds; default: 0")
-    p.add_argument("--out", metavar="DIR", help="where both sides' runs go; default: runs/gate/<time>")
+                   help="steps per turn when the versions take turns")
+    p.add_argument("--steps", type=int, default=defaults.steps, help="steps per run")
+    p.add_argument("--warmup", type=int, default=defaults.warmup, help="leading steps not measured")
+    p.add_argument("--seed", type=int, default=0, help="order of each pair and data seeds")
+    add_store(p, "where both sides' runs go (DIR/base, DIR/new), beside compare.md and "
+                 "compare.json; default: runs/gate/<time>", default=None, old="--out")
     _verdict_args(p)
 
     p = sub.add_parser(
@@ -75,20 +76,26 @@ def add_parsers(sub, csv: Callable, default_out: str) -> None:
                     "to commit with the change that moved them.")
     p.add_argument("action", choices=["check", "refresh"])
     p.add_argument("--only", type=csv(str), help="quantities (comma-separated); default: all")
+    add_format(p)
 
     p = sub.add_parser(
         "history", help="stored runs in commit order, change points per metric (HTML + markdown)",
-        description="Order the runs under --runs by the commit they measured, find change "
+        description="Order the runs in --store by the commit they measured, find change "
                     "points per metric and (workload, trainer, world size) with ruptures (PELT), "
                     "and write a self-contained history.html with a plot per metric and the "
                     "change points marked, beside history.md.")
-    p.add_argument("--runs", default=default_out, help="default: %(default)s")
-    p.add_argument("--out", default="history", metavar="DIR", help="default: %(default)s")
+    add_store(p, "the store of runs to read", default=default_store)
+    rename(p, "--runs", "--store", "store")
+    p.add_argument("--out", default="history", metavar="DIR",
+                   help="the folder history.html and history.md go to")
+    add_format(p, help="text: the change points as a table; json: every series and its "
+                       "change points, one JSON document")
 
 
 def _verdict_args(p: argparse.ArgumentParser) -> None:
     """What `compare` and `gate` share: output format and the verdict's settings."""
-    p.add_argument("--format", default="md", choices=["md", "json"])
+    add_format(p, ("md", "json"), help="md: the verdict table (markdown, for a review "
+                                       "comment); json: one JSON document")
     p.add_argument("--alpha", type=float, default=None, help="significance level; default: 0.01")
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                    help="per kind (time, memory: relative; ratio: absolute) or per metric, "
@@ -123,10 +130,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_gate(args: argparse.Namespace) -> int:
     import datetime
 
-    from tqdm import tqdm
-
     from fsbench import compare, gate
     from fsbench.store import check_writable_dir
+    from fsbench.table import progress
 
     alpha, thresholds = _verdict_settings(args)
     # One pair is a valid gate (its steps, paired block by block, are the units); whether
@@ -148,7 +154,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     base_sha = gate.resolve_rev(root, args.base, "--base")
     new_sha = gate.resolve_rev(root, args.new, "--new") if args.new else None
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = check_writable_dir(Path(args.out or f"runs/gate/{stamp}").resolve())
+    out = check_writable_dir(Path(args.store or f"runs/gate/{stamp}").resolve(), "--store")
     sweep = gate.Sweep(args.workload, tuple(args.trainers), args.world_size, args.steps,
                        args.warmup, args.pairs, args.seed, args.block_steps)
     with gate.Worktrees(root) as trees:
@@ -156,7 +162,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
                  gate.Side("new", trees.add(new_sha) if new_sha else root))
         try:
             paced, still = gate.run_pairs(sides, sweep, out, retries=args.retries,
-                                          progress=lambda it: tqdm(it, desc="gate run pairs"))
+                                          progress=lambda it: progress(it, "gate run pairs", "pair"))
         except RuntimeError as e:
             raise ConfigError(f"gate: a run failed ({e}); runs so far are in {out}") from None
     rows, notes = compare.compare(compare.load_side(out / "base"), compare.load_side(out / "new"),
@@ -166,10 +172,10 @@ def cmd_gate(args: argparse.Namespace) -> int:
     (out / "compare.json").write_text(compare.to_json(rows, notes))
     print(compare.to_json(rows, notes) if args.format == "json" else compare.markdown(rows, notes))
     if not paced:
-        print("gate: one version predates turn-taking (fsbench/pacing.py), so the versions ran "
-              "one after the other: the machine's drift between runs counts as change (the design "
-              "line says how the steps were paired)", file=sys.stderr)
-    print(f"gate runs and comparison in {out}", file=sys.stderr)
+        warn("gate: one version predates turn-taking (fsbench/pacing.py), so the versions ran "
+             "one after the other: the machine's drift between runs counts as change (the design "
+             "line says how the steps were paired)")
+    note(f"gate runs and comparison in {out}")
     return compare.exit_code(rows)
 
 
@@ -182,10 +188,15 @@ def cmd_reference(args: argparse.Namespace) -> int:
         raise ConfigError(f"--only {','.join(unknown)}: unknown; choose from: "
                           f"{', '.join(reference.QUANTITIES)}")
     if args.action == "refresh":
-        for path in reference.refresh(names):
-            print(f"wrote {path}")
+        written = reference.refresh(names)
+        print(dumps({"action": "refresh", "written": written}) if args.format == "json"
+              else "\n".join(f"wrote {path}" for path in written))
         return 0
     moved, notes = reference.check(names)
+    if args.format == "json":
+        print(dumps({"action": "check", "quantities": names, "moved": moved, "notes": notes,
+                     "ok": not moved}))
+        return 1 if moved else 0
     for line in notes:
         print(f"note: {line}")
     for line in moved:
@@ -199,11 +210,13 @@ def cmd_history(args: argparse.Namespace) -> int:
     from fsbench import history
     from fsbench.store import check_writable_dir
 
-    runs = history.load(args.runs)
+    runs = history.load(args.store)
     out = check_writable_dir(args.out)
-    page, summary = history.write(history.history(runs), out)
-    print(summary.read_text())
-    print(f"wrote {page} and {summary}")
+    items = history.history(runs)
+    page, summary = history.write(items, out)
+    print(dumps({"items": items, "written": [page, summary]}) if args.format == "json"
+          else history.table(items))
+    note(f"wrote {page} and {summary}")
     return 0
 
 

@@ -41,6 +41,7 @@ import pandas as pd
 
 from fsbench import gate_stats, metrics
 from fsbench.errors import ConfigError
+from fsbench.table import grid
 
 # metric -> (kind, direction that is better). Kinds set how the effect is expressed and
 # which threshold applies.
@@ -500,14 +501,12 @@ def _fmt(v: float) -> str:
 def markdown(rows: list[Row], notes: list[str]) -> str:
     mark = {"regressed": "**regressed**", "improved": "improved", "unchanged": "unchanged",
             "inconclusive": "*inconclusive*"}
-    lines = ["| workload | trainer | ranks | metric | base | new | change [95% CI] | p (Holm) | verdict |",
-             "|---|---|---:|---|---:|---:|---|---:|---|"]
-    for r in rows:
-        if r.metric == "*":
-            continue
-        lines.append(f"| {r.workload} | {r.trainer} | {r.world_size} | {r.metric} | "
-                     f"{_fmt(r.base_total)} | {_fmt(r.new_total)} | {_fmt_effect(r)} | "
-                     f"{_fmt(r.p_adjusted)} | {mark[r.verdict]} |")
+    cells = [[r.workload, r.trainer, str(r.world_size), r.metric, _fmt(r.base_total),
+              _fmt(r.new_total), _fmt_effect(r), _fmt(r.p_adjusted), mark[r.verdict]]
+             for r in rows if r.metric != "*"]
+    lines = [grid(["workload", "trainer", "ranks", "metric", "base", "new", "change [95% CI]",
+                   "p (Holm)", "verdict"], cells,
+                  align=["left", "left", "right", "left", "right", "right", "left", "right", "left"])]
     counts = {v: sum(r.verdict == v for r in rows) for v in mark}
     lines += ["", f"outcome: **{outcome(rows)}** (exit {exit_code(rows)}): {counts['regressed']} "
               f"regressed, {counts['inconclusive']} inconclusive, {counts['improved']} improved, "

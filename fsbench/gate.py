@@ -9,7 +9,7 @@ the RMIT design at the scale of a second, so the machine's drift hits both versi
 and compare can pair block k of one with block k of the other. A version that predates
 pacing (no fsbench/pacing.py in its tree) makes the gate fall back to whole runs, A then
 B or B then A, paired run by run: far less sensitive, and said so. Runs are kept under
---out (base/, new/, logs/); a stopped gate keeps what finished.
+--store (base/, new/, logs/); a stopped gate keeps what finished.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from typing import Callable, Iterable
 
 from fsbench import pacing
 from fsbench.errors import ConfigError
+from fsbench.table import note
 
 
 @dataclass
@@ -101,6 +102,12 @@ def supports_pacing(side: Side) -> bool:
     return (side.tree / "fsbench" / "pacing.py").exists()
 
 
+def store_flag(side: Side) -> str:
+    """How the side's `fsbench run` names its store: `--store`, or `--out` in a version
+    older than the common flag vocabulary (fsbench/cli_args.py)."""
+    return "--store" if (side.tree / "fsbench" / "cli_args.py").exists() else "--out"
+
+
 def plan(sweep: Sweep, sides: tuple[str, str]) -> list[tuple[int, str, tuple[str, str]]]:
     """(pair, trainer, side order) in run order. The order says which side goes first:
     in every block of a paced pair (the gate redraws it per block), or for the whole run
@@ -121,7 +128,7 @@ def run_command(side: Side, sweep: Sweep, trainer: str, out: Path, seed: int,
         env[pacing.ENV] = pace.env_value()
     cmd = [sys.executable, "-m", "fsbench.cli", "run", "--workload", sweep.workload,
            "--trainer", trainer, "--world-size", str(sweep.world_size), "--steps", str(sweep.steps),
-           "--warmup", str(sweep.warmup), "--seed", str(seed), "--out", str(out / side.name)]
+           "--warmup", str(sweep.warmup), "--seed", str(seed), store_flag(side), str(out / side.name)]
     return cmd, env
 
 
@@ -238,9 +245,9 @@ def run_pair(sides: tuple[Side, Side], sweep: Sweep, trainer: str, out: Path, se
         busy = [name for name, d in runs.items() if contended(d)]
         if not busy or attempt == retries:
             return busy
-        print(f"gate: {trainer} seed {seed}: {', '.join(busy)} contended (a neighbour took the "
-              f"CPU); moved to {out / 'contended'}, running the pair again "
-              f"({attempt + 1} of {retries})", file=sys.stderr)
+        note(f"gate: {trainer} seed {seed}: {', '.join(busy)} contended (a neighbour took the "
+             f"CPU); moved to {out / 'contended'}, running the pair again "
+             f"({attempt + 1} of {retries})")
         for name, d in runs.items():
             target = out / "contended" / name / d.name
             target.parent.mkdir(parents=True, exist_ok=True)

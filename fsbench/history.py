@@ -1,4 +1,4 @@
-"""`fsbench history --runs DIR`: every stored run in commit order, change points per metric.
+"""`fsbench history --store DIR`: every stored run in commit order, change points per metric.
 
 Runs are ordered by the commit date of the commit they measured (`git_sha` in the
 manifest; a commit this checkout does not know sorts by the run's own date), then by run
@@ -96,26 +96,37 @@ def _plot(item: dict) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def changes(item: dict) -> str:
+    """An item's change points as text: `run (sha): median before -> median after`."""
+    return ", ".join(f"{cp} ({item['shas'][cp]}): {item['segment_medians'][i]:.4g} -> "
+                     f"{item['segment_medians'][i + 1]:.4g}"
+                     for i, cp in enumerate(item["change_points"])) or "none"
+
+
+def table(items: list[dict]) -> str:
+    """One row per (workload, trainer, ranks, metric): how many runs, where it changed."""
+    from fsbench.table import grid
+
+    rows = [[str(it["key"]["workload"]), str(it["key"]["trainer"]), str(it["key"]["world_size"]),
+             it["metric"], str(len(it["values"])), changes(it)] for it in items]
+    return grid(["workload", "trainer", "ranks", "metric", "runs",
+                 "change points (run: before -> after)"], rows,
+                align=["left", "left", "right", "left", "right", "left"])
+
+
 def write(items: list[dict], out: Path) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
-    md = ["# fsbench history\n", "| workload | trainer | ranks | metric | runs | change points (run: before -> after) |",
-          "|---|---|---:|---|---:|---|"]
     body = ["<!doctype html><html><head><meta charset='utf-8'><title>fsbench history</title>",
             "<style>body{font-family:sans-serif;max-width:60em;margin:auto}h2{font-size:1.1em}</style>",
             "</head><body><h1>fsbench history</h1>"]
     for it in items:
         k = it["key"]
-        changes = ", ".join(f"{cp} ({it['shas'][cp]}): {it['segment_medians'][i]:.4g} -> "
-                            f"{it['segment_medians'][i + 1]:.4g}"
-                            for i, cp in enumerate(it["change_points"])) or "none"
-        md.append(f"| {k['workload']} | {k['trainer']} | {k['world_size']} | {it['metric']} | "
-                  f"{len(it['values'])} | {changes} |")
         body.append(f"<h2>{html.escape(str(k['workload']))} / {html.escape(str(k['trainer']))} / "
                     f"{k['world_size']} ranks: {it['metric']}</h2><p>change points: "
-                    f"{html.escape(changes)}</p><img alt='{it['metric']}' "
+                    f"{html.escape(changes(it))}</p><img alt='{it['metric']}' "
                     f"src='data:image/png;base64,{_plot(it)}'>")
     body.append("</body></html>")
-    (out / "history.md").write_text("\n".join(md) + "\n")
+    (out / "history.md").write_text("# fsbench history\n\n" + table(items) + "\n")
     (out / "history.html").write_text("\n".join(body))
     return out / "history.html", out / "history.md"
 
@@ -124,8 +135,8 @@ def load(runs_dir: str | Path) -> pd.DataFrame:
     from fsbench.store import load_runs
 
     if not Path(runs_dir).is_dir():
-        raise ConfigError(f"--runs {runs_dir}: not a directory")
+        raise ConfigError(f"--store {runs_dir}: not a directory")
     runs = load_runs(runs_dir)
     if not len(runs):
-        raise ConfigError(f"--runs {runs_dir}: holds no complete run")
+        raise ConfigError(f"--store {runs_dir}: holds no complete run")
     return runs

@@ -152,20 +152,19 @@ def format_table(record: dict) -> str:
     def copy_num(c, key, fmt):  # the GEMM alone has no copy: "-"
         return num(c[key], fmt) if key in c else "-"
 
-    rows = [["condition", "copy by", "GEMM ms", "TFLOP/s", "slowdown", "copy GB/s alone",
-             "copy GB/s beside", "overlap"]]
+    from fsbench.table import grid
+
+    rows = []
     for kind, c in record["conditions"].items():
         rows.append([kind, c["moved_by"] or "-", num(c["gemm_ms_median"], ".3f"),
                      num(c["gemm_tflops"], ".1f"), num(c["slowdown"], ".3f") + "x",
                      copy_num(c, "copy_gb_per_s_alone", ".0f"),
                      copy_num(c, "copy_gb_per_s_beside_gemm", ".0f"),
                      copy_num(c, "overlap", ".0%")])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    line = lambda r: "| " + " | ".join(v.rjust(w) for v, w in zip(r, widths)) + " |"  # noqa: E731
     out = [f"{record['device']}: {record['gemm_size']}^3 bf16 GEMM, copies of "
            f"{record['copy_bytes'] / 2**20:g} MiB, median of {record['repeats']}",
-           line(rows[0]), "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|",
-           *(line(r) for r in rows[1:]),
+           grid(["condition", "copy by", "GEMM ms", "TFLOP/s", "slowdown", "copy GB/s alone",
+                 "copy GB/s beside", "overlap"], rows, align=["left", "left", *["right"] * 6]),
            "slowdown = GEMM time beside the copies / alone (1.000x: no effect); overlap = "
            "share of the timed GEMMs' span with a copy in flight"]
     short = [k for k, c in record["conditions"].items() if c.get("overlap", 1.0) < MIN_OVERLAP]

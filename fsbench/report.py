@@ -1,4 +1,4 @@
-"""Result tables (markdown / LaTeX / CSV / an HTML page) over stored runs, with their plots.
+"""Result tables (markdown / LaTeX / CSV / an HTML page / JSON) over stored runs, with their plots.
 
 `report_table` is the one way to build a comparison table (`fsbench sweep` and
 `fsbench report` both use it): one row per (workload, trainer, world size, simulated),
@@ -23,9 +23,9 @@ import pandas as pd
 from fsbench import columns, metrics, report_page, store
 from fsbench.config import ConfigError
 from fsbench.plots import CAUSES, PLOTS, render_plots
-from fsbench.table import formatted, markdown, progress
+from fsbench.table import dumps, formatted, markdown, progress
 
-FORMATS = {"md": "md", "latex": "tex", "csv": "csv", "html": "html"}
+FORMATS = {"md": "md", "latex": "tex", "csv": "csv", "html": "html", "json": "json"}
 KEYS = ["workload", "trainer", "world_size", "simulated"]
 # Medians over repeats of every numeric metric; wall-clock columns (T is in every one of
 # them, the straggler bubble included, via its denominator) are marked in flagged rows.
@@ -200,14 +200,16 @@ def latex(table: pd.DataFrame) -> str:
 
 def render(table: pd.DataFrame, fmt: str, images: dict[str, bytes] | None = None,
            sources: list[dict] | None = None) -> str:
-    """The report table as md | latex | csv | html. CSV keeps raw numbers (fractions, not
-    percentages) and the flags as boolean columns, for machines. html is a whole page
+    """The report table as md | latex | csv | html | json. CSV and JSON keep raw numbers
+    (fractions, not percentages) and the flags as booleans, for machines. html is a whole page
     (fsbench.report_page), with `images` (PNG bytes by fsbench.plots.PLOTS key) and
     `sources` (report_page.run_sources) embedded when given."""
     check_format(fmt)
     table = table.reset_index(drop=True)
     if fmt == "csv":
         return table.to_csv(index=False)
+    if fmt == "json":
+        return dumps({"table": table, "notes": footnotes(table)}) + "\n"
     if fmt == "md":
         return markdown(_cells(table, "†")) + "".join(f"\n\n{n}" for n in footnotes(table)) + "\n"
     if fmt == "html":
@@ -230,11 +232,11 @@ def select_runs(run_dirs: list[str], runs_root: str | os.PathLike, workload: str
         for d in dirs:
             if not (d / "manifest.json").is_file():
                 raise ConfigError(f"{d} is not a run directory (no manifest.json); to report "
-                                  "a store use --runs DIR")
+                                  "a store use --store DIR")
     else:
         root = Path(runs_root)
         if not root.is_dir():
-            raise ConfigError(f"--runs {root}: no such directory")
+            raise ConfigError(f"--store {root}: no such directory")
         dirs = sorted(d for d in root.iterdir() if d.is_dir())
     rows = []
     for d in progress(dirs, "reading runs", "run", min_items=PROGRESS_MIN_RUNS):

@@ -154,14 +154,14 @@ class Costs:
             if self.fit is None:
                 raise ConfigError(f"--cluster local needs the encoder's cost fit "
                                   f"({fit_path(store, workload, 'cpu')}): run fsbench calibrate "
-                                  f"--workload {workload.name} --out {store}")
+                                  f"--workload {workload.name} --store {store}")
             # Collective fits are needed from 2 ranks on (collective_ms): a 1-rank run,
             # such as the one that measures a trainer's overhead, goes without.
             self.comm_path = comm_fit_path(store)
             if self.fit.table_ns_per_element is None or self.fit.table_optimizer != workload.optimizer:
                 raise ConfigError(f"--cluster local needs the {workload.optimizer} step's cost per table "
                                   f"element in the fit ({fit_path(store, workload, 'cpu')}): run fsbench "
-                                  f"calibrate --workload {workload.name} --out {store}")
+                                  f"calibrate --workload {workload.name} --store {store}")
 
     def sample_ms(self, lengths: np.ndarray) -> np.ndarray:
         if self.cluster.compute == "fit":
@@ -221,7 +221,7 @@ class Costs:
         if self.cluster.compute == "fit":
             if self.comm is None:
                 raise ConfigError(f"--cluster local needs collective fits ({self.comm_path}): "
-                                  f"run fsbench calibrate --comm --out {self.comm_path.parent.parent}")
+                                  f"run fsbench calibrate --comm --store {self.comm_path.parent.parent}")
             return self.comm[collective].seconds(n, nbytes) * 1e3
         c = self.cluster
         from fsbench.commcal import volume_factor

@@ -29,7 +29,7 @@ def tiny_sweep(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("tiny_sweep")
     assert main(["sweep", "--workload", "tiny", "--trainers", "ddp,freescale", "--world-sizes",
-                 "1,2", "--out", str(out)]) == 0
+                 "1,2", "--store", str(out)]) == 0
     return out
 
 

@@ -46,7 +46,7 @@ NO_CUDA = not __import__("torch").cuda.is_available()
      "deepspeed.zero_stage='5' is not allowed"),
 ])
 def test_bad_input_gets_one_line_and_exit_code_2(argv, expected, capsys, tmp_path):
-    code = main(argv + ["--out", str(tmp_path)])
+    code = main(argv + ["--store", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2
     assert expected in err
@@ -57,7 +57,7 @@ def test_bad_input_gets_one_line_and_exit_code_2(argv, expected, capsys, tmp_pat
 def test_unreadable_length_csv_is_named(tmp_path, capsys):
     bad = tmp_path / "lengths.csv"
     bad.write_text("this,is\nnot,numbers\n")
-    code = main(["run", "--workload", "tiny", "--set", f"lengths=hist:{bad}", "--out", str(tmp_path / "o")])
+    code = main(["run", "--workload", "tiny", "--set", f"lengths=hist:{bad}", "--store", str(tmp_path / "o")])
     assert code == 2
     assert str(bad) in capsys.readouterr().err
 
@@ -79,7 +79,7 @@ def test_missing_framework_names_the_extra_to_install(trainer, module, tmp_path)
     code = (f"import sys; sys.modules[{module!r}] = None\n"  # as if it were not installed
             "from fsbench.cli import main\n"
             f"sys.exit(main(['run', '--workload', 'tiny', '--trainer', {trainer!r}, "
-            f"'--out', {str(tmp_path)!r}]))\n")
+            f"'--store', {str(tmp_path)!r}]))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     err = proc.stderr.strip().splitlines()

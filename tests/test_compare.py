@@ -190,7 +190,7 @@ def test_compare_history_on_real_runs(tmp_path, capsys):
             _, summary = run_once(RunConfig(workload=workload, trainer="ddp", world_size=2,
                                             seed=seed), tmp_path / side, timeout_s=240)
             contended += bool(summary["contended"])
-    assert main(["history", "--runs", str(tmp_path / "a"), "--out", str(tmp_path / "h")]) == 0
+    assert main(["history", "--store", str(tmp_path / "a"), "--out", str(tmp_path / "h")]) == 0
     page = (tmp_path / "h" / "history.html").read_text()
     assert page.count("<img") == len(history.METRICS) and "data:image/png;base64," in page
     capsys.readouterr()

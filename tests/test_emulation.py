@@ -18,7 +18,7 @@ pytestmark = pytest.mark.dist
 
 def test_four_emulated_ranks_are_busy_exactly_their_modelled_cost(tmp_path, capsys):
     args = ["run", "--workload", "tiny", "--set", "compute=emulated", "--trainer", "ddp",
-            "--world-size", "4", "--steps", "4", "--warmup", "1", "--out", str(tmp_path)]
+            "--world-size", "4", "--steps", "4", "--warmup", "1", "--store", str(tmp_path)]
     assert main(args) == 0
     assert "calibrating it first" in capsys.readouterr().err  # the store had no fit yet
     (run_dir,) = [d for d in tmp_path.iterdir() if (d / "summary.json").exists()]

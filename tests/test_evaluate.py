@@ -189,7 +189,7 @@ def test_cli_eval_flags(tmp_path, capsys):
     args = cli.build_parser().parse_args(["sweep", "--eval-every", "4"])
     assert cli.eval_config(args) == EvalConfig(on=True, every=4)
     assert cli.eval_config(cli.build_parser().parse_args(["run"])) == EvalConfig()
-    assert cli.main(["run", "--eval", "--out", str(tmp_path / "runs")]) == 2
+    assert cli.main(["run", "--eval", "--store", str(tmp_path / "runs")]) == 2
     assert "--eval needs real interaction data" in capsys.readouterr().err
     assert cli.main(["run", "--eval-every", "0", "--set", f"data={spec}"]) == 2
     assert "--eval-every=0 must be >= 1" in capsys.readouterr().err

@@ -44,7 +44,7 @@ def test_measured_steps_cover_whole_windows_after_warmup():
 
 def test_a_window_that_cannot_be_measured_is_refused_before_any_rank_starts(tmp_path, capsys):
     code = main(["run", "--workload", "tiny", "--trainer", "freescale", "--steps", "6",
-                 "--warmup", "2", "--set", "freescale.window=4", "--out", str(tmp_path)])
+                 "--warmup", "2", "--set", "freescale.window=4", "--store", str(tmp_path)])
     assert code == 2
     assert "no whole window of 4 steps" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())

@@ -13,7 +13,7 @@ def test_a_rank_that_raises_ends_the_run_nonzero_naming_the_rank(tmp_path, rank_
     start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "fsbench.cli", "run", "--workload", "tiny", "--world-size", "2",
-         "--trainer", "trainers_for_tests:RaiseOnRank1", "--out", str(tmp_path)],
+         "--trainer", "trainers_for_tests:RaiseOnRank1", "--store", str(tmp_path)],
         capture_output=True, text=True, timeout=120)
     elapsed = time.monotonic() - start
     assert proc.returncode == 1, proc.stderr

@@ -37,7 +37,7 @@ def test_more_samples_per_rank_need_more_activation_memory():
 
 def test_a_run_that_cannot_fit_is_refused_in_one_line(tmp_path, capsys):
     out = tmp_path / "runs"
-    assert main(["run", "--workload", "large", "--out", str(out)]) == 2
+    assert main(["run", "--workload", "large", "--store", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     line = err[0]

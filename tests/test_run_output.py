@@ -11,7 +11,7 @@ pytestmark = pytest.mark.dist
 
 
 def test_run_writes_manifest_timelines_and_summary(tmp_path, capsys):
-    assert main(["run", "--workload", "tiny", "--world-size", "2", "--out", str(tmp_path)]) == 0
+    assert main(["run", "--workload", "tiny", "--world-size", "2", "--store", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()
             if line.startswith("|")]
@@ -41,7 +41,7 @@ def test_run_writes_manifest_timelines_and_summary(tmp_path, capsys):
 
 def test_sweep_prints_one_row_per_trainer_and_world_size_with_ratio(tmp_path, capsys):
     assert main(["sweep", "--workload", "tiny", "--trainers", "ddp", "--world-sizes", "1,2",
-                 "--out", str(tmp_path)]) == 0
+                 "--store", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()
             if line.startswith("|")]
@@ -54,7 +54,7 @@ def test_sweep_prints_one_row_per_trainer_and_world_size_with_ratio(tmp_path, ca
 
 def test_overridden_workloads_are_named_apart_from_their_preset(tmp_path, capsys):
     assert main(["run", "--workload", "tiny", "--steps", "3", "--set", "lengths=fixed:4",
-                 "--out", str(tmp_path)]) == 0
+                 "--store", str(tmp_path)]) == 0
     (run_dir,) = [d for d in tmp_path.iterdir() if d.is_dir()]
     manifest = read_json(run_dir / "manifest.json")
     assert manifest["workload"] == "tiny+lengths=fixed:4"

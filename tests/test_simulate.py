@@ -247,7 +247,7 @@ def test_simulate_command_stores_labelled_runs(tmp_path, capsys):
     out = tmp_path / "sim"
     assert main(["simulate", "--workload", "small", "--trainers", "ddp,freescale",
                  "--world-sizes", "8,16", "--steps", "4", "--warmup", "1", "--set", "batch_per_rank=16",
-                 "--out", str(out)]) == 0
+                 "--sim-store", str(out)]) == 0
     text = capsys.readouterr().out
     assert text.startswith("SIMULATED")
     runs = load_runs(out)
@@ -259,7 +259,7 @@ def test_simulate_command_stores_labelled_runs(tmp_path, capsys):
 
 def test_local_cluster_without_calibration_is_refused_in_one_line(tmp_path, capsys):
     assert main(["simulate", "--cluster", "local", "--store", str(tmp_path), "--world-sizes", "2",
-                 "--out", str(tmp_path / "sim")]) == 2
+                 "--sim-store", str(tmp_path / "sim")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "fsbench calibrate" in err[0]
 
@@ -281,7 +281,7 @@ def test_calibrate_comm_measures_real_gloo_collectives(tmp_path):
 
 
 def test_calibrate_overhead_of_an_unknown_trainer_is_refused_before_calibrating(tmp_path, capsys):
-    assert main(["calibrate", "--workload", "tiny", "--overhead", "ddp,nope", "--out", str(tmp_path)]) == 2
+    assert main(["calibrate", "--workload", "tiny", "--overhead", "ddp,nope", "--store", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nope" in err[0] and "ddp" in err[0]
     assert not (tmp_path / "calibrations").exists()  # nothing was measured first
@@ -299,11 +299,11 @@ def test_calibrate_measures_each_trainers_overhead_and_the_simulator_adds_it(tmp
 
     threads = torch.get_num_threads()
     try:
-        assert main(["calibrate", "--workload", "tiny", "--overhead", "ddp", "--out", str(tmp_path)]) == 0
+        assert main(["calibrate", "--workload", "tiny", "--overhead", "ddp", "--store", str(tmp_path)]) == 0
     finally:
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
-    assert "| ddp/model |" in out and "| ddp/emulated |" in out
+    assert "| ddp/model " in out and "| ddp/emulated " in out
     w = get_workload("tiny")
     torch.set_num_threads(1)  # the fit's key holds the ranks' thread count
     try:

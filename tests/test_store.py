@@ -28,7 +28,7 @@ def _rank_pids(run_dir):
 @pytest.mark.dist
 def test_sigkill_mid_run_leaves_store_readable_and_run_incomplete(tmp_path):
     cmd = [sys.executable, "-m", "fsbench.cli", "run", "--workload", "tiny", "--world-size", "2",
-           "--out", str(tmp_path)]
+           "--store", str(tmp_path)]
     # One complete run first: the table must keep it through the kill.
     subprocess.run(cmd, check=True, capture_output=True, timeout=120)
     before = set(tmp_path.iterdir())

@@ -1,5 +1,5 @@
 """A store survives bad files: corrupt or foreign content is skipped with one warning
-line naming it; run, sweep and report go on; an unwritable --out is a one-line error."""
+line naming it; run, sweep and report go on; an unwritable --store or --out is a one-line error."""
 import json
 import shutil
 
@@ -15,7 +15,7 @@ from fsbench.report import select_runs
 def good_run(tmp_path_factory):
     """One real complete run (tiny, 1 rank), copied into each test's store."""
     out = tmp_path_factory.mktemp("good")
-    assert main(["run", "--workload", "tiny", "--out", str(out)]) == 0
+    assert main(["run", "--workload", "tiny", "--store", str(out)]) == 0
     (run_dir,) = [d for d in out.iterdir() if d.is_dir()]
     return run_dir
 
@@ -55,8 +55,8 @@ def test_scan_skips_bad_files_with_one_warning_each(tmp_path, good_run, capsys):
 @pytest.mark.dist
 def test_run_and_report_go_on_past_a_corrupt_summary(tmp_path, good_run, capsys):
     root = _bad_store(tmp_path, good_run)
-    assert main(["run", "--workload", "tiny", "--out", str(root)]) == 0
-    assert main(["report", "--runs", str(root), "--format", "md", "--no-plots",
+    assert main(["run", "--workload", "tiny", "--store", str(root)]) == 0
+    assert main(["report", "--store", str(root), "--format", "md", "--no-plots",
                  "--out", str(tmp_path / "rep")]) == 0
     out = capsys.readouterr()
     assert "| ddp |" in out.out.replace("  ", " ") or "ddp" in out.out
@@ -70,7 +70,7 @@ def test_a_store_given_as_run_dir_is_reported(tmp_path, good_run):
 
 
 def test_a_directory_that_is_neither_run_nor_store_is_named(tmp_path):
-    with pytest.raises(ConfigError, match="is not a run directory .*use --runs DIR"):
+    with pytest.raises(ConfigError, match="is not a run directory .*use --store DIR"):
         select_runs([str(tmp_path)], "unused")
 
 
@@ -80,8 +80,8 @@ def test_unwritable_out_is_a_one_line_error(tmp_path, good_run, capsys):
     with pytest.raises(ConfigError, match="afile/sub: cannot write there"):
         store.check_writable_dir(blocker / "sub")
     assert store.check_writable_dir(tmp_path / "new" / "dir").is_dir()
-    for argv in (["run", "--workload", "tiny"], ["sweep", "--workload", "tiny"],
-                 ["report", "--runs", str(good_run.parent)]):
-        assert main(argv + ["--out", str(blocker / "sub")]) == 2
+    for argv in (["run", "--workload", "tiny", "--store"], ["sweep", "--workload", "tiny", "--store"],
+                 ["report", "--store", str(good_run.parent), "--out"]):
+        assert main(argv + [str(blocker / "sub")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "cannot write there" in err[0], err

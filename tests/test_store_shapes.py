@@ -49,7 +49,7 @@ def _only_run(out: Path) -> Path:
 @pytest.fixture(scope="module")
 def one_rank(tmp_path_factory):
     out = tmp_path_factory.mktemp("one_rank")
-    assert main(["run", *TINY, "--out", str(out)]) == 0
+    assert main(["run", *TINY, "--store", str(out)]) == 0
     return _only_run(out)
 
 
@@ -57,7 +57,7 @@ def one_rank(tmp_path_factory):
 def two_rank(tmp_path_factory):
     """A sweep at --world-sizes 2: a store with no 1-rank run."""
     out = tmp_path_factory.mktemp("two_rank")
-    assert main(["sweep", *TINY, "--world-sizes", "2", "--out", str(out)]) == 0
+    assert main(["sweep", *TINY, "--world-sizes", "2", "--store", str(out)]) == 0
     return _only_run(out)
 
 
@@ -66,7 +66,7 @@ def simulated(tmp_path_factory):
     """`fsbench simulate` runs: manifest and summary flagged simulated, no rank files."""
     out = tmp_path_factory.mktemp("simulated")
     assert main(["simulate", *TINY, "--trainers", "ddp", "--world-sizes", "8,16",
-                 "--out", str(out / "runs"), "--store", str(out / "calib")]) == 0
+                 "--sim-store", str(out / "runs"), "--store", str(out / "calib")]) == 0
     return sorted(d for d in (out / "runs").iterdir() if d.is_dir())
 
 
@@ -183,7 +183,7 @@ def run_cli(argv: list[str], capsys, allowed: set[int]) -> tuple[int, str]:
 def test_report(shape, fmt, tmp_path, sources, capsys):
     build(shape, tmp_path / "store", sources)
     out = tmp_path / "report"
-    rc, _ = run_cli(["report", "--runs", str(tmp_path / "store"), "--format", fmt, "--out", str(out)],
+    rc, _ = run_cli(["report", "--store", str(tmp_path / "store"), "--format", fmt, "--out", str(out)],
                     capsys, {2} if shape in UNUSABLE else {0})
     if rc == 0:
         assert (out / f"report.{ {'latex': 'tex'}.get(fmt, fmt)}").stat().st_size > 0
@@ -199,7 +199,7 @@ def test_report(shape, fmt, tmp_path, sources, capsys):
 def test_history(shape, tmp_path, sources, capsys):
     build(shape, tmp_path / "store", sources)
     out = tmp_path / "history"
-    rc, _ = run_cli(["history", "--runs", str(tmp_path / "store"), "--out", str(out)],
+    rc, _ = run_cli(["history", "--store", str(tmp_path / "store"), "--out", str(out)],
                     capsys, {2} if shape in UNUSABLE else {0})
     if rc == 0:
         assert (out / "history.html").exists() and (out / "history.md").exists()
@@ -241,7 +241,7 @@ def test_html_report_of_2_rank_runs_plots_scaling_against_2_ranks(two_rank, tmp_
     store.mkdir()
     copy_run(two_rank, store)
     out = tmp_path / "report"
-    assert main(["report", "--runs", str(store), "--format", "html", "--out", str(out)]) == 0
+    assert main(["report", "--store", str(store), "--format", "html", "--out", str(out)]) == 0
     page = (out / "report.html").read_text()
     assert page.count("data:image/png;base64,") == len(plots.PLOTS)
     assert plots.PLOTS["scaling"].caption in page
@@ -281,7 +281,7 @@ def test_report_names_the_run_it_leaves_out_of_the_step_plots(one_rank, tmp_path
     store.mkdir()
     copy_run(one_rank, store, "a-good")
     DAMAGES["missing_rank_files"](copy_run(one_rank, store, "z-damaged"))  # chosen first: last by name
-    assert main(["report", "--runs", str(store), "--format", "md", "--out", str(tmp_path / "r")]) == 0
+    assert main(["report", "--store", str(store), "--format", "md", "--out", str(tmp_path / "r")]) == 0
     err = capsys.readouterr().err
     assert "left out" in err and "z-damaged" in err, err
     assert (tmp_path / "r" / "rank_busy_idle.png").exists()
@@ -308,6 +308,6 @@ def test_mixed_store(one_rank, simulated, capsys, damages, with_good, with_simul
         for s in simulated if with_simulated else []:
             copy_run(s, store)
         usable = with_good or with_simulated or not set(damages) <= NO_ROW
-        for argv in (["report", "--runs", str(store), "--format", "html", "--out", f"{tmp}/r"],
-                     ["history", "--runs", str(store), "--out", f"{tmp}/h"]):
+        for argv in (["report", "--store", str(store), "--format", "html", "--out", f"{tmp}/r"],
+                     ["history", "--store", str(store), "--out", f"{tmp}/h"]):
             run_cli(argv, capsys, {0} if usable else {0, 2})

@@ -31,7 +31,7 @@ def test_interrupted_sweep_resumes_without_redoing_finished_runs(tmp_path, capsy
     # sweep gets SIGINT's default disposition, as a terminal's foreground job has: a suite
     # started in the background by a non-interactive shell inherits SIGINT ignored, and
     # Python then never raises KeyboardInterrupt (seen: all three runs completed).
-    proc = subprocess.Popen([sys.executable, "-m", "fsbench.cli", *ARGS, "--out", str(out)],
+    proc = subprocess.Popen([sys.executable, "-m", "fsbench.cli", *ARGS, "--store", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -52,7 +52,7 @@ def test_interrupted_sweep_resumes_without_redoing_finished_runs(tmp_path, capsy
     if len(finished) == 1:
         assert "interrupted" in before.values(), before
 
-    assert main([*ARGS, "--out", str(out)]) == 0
+    assert main([*ARGS, "--store", str(out)]) == 0
     assert f"resuming: {len(finished)} of 3 runs" in capsys.readouterr().err
     after = statuses(out)
     new = set(after) - set(before)
@@ -60,16 +60,16 @@ def test_interrupted_sweep_resumes_without_redoing_finished_runs(tmp_path, capsy
     assert sum(s == "complete" for s in after.values()) == 3
     assert all(after[name] == "complete" for name in finished)  # untouched
 
-    assert main([*ARGS, "--out", str(out)]) == 0  # nothing left to do
+    assert main([*ARGS, "--store", str(out)]) == 0  # nothing left to do
     assert "resuming: 3 of 3 runs" in capsys.readouterr().err
     assert statuses(out) == after
-    assert main([*ARGS, "--out", str(out), "--rerun"]) == 0
+    assert main([*ARGS, "--store", str(out), "--rerun"]) == 0
     assert sum(s == "complete" for s in statuses(out).values()) == 6
 
 
 def test_sweep_over_two_workloads(tmp_path, capsys):
     args = ["sweep", "--workload", "tiny,small", "--trainers", "ddp", "--world-sizes", "1",
-            "--steps", "3", "--warmup", "1", "--out", str(tmp_path)]
+            "--steps", "3", "--warmup", "1", "--store", str(tmp_path)]
     assert main(args) == 0
     table = capsys.readouterr().out
     rows = [line for line in table.splitlines() if line.startswith("|")]

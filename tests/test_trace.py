@@ -105,7 +105,7 @@ def test_chrome_trace_of_hand_made_spans():
 def test_trace_of_a_real_two_rank_run(tmp_path, capsys):
     from fsbench.timeline import read_timelines
 
-    assert main(["run", "--workload", "tiny", "--world-size", "2", "--out", str(tmp_path)]) == 0
+    assert main(["run", "--workload", "tiny", "--world-size", "2", "--store", str(tmp_path)]) == 0
     (run_dir,) = [d for d in tmp_path.iterdir() if d.is_dir()]
     assert main(["trace", str(run_dir)]) == 0
     assert "trace.json" in capsys.readouterr().out

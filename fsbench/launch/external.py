@@ -1,7 +1,7 @@
 """Runs whose ranks another launcher started: torchrun (one agent per node) or SLURM's srun.
 
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 \
-        --rdzv-id job1 -m fsbench.cli run --workload small --trainer ddp --out /shared/runs
+        --rdzv-id job1 -m fsbench.cli run --workload small --trainer ddp --store /shared/runs
 
 Every process is one rank running `fsbench run`. After joining the world, rank 0 creates
 the run directory and tells every rank its path. Ranks then check that they see rank 0's

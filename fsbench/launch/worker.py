@@ -186,7 +186,7 @@ def activate_emulation(run, run_dir: Path) -> None:
     fit = load_fit(run_dir.parent, run.workload, run.device)
     if fit is None:
         raise RuntimeError(f"compute=emulated needs a cost fit in {run_dir.parent}/calibrations/ "
-                           f"(fsbench calibrate --workload {run.workload.name} --out {run_dir.parent})")
+                           f"(fsbench calibrate --workload {run.workload.name} --store {run_dir.parent})")
     emulation.activate(fit)
 
 
