@@ -382,9 +382,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     many = ["workload"] if len(names) > 1 else []
     evaluated = "hr_at_10" in runs and runs["hr_at_10"].notna().any()  # --eval: quality, run by run
     quality = [*many, "trainer", "world_size", "repeat", *EVAL_VIEW]
+    # How to read the flag columns: footnotes of the table (in JSON, beside it).
+    notes = []
+    if table["oversubscribed"].any():
+        notes.append("oversub=yes: more busy threads than cores; step time, bubble and throughput "
+                     "measure time-sharing there, load imbalance stays valid.")
+    if table["contended"].any():
+        notes.append("contended=yes: another process took CPU time during the run (cpu wait); "
+                     "wall-clock columns measure it too. Rerun on a quiet machine.")
     if args.format == "json":
         doc = {"workloads": names, "steps": steps, "repeats": args.repeats, "baseline": baseline,
-               "table": records(table), "store": args.store}
+               "table": records(table), "notes": notes, "store": args.store}
         if evaluated:
             doc["quality"] = records(runs, quality)
         print(dumps(doc))
@@ -396,12 +404,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                                    f"throughput_vs_{baseline}", *spread, *FLAGS]))
         if evaluated:
             print(format_table(runs, quality))
-    if table["oversubscribed"].any():
-        warn("oversub=yes: more busy threads than cores; step time, bubble and throughput "
-             "measure time-sharing there, load imbalance stays valid.")
-    if table["contended"].any():
-        warn("contended=yes: another process took CPU time during the run (cpu wait); "
-             "wall-clock columns measure it too. Rerun on a quiet machine.")
+        for line in notes:
+            print(line)
     note(f"runs stored in {args.store}/")
     return 0
 
@@ -418,8 +422,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(dumps({"ok": ok, "worst_abs_error": worst, "tolerance": TOLERANCE,
                      "cases": records(table), "cpu_waited": loud}))
     else:
-        print(format_table(table.assign(**{c: table[c].map(lambda v: f"{v:.4f}") for c in
-                                           ("measured", "expected", "abs_error", "cpu_wait_ratio")})))
+        fixed = {c: table[c].map(lambda v: f"{v:.4f}") for c in ("measured", "expected", "abs_error")}
+        print(format_table(table.assign(**fixed)))
         print(f"worst absolute error {worst:.4f} (tolerance {TOLERANCE})")
     if loud:
         warn(f"ranks waited for a CPU more than {TRUTH_MAX_CPU_WAIT:.0%} of their step "

@@ -7,7 +7,7 @@ under compute, the bubble and peak memory, and FreeScale's throughput against th
 baseline's.
 
     python scripts/comm_comparison.py [--repeats 3] [--workloads comm-heavy,small,...]
-        [--out runs/comm_comparison] [--table results/freescale_comm_cpu.md]
+        [--store runs/comm_comparison] [--table results/freescale_comm_cpu.md]
 """
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ import sys
 
 import pandas as pd
 import torch
-from tqdm import tqdm
 
+from fsbench.cli_args import rename
 from fsbench.config import RunConfig
 from fsbench.runner import run_once
+from fsbench.table import progress
 from fsbench.workloads.presets import get_workload
 
 BASELINES = ("ddp", "torchrec", "deepspeed")
@@ -51,20 +52,21 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--world-size", type=int, default=2)
-    ap.add_argument("--out", default="runs/comm_comparison")
+    ap.add_argument("--store", default="runs/comm_comparison", help="where the runs go")
+    rename(ap, "--out", "--store", "store")  # its name before fsbench's one vocabulary
     ap.add_argument("--table", default="results/freescale_comm_cpu.md")
     args = ap.parse_args()
     plan = [(r, w, v) for r in range(args.repeats) for w in args.workloads.split(",")
             for v in VARIANTS]
     rows = []
-    for repeat, wname, vname in tqdm(plan, desc="runs"):
+    for repeat, wname, vname in progress(plan, "runs", "run"):
         preset, sets = WORKLOADS[wname]
         workload = dataclasses.replace(get_workload(preset), name=wname, **sets)
         trainer, switches = VARIANTS[vname]
         run = RunConfig(workload=workload, trainer=trainer, world_size=args.world_size,
                         seed=repeat, trainer_options=switches)
         try:
-            _, summary = run_once(run, args.out, timeout_s=900)
+            _, summary = run_once(run, args.store, timeout_s=900)
         except Exception as e:  # noqa: BLE001 - a failed variant is reported, not fatal
             print(f"{wname} {vname} repeat {repeat}: {e}", file=sys.stderr)
             continue
@@ -72,7 +74,7 @@ def main() -> None:
                      "contended": summary["contended"],
                      **{m: summary.get(m) for m in METRICS}})
     df = pd.DataFrame(rows)
-    df.to_csv(os.path.join(args.out, "comm_comparison.csv"), index=False)
+    df.to_csv(os.path.join(args.store, "comm_comparison.csv"), index=False)
     with open(args.table, "w") as f:
         f.write(render(df, args))
     print(f"wrote {args.table}")

@@ -17,7 +17,7 @@ section() { printf '\n## %s\n\nMachine: %s; commit `%s`\n\nCommand: `%s`\n\n```\
   echo "# Measurement: ground truth and instrumentation overhead (CPU)"
   made_by
   section "Ground truth (fsbench validate)" "fsbench validate --world-size 2"
-  $FS validate --world-size 2 --out "$OUT" || echo "(at least one case outside the tolerance)"
+  $FS validate --world-size 2 --store "$OUT" || echo "(at least one case outside the tolerance)"
   echo '```'
   section "Instrumentation overhead on small" "fsbench overhead --workload small --blocks 22 --steps-per-block 6"
   $FS overhead --workload small --blocks 22 --steps-per-block 6
@@ -28,10 +28,10 @@ section() { printf '\n## %s\n\nMachine: %s; commit `%s`\n\nCommand: `%s`\n\n```\
   echo "# FreeScale load balancing (CPU)"
   made_by
   section "Cost model calibration" "fsbench calibrate --workload small"
-  $FS calibrate --workload small --out "$OUT" 2>/dev/null
+  $FS calibrate --workload small --store "$OUT" 2>/dev/null
   echo '```'
   section "Side by side, small at 2 ranks" "fsbench sweep --workload small --trainers ddp,freescale --world-sizes 2 --repeats 5"
-  $FS sweep --workload small --trainers ddp,freescale --world-sizes 2 --repeats 5 --out "$OUT" 2>/dev/null
+  $FS sweep --workload small --trainers ddp,freescale --world-sizes 2 --repeats 5 --store "$OUT" 2>/dev/null
   .venv/bin/python - "$OUT" <<'PY'
 import sys
 from fsbench.store import load_runs
@@ -49,7 +49,7 @@ print(f"throughput ratio freescale/ddp: median {t.median()['freescale'] / t.medi
 PY
   echo '```'
   section "Noise floor: identical work on both ranks" "fsbench sweep --workload small --trainers ddp --world-sizes 2 --repeats 3 --set lengths=fixed:100"
-  $FS sweep --workload small --trainers ddp --world-sizes 2 --repeats 3 --set lengths=fixed:100 --out "$OUT" 2>/dev/null
+  $FS sweep --workload small --trainers ddp --world-sizes 2 --repeats 3 --set lengths=fixed:100 --store "$OUT" 2>/dev/null
   echo '```'
   section "Planner time and balance on real-shaped lengths" "python benchmarks/bench_partition.py"
   .venv/bin/python benchmarks/bench_partition.py
@@ -60,7 +60,7 @@ PY
   echo "# Four trainers on small (CPU): the main job"
   made_by
   section "make run" "fsbench sweep --workload small --trainers ddp,torchrec,deepspeed,freescale --world-sizes 1,2 --repeats 2"
-  $FS sweep --workload small --trainers ddp,torchrec,deepspeed,freescale --world-sizes 1,2 --repeats 2 --out "$OUT" 2>/dev/null
+  $FS sweep --workload small --trainers ddp,torchrec,deepspeed,freescale --world-sizes 1,2 --repeats 2 --store "$OUT" 2>/dev/null
   echo '```'
 } > results/four_trainers_small_cpu.md
 echo "wrote results/measurement_cpu.md results/freescale_balance_cpu.md results/four_trainers_small_cpu.md"

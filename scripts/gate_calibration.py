@@ -21,7 +21,7 @@ call inconclusive (exit 3), never unchanged. Reports every verdict (regressed, u
 improved, inconclusive), the injected changes as measured, and the smallest change the
 default gate detects per metric. Writes results/gate_calibration_cpu.md.
 
-    python scripts/gate_calibration.py [--rounds 20] [--kinds "A/A ddp,A/S"] [--out runs/gate_calibration]
+    python scripts/gate_calibration.py [--rounds 20] [--kinds "A/A ddp,A/S"] [--store runs/gate_calibration]
 """
 from __future__ import annotations
 
@@ -38,10 +38,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from fsbench import compare, gate
+from fsbench.cli_args import rename
 from fsbench.store import load_runs
+from fsbench.table import progress
 
 HERE = Path(__file__).resolve().parent.parent
 SUPPORT = str(HERE / "tests" / "support")
@@ -80,7 +81,7 @@ def rounds_run(rounds: dict[str, int], sweep: gate.Sweep, out: Path) -> None:
     done = out / "done.txt"  # resumable: a stopped calibration keeps its finished duels
     finished = {" ".join(line.split()[:3]) for line in done.read_text().splitlines()} if done.exists() else set()
     turns = random.Random(sweep.seed + 1)
-    for r, kind in tqdm(order, desc="calibration duels"):
+    for r, kind in progress(order, "calibration duels", "duel"):
         if f"{r} {kind}" in finished:
             continue
         sides, trainer = duel_sides(kind)
@@ -194,7 +195,7 @@ def render(df: pd.DataFrame, args, rounds: dict[str, int], sweep: gate.Sweep,
                          cwd=HERE).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                            text=True, cwd=HERE).stdout.strip()
-    spread, duels = paired_spread(Path(args.out).resolve())
+    spread, duels = paired_spread(Path(args.store).resolve())
     lines = [
         "# Regression gate calibration\n",
         f"Machine: {os.cpu_count()} cores ({platform.machine()}), no GPU, torch {torch.__version__}, "
@@ -261,7 +262,8 @@ def main() -> None:
                     f"(default: {','.join(DUELS)})")
     ap.add_argument("--contended-trials", type=int, default=2,
                     help="all-contended duels (beside busy processes); default: %(default)s")
-    ap.add_argument("--out", default="runs/gate_calibration")
+    ap.add_argument("--store", default="runs/gate_calibration", help="where the duels' runs go")
+    rename(ap, "--out", "--store", "store")  # its name before fsbench's one vocabulary
     ap.add_argument("--skip-runs", action="store_true", help="only re-analyse the stored duels")
     ap.add_argument("--no-overlapping", action="store_true",
                     help="skip the overlapping gates (every combination of rounds: slow to analyse)")
@@ -277,7 +279,7 @@ def main() -> None:
         rounds[kind] = int(n) if n else args.rounds
     args.kinds = list(rounds)
     sweep = gate.Sweep(trainers=(), block_steps=args.block_steps)
-    out = Path(args.out).resolve()
+    out = Path(args.store).resolve()
     start = time.time()
     stored = out / "all_contended.json"
     if not args.skip_runs:

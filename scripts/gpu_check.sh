@@ -29,17 +29,17 @@ for t in torchrec deepspeed; do
 done
 for t in $trainers; do
   step "run $t" 150 "$PY" -m fsbench.cli run --workload small --trainer "$t" --device cuda \
-    --world-size 1 --steps 12 --warmup 4 --out "$OUT/runs"
+    --world-size 1 --steps 12 --warmup 4 --store "$OUT/runs"
 done
 # FreeScale's embedding exchange over copy engines (symmetric memory), on the one GPU: one
 # rank exercises rendezvous, staging, pulls and barriers; the comm-heavy preset moves the most.
 step "freescale sm_free" 150 "$PY" -m fsbench.cli run --workload comm-heavy --trainer freescale \
-  --device cuda --world-size 1 --steps 12 --warmup 4 --set freescale.transport=sm_free --out "$OUT/runs"
+  --device cuda --world-size 1 --steps 12 --warmup 4 --set freescale.transport=sm_free --store "$OUT/runs"
 step "freescale collective" 150 "$PY" -m fsbench.cli run --workload comm-heavy --trainer freescale \
-  --device cuda --world-size 1 --steps 12 --warmup 4 --out "$OUT/runs"
+  --device cuda --world-size 1 --steps 12 --warmup 4 --store "$OUT/runs"
 # GEMM alone / beside an SM copy / beside copy-engine copies: < 1 s of GPU work at these
 # sizes (an 8192^3 GEMM is ~2 ms on an H200); the rest is start-up. Record: $OUT/micro/*.json
 step "sm-contention" 90 "$PY" -m fsbench.cli micro sm-contention --gemm-size 8192 \
   --bytes 268435456 --repeats 20 --out "$OUT/micro"
-step "report" 60 "$PY" -m fsbench.cli report --runs "$OUT/runs" --format md --out "$OUT/report" --no-plots
+step "report" 60 "$PY" -m fsbench.cli report --store "$OUT/runs" --format md --out "$OUT/report" --no-plots
 cat "$REPORT"
