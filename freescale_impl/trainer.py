@@ -27,6 +27,7 @@ all-to-alls of their jagged contents (`freescale_impl.sample_exchange`, a `comm`
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -256,7 +257,7 @@ class FreeScaleTrainer(DataParallelTrainer):
                       if self.sharded else "tables=replicated")
             print(f"freescale: balance={opts.balance} partitioner={opts.partitioner} "
                   f"window={opts.window} data={opts.data} {tables} cost model: "
-                  f"{self.cost.source}", flush=True)
+                  f"{self.cost.source}", file=sys.stderr, flush=True)  # a note: stdout is for results
         self.balanced = BalancedShare(source, ctx.rank, ctx.world_size, self.cost, opts,
                                       run.workload.steps)
 
