@@ -110,6 +110,19 @@ def test_old_names_are_hidden_and_warn_once(name, old, dest, capsys):
     assert old not in options(COMMANDS[name]) and old in options(COMMANDS[name], hidden=True)
 
 
+def test_the_gate_names_each_sides_store_as_its_version_does(tmp_path):
+    """BASE may predate `--store`: its `fsbench run` gets `--out` instead."""
+    from fsbench import gate
+
+    (tmp_path / "fsbench").mkdir()
+    side = gate.Side("base", tmp_path)
+    assert gate.store_flag(side) == "--out"
+    (tmp_path / "fsbench" / "cli_args.py").write_text("")
+    assert gate.store_flag(side) == "--store"
+    cmd, _ = gate.run_command(side, gate.Sweep(), "ddp", tmp_path, seed=0)
+    assert cmd[cmd.index("--store") + 1] == str(tmp_path / "base")
+
+
 def test_a_usage_error_is_one_line_and_exit_2(capsys):
     assert main(["report", "--format", "pdf"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
