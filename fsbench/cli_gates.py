@@ -115,10 +115,10 @@ def _verdict_settings(args: argparse.Namespace) -> tuple[float, dict[str, float]
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from fsbench import compare
+    from fsbench import compare, compare_sides
 
     alpha, thresholds = _verdict_settings(args)
-    rows, notes = compare.compare(compare.load_side(args.base), compare.load_side(args.new),
+    rows, notes = compare.compare(compare_sides.load_side(args.base), compare_sides.load_side(args.new),
                                   alpha, thresholds, args.allow_cross_machine)
     text = compare.to_json(rows, notes) if args.format == "json" else compare.markdown(rows, notes)
     print(text)
@@ -130,7 +130,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_gate(args: argparse.Namespace) -> int:
     import datetime
 
-    from fsbench import compare, gate
+    from fsbench import compare, compare_sides, gate
     from fsbench.store import check_writable_dir
     from fsbench.table import progress
 
@@ -165,7 +165,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
                                           progress=lambda it: progress(it, "gate run pairs", "pair"))
         except RuntimeError as e:
             raise ConfigError(f"gate: a run failed ({e}); runs so far are in {out}") from None
-    rows, notes = compare.compare(compare.load_side(out / "base"), compare.load_side(out / "new"),
+    rows, notes = compare.compare(compare_sides.load_side(out / "base"), compare_sides.load_side(out / "new"),
                                   alpha, thresholds, args.allow_cross_machine)
     rows += gate.contended_rows(sweep, still, args.retries)
     (out / "compare.md").write_text(compare.markdown(rows, notes))

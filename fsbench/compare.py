@@ -25,6 +25,7 @@ The design, said in the output, is chosen from what the runs allow:
                   machine's drift between them is part of the effect (said so);
   unpaired runs / unpaired batches   the same for runs that do not pair by seed.
 Peak memory: per rank and run, a t-test on log values (paired rank by rank when runs pair).
+The runs and their steps come from fsbench.compare_sides (which runs, which machine).
 
 Exit codes (`outcome`): 0 unchanged or improved, 1 regressed, 3 inconclusive (a
 regression anywhere wins); bad input is 2, an internal error 4 (fsbench.cli).
@@ -34,12 +35,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from fsbench import gate_stats, metrics
+from fsbench import gate_stats
+from fsbench.compare_sides import (left_out, machine_lines, machines_differ, pace_of,
+                                   peak_samples, readable, usable)
 from fsbench.errors import ConfigError
 from fsbench.table import grid
 
@@ -74,8 +76,6 @@ TOTALS: dict[str, tuple[str, str]] = {
 DEFAULT_THRESHOLDS = {"time": 0.05, "memory": 0.05, "ratio": 0.02}
 DEFAULT_ALPHA = 0.01
 KEY = ["workload", "workload_version", "trainer", "world_size"]
-# What a run's machine is, as compare checks it (from its manifest).
-MACHINE_FIELDS = ("hostname", "cpu_model", "cpus", "accelerator", "torch")
 MORE_UNITS = ("more pairs (`fsbench gate --pairs N`) or more steps per run (`--steps`)")
 EXIT = {"unchanged": 0, "regressed": 1, "inconclusive": 3}
 
@@ -110,146 +110,7 @@ def _nan_row(key: tuple, metric: str, reason: str, remedy: str) -> Row:
 
 
 # ---------------------------------------------------------------------------
-# Reading the sides
-
-def load_side(path: str | Path) -> pd.DataFrame:
-    """Runs of one side: a run directory, or a store (a directory of runs). Complete runs
-    only; bad input (no such directory, nothing complete) is a ConfigError."""
-    from fsbench import store
-
-    path = Path(path)
-    if not path.is_dir():
-        raise ConfigError(f"{path}: not a run directory or a store of runs")
-    if (path / "manifest.json").exists():
-        row = store.run_row(path)
-        runs = pd.DataFrame([row] if row else [])
-    else:
-        runs = store.scan_runs(path)
-    if len(runs):
-        runs = runs[runs["status"] == "complete"]
-    if not len(runs):
-        raise ConfigError(f"{path}: holds no complete run")
-    runs = runs.reset_index(drop=True)
-    for col, default in (("workload_version", None), ("seed", 0), ("simulated", False)):
-        if col not in runs:
-            runs[col] = default
-    return runs
-
-
-def step_samples(run_dir: str | Path) -> pd.DataFrame:
-    """Per measured step: step time, throughput, bubble and its causes, with the sums the
-    totals are made of (`TOTALS`)."""
-    from fsbench.runner import read_step_stats
-    from fsbench.timeline import read_timelines
-
-    run_dir = Path(run_dir)
-    table = metrics.throughput(metrics.step_metrics(read_timelines(run_dir)),
-                               read_step_stats(run_dir))
-    table = table[~table["warmup"]]
-    if table.empty:
-        raise ValueError("no measured steps in its rank files")
-    return table.assign(one=1.0, step_s=table["step_time_ms"] / 1e3)
-
-
-def peak_samples(run_dir: str | Path) -> list[float]:
-    summary = json.loads((Path(run_dir) / "summary.json").read_text())
-    return [float(v) for v in summary.get("peak_memory_mb_per_rank") or []]
-
-
-def machine_of(run_dir: str | Path) -> dict:
-    """The machine a run measured, from its manifest: host, CPU model, cores, accelerator,
-    torch. Fields an older manifest lacks are None (not compared)."""
-    try:
-        manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
-    except (OSError, ValueError):
-        manifest = {}
-    host = manifest.get("host") or {}
-    gpus = host.get("gpus")
-    return {"hostname": host.get("hostname"), "cpu_model": host.get("cpu_model"),
-            "cpus": host.get("cpus"),
-            "accelerator": ", ".join(gpus) if gpus else ("none" if "cuda_available" in host else None),
-            "torch": (manifest.get("packages") or {}).get("torch")}
-
-
-def machines_differ(base: pd.DataFrame, new: pd.DataFrame) -> str | None:
-    """How BASE's machines differ from NEW's, or None when every known field agrees."""
-    seen = {side: [machine_of(d) for d in runs["run_dir"]] for side, runs in
-            (("BASE", base), ("NEW", new))}
-    diffs = []
-    for field in MACHINE_FIELDS:
-        values = {side: {m[field] for m in ms if m[field] is not None} for side, ms in seen.items()}
-        if values["BASE"] and values["NEW"] and values["BASE"] != values["NEW"]:
-            diffs.append(f"{field} {'/'.join(map(str, sorted(values['BASE'], key=str)))} vs "
-                         f"{'/'.join(map(str, sorted(values['NEW'], key=str)))}")
-    return "; ".join(diffs) or None
-
-
-def machine_lines(base: pd.DataFrame, new: pd.DataFrame) -> list[tuple[str, str]]:
-    """What each side ran on, one line per distinct machine ("both" when they agree)."""
-    def lines(runs):
-        seen = [machine_of(d) for d in runs["run_dir"]]
-        return list(dict.fromkeys(", ".join(f"{k}={m[k] if m[k] is not None else 'unknown'}"
-                                            for k in MACHINE_FIELDS) for m in seen))
-    b, n = lines(base), lines(new)
-    if b == n:
-        return [("BASE and NEW", line) for line in b]
-    return [("BASE", line) for line in b] + [("NEW", line) for line in n]
-
-
-def _flag(runs: pd.DataFrame, name: str) -> pd.Series:
-    if name not in runs:
-        return pd.Series(False, index=runs.index)
-    return runs[name].map(lambda v: v is True or v == 1 or v == "True")
-
-
-def usable(runs: pd.DataFrame) -> pd.DataFrame:
-    """Runs a timing comparison can use: measured (not simulated), not contended, not
-    oversubscribed. A run whose contention is unknown (null) stays, and is noted."""
-    keep = ~(_flag(runs, "contended") | _flag(runs, "oversubscribed") | _flag(runs, "simulated"))
-    return runs[keep]
-
-
-def left_out(runs: pd.DataFrame, side: str) -> list[str]:
-    """Why runs of one side are left out, one line each."""
-    why = []
-    for flag, text in (("simulated", "simulated, not a measurement"),
-                       ("contended", "contended (a neighbour took the CPU)"),
-                       ("oversubscribed", "oversubscribed (more busy threads than cores)")):
-        why += [f"{side} {r.run_id}: {text}, left out" for r in runs[_flag(runs, flag)].itertuples()]
-    if "contended" in runs:
-        unknown = runs["contended"].isna() & ~_flag(runs, "simulated")
-        why += [f"{side} {r.run_id}: contention unknown (no schedstat on its machine), kept"
-                for r in runs[unknown].itertuples()]
-    return why
-
-
-# ---------------------------------------------------------------------------
 # Designs: which steps form a unit
-
-def _readable(runs: pd.DataFrame, side: str, notes: list[str]) -> tuple[pd.DataFrame, list]:
-    """The runs whose rank files read, with their step tables; the rest named in notes."""
-    keep, tables = [], []
-    for i, r in runs.iterrows():
-        try:
-            tables.append(step_samples(r["run_dir"]))
-            keep.append(i)
-        except Exception as e:  # a store holds what users made: any unreadable file
-            notes.append(f"{side} {r['run_id']}: rank files unreadable "
-                         f"({type(e).__name__}: {str(e)[:80]}), left out")
-    return runs.loc[keep], tables
-
-
-def pace_of(run_dir: str | Path) -> tuple[str, int] | None:
-    """(turn-taking group, block steps) of a run made under fsbench.pacing, else None."""
-    path = Path(run_dir) / "pace.json"
-    if not path.exists():
-        return None
-    try:
-        pace = json.loads(path.read_text())
-        return str(pace["group"]), int(pace["block_steps"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
 
 def units_needed(metric_count: int, alpha: float) -> int:
     """Paired units whose exact sign-flip test can reach alpha after Holm over the metrics."""
@@ -368,8 +229,8 @@ def compare_key(key: tuple, b: pd.DataFrame, n: pd.DataFrame, alpha: float,
                       for r in runs.itertuples() if r.seed not in common]
         b = b[b["seed"].isin(common)].sort_values("seed")
         n = n[n["seed"].isin(common)].sort_values("seed")
-    b, tb = _readable(b, "BASE", notes)
-    n, tn = _readable(n, "NEW", notes)
+    b, tb = readable(b, "BASE", notes)
+    n, tn = readable(n, "NEW", notes)
     if paired:  # drop pairs that lost a partner to an unreadable file
         ok = set(b["seed"]) & set(n["seed"])
         tb = [t for t, s in zip(tb, b["seed"]) if s in ok]

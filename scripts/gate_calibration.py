@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fsbench import compare, gate
+from fsbench import compare, compare_sides, gate
 from fsbench.cli_args import rename
 from fsbench.store import load_runs
 from fsbench.table import progress
@@ -104,7 +104,7 @@ def contended_case(trials: int, sweep: gate.Sweep, out: Path) -> list[dict]:
         finally:
             for proc in spinners:
                 proc.kill()
-        rows, notes = compare.compare(*(compare.load_side(where / s.name) for s in sides))
+        rows, notes = compare.compare(*(compare_sides.load_side(where / s.name) for s in sides))
         results.append({"trial": trial, "still_contended": "/".join(busy) or "none",
                         "outcome": compare.outcome(rows), "exit": compare.exit_code(rows),
                         "reason": next((r.reason for r in rows if r.verdict == "inconclusive"), "")})
@@ -116,7 +116,7 @@ def draws(out: Path, kinds: list[str], pairs: int, overlapping: bool = True) -> 
     (a one-seed gate), and every combination of `pairs` rounds: one row per gate and
     metric, with the gate's outcome (what its exit code says)."""
     # Every run enters many comparisons here: read its steps once (finished runs never change).
-    compare.step_samples = functools.lru_cache(maxsize=None)(compare.step_samples)
+    compare_sides.step_samples = functools.lru_cache(maxsize=None)(compare_sides.step_samples)
     rows = []
     for kind in kinds:
         (base_side, new_side), _ = duel_sides(kind)
@@ -147,10 +147,10 @@ def paired_spread(out: Path) -> tuple[float, int]:
         if not (out / base_side.name).is_dir():
             continue
         base, new = load_runs(out / base_side.name), load_runs(out / new_side.name)
-        base, new = compare.usable(base), compare.usable(new)
+        base, new = compare_sides.usable(base), compare_sides.usable(new)
         for seed in sorted(set(base["seed"]) & set(new["seed"])):
-            b = compare.step_samples(base[base["seed"] == seed]["run_dir"].iloc[0])
-            n = compare.step_samples(new[new["seed"] == seed]["run_dir"].iloc[0])
+            b = compare_sides.step_samples(base[base["seed"] == seed]["run_dir"].iloc[0])
+            n = compare_sides.step_samples(new[new["seed"] == seed]["run_dir"].iloc[0])
             j = b.merge(n, on="step", suffixes=("_b", "_n"))
             spreads.append(float(np.log(j["step_time_ms_n"] / j["step_time_ms_b"]).std(ddof=1)))
     return (float(np.median(spreads)) if spreads else float("nan")), len(spreads)

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from fsbench import compare, gate, gate_stats, history
+from fsbench import compare, compare_sides, gate, gate_stats, history
 from fsbench.cli import main
 from fsbench.config import RunConfig
 from fsbench.runner import run_once
@@ -166,14 +166,14 @@ def test_paced_runs_take_turns_block_by_block(tmp_path):
     spans = {}
     for side in ("base", "new"):
         (run_dir,) = [d for d in (tmp_path / side).iterdir() if d.is_dir()]
-        assert compare.pace_of(run_dir)[1] == 2
+        assert compare_sides.pace_of(run_dir)[1] == 2
         tl = read_timelines(run_dir)
         steps = tl[tl["name"] == "step"].assign(end_ns=lambda t: t["start_ns"] + t["dur_ns"])
         spans[side] = steps.groupby(steps["step"] // 2).agg(start=("start_ns", "min"), end=("end_ns", "max"))
     b, n = spans["base"], spans["new"]
     assert len(b) == len(n) == 4
     assert ((b["end"] <= n["start"]) | (n["end"] <= b["start"])).all()
-    rows, _ = compare.compare(*(compare.load_side(tmp_path / s).assign(contended=False)
+    rows, _ = compare.compare(*(compare_sides.load_side(tmp_path / s).assign(contended=False)
                                 for s in ("base", "new")))
     timed = [r for r in rows if r.metric != "peak_memory_mb"]
     assert {(r.pairing, r.units) for r in timed} == {("blocks of 2 steps", 3)}  # steps 2..7
