@@ -17,7 +17,7 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
     from fsbench.gate import Sweep
 
     p = sub.add_parser(
-        "compare", help="BASE vs NEW runs: per metric change, interval, p, verdict (exit 1 on a regression)",
+        "compare", help="BASE vs NEW runs: per metric change, interval, p, verdict (exit 1 regressed, 3 inconclusive)",
         description="Compare two sets of runs (each a run directory or a store of runs) per "
                     "workload, trainer and world size, on per-step samples: step time, "
                     "throughput, the bubble and its four causes, peak memory. Runs with one seed "

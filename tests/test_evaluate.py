@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from fsbench import cli, evaluate
+from fsbench import cli, cli_runs, evaluate
 from fsbench.config import ConfigError, EvalConfig, ModelConfig, RunConfig, WorkloadConfig
 from fsbench.evaluate import EVAL_FILE, eval_set, hit_ndcg, target_ranks
 from fsbench.models import build_model
@@ -184,11 +184,11 @@ def test_eval_needs_real_data_and_the_reference_model(tmp_path):
 def test_cli_eval_flags(tmp_path, capsys):
     spec = write_dataset(tmp_path / "d.txt")
     args = cli.build_parser().parse_args(["run", "--target-hr10", "0.2", "--set", f"data={spec}"])
-    assert cli.eval_config(args) == EvalConfig(on=True, every=cli.DEFAULT_EVAL_EVERY,
+    assert cli_runs.eval_config(args) == EvalConfig(on=True, every=cli_runs.DEFAULT_EVAL_EVERY,
                                                target_hr10=0.2)
     args = cli.build_parser().parse_args(["sweep", "--eval-every", "4"])
-    assert cli.eval_config(args) == EvalConfig(on=True, every=4)
-    assert cli.eval_config(cli.build_parser().parse_args(["run"])) == EvalConfig()
+    assert cli_runs.eval_config(args) == EvalConfig(on=True, every=4)
+    assert cli_runs.eval_config(cli.build_parser().parse_args(["run"])) == EvalConfig()
     assert cli.main(["run", "--eval", "--store", str(tmp_path / "runs")]) == 2
     assert "--eval needs real interaction data" in capsys.readouterr().err
     assert cli.main(["run", "--eval-every", "0", "--set", f"data={spec}"]) == 2
