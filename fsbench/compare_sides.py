@@ -6,7 +6,6 @@ A store holds whatever users made, so every reader here names what it cannot use
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -58,16 +57,20 @@ def step_samples(run_dir: str | Path) -> pd.DataFrame:
 
 
 def peak_samples(run_dir: str | Path) -> list[float]:
-    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    from fsbench import store
+
+    summary = store.read_object(Path(run_dir) / "summary.json")
     return [float(v) for v in summary.get("peak_memory_mb_per_rank") or []]
 
 
 def machine_of(run_dir: str | Path) -> dict:
     """The machine a run measured, from its manifest: host, CPU model, cores, accelerator,
     torch. Fields an older manifest lacks are None (not compared)."""
+    from fsbench import store
+
     try:
-        manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
-    except (OSError, ValueError):
+        manifest = store.read_object(Path(run_dir) / "manifest.json")
+    except ConfigError:
         manifest = {}
     host = manifest.get("host") or {}
     gpus = host.get("gpus")
@@ -147,11 +150,13 @@ def readable(runs: pd.DataFrame, side: str, notes: list[str]) -> tuple[pd.DataFr
 
 def pace_of(run_dir: str | Path) -> tuple[str, int] | None:
     """(turn-taking group, block steps) of a run made under fsbench.pacing, else None."""
+    from fsbench import store
+
     path = Path(run_dir) / "pace.json"
     if not path.exists():
         return None
     try:
-        pace = json.loads(path.read_text())
+        pace = store.read_object(path)
         return str(pace["group"]), int(pace["block_steps"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ConfigError, KeyError, TypeError, ValueError):
         return None

@@ -13,7 +13,6 @@ B or B then A, paired run by run: far less sensitive, and said so. Runs are kept
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -219,9 +218,11 @@ def _listing(out: Path, sides: tuple[Side, Side]) -> dict[str, set[str]]:
 
 def contended(run_dir: Path) -> bool | None:
     """The run's `contended` flag from its summary (None: unknown or unreadable)."""
+    from fsbench.store import read_object
+
     try:
-        return json.loads((run_dir / "summary.json").read_text()).get("contended")
-    except (OSError, ValueError):
+        return read_object(run_dir / "summary.json").get("contended")
+    except ConfigError:
         return None
 
 

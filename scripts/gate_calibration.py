@@ -220,6 +220,10 @@ def render(df: pd.DataFrame, args, rounds: dict[str, int], sweep: gate.Sweep,
         *counts(df, "one seed"),
         *([f"\n## Every {sweep.pairs} rounds as a gate (rounds shared between gates: not independent)\n",
            *counts(df, "any two")] if (df["size"] == "any two").any() else []),
+        f"\nDuels rerun because a run in them was contended (as the gate reruns them; the "
+        f"contended runs are kept under {Path(args.store).name}/contended/): "
+        f"{sum(1 for _ in (Path(args.store) / 'contended').glob('*_base/*'))}; still contended after "
+        f"the reruns: {int(df[df['reason'].fillna('').str.contains('contended')]['gate'].nunique())} gates.",
         "\n## All contended (A/A beside two busy processes, one rerun)\n",
         *([f"- trial {c['trial']}: outcome **{c['outcome']}** (exit {c['exit']}); still contended: "
            f"{c['still_contended']}; {c['reason']}" for c in contended] or ["- not run"]),
