@@ -1,10 +1,11 @@
 """CPU contention is measured, not suffered: a run beside a busy process says so."""
 import dataclasses
+import os
 import subprocess
 import sys
 
 import pytest
-from timing import contended_after_retries
+from timing import judged_under_contention, with_foreign_cpu_share
 
 from fsbench.config import RunConfig
 from fsbench.groundtruth import synthetic_workload
@@ -39,13 +40,24 @@ def test_a_run_beside_a_busy_process_is_flagged_contended_with_its_wait(tmp_path
     assert summary["other_idle_ratio"] > CONTENDED_CPU_WAIT / 2
 
 
-def test_a_quiet_run_is_not_flagged(tmp_path):
-    waits = []
+def test_a_run_is_flagged_contended_only_when_something_else_took_the_cpus(tmp_path):
+    """A quiet run is not flagged. On a machine that stays busy for three tries, each flag
+    must be backed by independent evidence: other processes (or the hypervisor) took a
+    share of the machine's CPU during that run, measured from /proc/stat outside this
+    test's own process tree."""
+    waits, foreign = [], []
     for attempt in range(3):
-        summary = _run(tmp_path / str(attempt))
+        summary, share = with_foreign_cpu_share(lambda: _run(tmp_path / str(attempt)))
         if not summary["contended"]:
             assert summary["cpu_wait_ratio"] <= CONTENDED_CPU_WAIT
             return
         waits.append(summary["cpu_wait_ratio"])
-    contended_after_retries("the machine was busy in 3 tries (CPU wait "
-                + ", ".join(f"{w:.1%}" for w in waits) + "): cannot show a quiet run here")
+        foreign.append(share)
+    judged_under_contention("flagged in 3 tries (CPU wait " + ", ".join(f"{w:.1%}" for w in waits)
+                            + "): a quiet run not shown; each flag checked against the "
+                            "CPU share other processes took (" + ", ".join(f"{f:.1%}" for f in foreign) + ")")
+    # Flagged means the ranks waited > 10% of their step time beyond what the run's own
+    # helper threads explain; someone else must then have run for a good part of that
+    # time. A flag with under a twentieth of a core going elsewhere would be crying wolf.
+    cores = os.cpu_count() or 1
+    assert min(foreign) * cores > 0.05, (foreign, cores)

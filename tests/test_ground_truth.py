@@ -1,13 +1,15 @@
 """The harness's numbers mean what they say: measured ratios against closed-form truth
-(fsbench.groundtruth). Every ratio a run reports (median over its measured steps) must
-be within 0.03 (absolute) of its expected value."""
+(fsbench.groundtruth). Every ratio a run reports (totals over its measured steps) must
+be within its error budget of its expected value: 0.03 (absolute) on a quiet machine, plus
+the measured CPU wait on a louder one (groundtruth.error_budget)."""
 import os
+import warnings
 
 import pytest
-from timing import contended_after_retries
+from timing import judged_under_contention
 
-from fsbench.groundtruth import (CASES, TOLERANCE, TRUTH_MAX_CPU_WAIT, expected_for_step,
-                                 synthetic_workload, validate)
+from fsbench.groundtruth import (CASES, TOLERANCE, TRUTH_MAX_CPU_WAIT, error_budget,
+                                 expected_for_step, synthetic_workload, validate)
 from fsbench.metrics import CONTENDED_CPU_WAIT, step_metrics
 from fsbench.runner import run_once
 from fsbench.config import RunConfig
@@ -16,25 +18,36 @@ from fsbench.timeline import read_timelines
 pytestmark = pytest.mark.dist
 
 
-TRIES = 3  # a run that waited for CPUs is tried this many times; then it skips, or fails under CI
+TRIES = 3  # a loud run is tried this many times; then the quietest try is judged
 
 
-def quiet_validation(tmp_path, case: str):
-    """The case's validation table from a run on a quiet machine; skips locally and fails
-    under CI (tests/support/timing.py), naming the measured CPU wait, when every try
-    waited for CPUs more than the truth can absorb
-    (groundtruth.TRUTH_MAX_CPU_WAIT): a timing truth cannot be judged while a neighbour
-    takes the cores, and must not flake either way."""
-    waits = []
+def judged_validation(tmp_path, case: str):
+    """The case's validation table (fsbench.groundtruth.validate: each row's error budget
+    follows the run's CPU wait). A run whose ranks waited more than TRUTH_MAX_CPU_WAIT is
+    retried; after TRIES the quietest try is judged with its (wider, stated) budget, and
+    on a contended machine only the busy-time ratio is: a warning says which."""
+    tries = []
     for attempt in range(TRIES):
         table = validate(tmp_path / str(attempt), world_size=2, cases={case: CASES[case]})
         if table["cpu_wait_ratio"].max() <= TRUTH_MAX_CPU_WAIT:
             return table
-        waits.append(float(table["cpu_wait_ratio"].max()))
-    contended_after_retries(f"machine busy in all {TRIES} tries: ranks waited for a CPU "
-                f"{', '.join(f'{w:.1%}' for w in waits)} of their step time "
-                f"(judged only at <= {TRUTH_MAX_CPU_WAIT:.0%}; contended above "
-                f"{CONTENDED_CPU_WAIT:.0%})")
+        tries.append(table)
+    table = min(tries, key=lambda t: t["cpu_wait_ratio"].max())
+    waits = ", ".join(f"{t['cpu_wait_ratio'].max():.1%}" for t in tries)
+    if not table["judged"].all():
+        judged_under_contention(
+            f"ranks waited for a CPU {waits} of their step time (contended above "
+            f"{CONTENDED_CPU_WAIT:.0%}): {case}'s wall-clock ratios not judged, only "
+            f"{', '.join(table[table['judged']]['metric'])}")
+    else:
+        warnings.warn(f"{case}: ranks waited for a CPU {waits} of their step time in "
+                      f"{TRIES} tries (quiet is <= {TRUTH_MAX_CPU_WAIT:.0%}): judged the "
+                      f"quietest with budget {table['budget'].max():.3f} instead of {TOLERANCE}")
+    return table
+
+
+def out_of_budget(table):
+    return table[table["judged"] & ~table["ok"]]
 
 
 SLEEP_CASE = "optimizer_sleeps_100ms"  # its own test below
@@ -42,9 +55,10 @@ SLEEP_CASE = "optimizer_sleeps_100ms"  # its own test below
 
 @pytest.mark.parametrize("case", [c for c in CASES if c != SLEEP_CASE])
 def test_reported_ratios_match_closed_form_at_2_ranks(case, tmp_path):
-    table = quiet_validation(tmp_path, case)
+    table = judged_validation(tmp_path, case)
     assert not table["oversubscribed"].any()
-    bad = table[table["abs_error"] > TOLERANCE]
+    assert table.set_index("metric")["judged"]["load_imbalance"]  # busy time, always judged
+    bad = out_of_budget(table)
     assert bad.empty, bad.to_string()
 
 
@@ -53,11 +67,18 @@ def test_a_sleep_with_no_collective_in_flight_is_other_idle_not_communication(tm
     completed: blocked time inside a compute span with nothing in flight. Booked as
     communication (the rule before flights decided it) it would read ~0.16 exposed
     communication; it is other idle, and every other ratio stays true."""
-    table = quiet_validation(tmp_path, SLEEP_CASE)
-    bad = table[table["abs_error"] > TOLERANCE]
+    table = judged_validation(tmp_path, SLEEP_CASE)
+    bad = out_of_budget(table)
     assert bad.empty, bad.to_string()
     truth = table.set_index("metric")["expected"]
     assert truth["other_idle_ratio"] > 0.15 and truth["exposed_comm_ratio"] == 0.0
+
+
+def test_the_error_budget_grows_by_the_measured_wait_and_stops_at_contention():
+    assert error_budget("bubble_ratio", 0.015, 0.03) == TOLERANCE
+    assert error_budget("bubble_ratio", 0.023, 0.03) == pytest.approx(TOLERANCE + 0.03)
+    assert error_budget("exposed_comm_ratio", CONTENDED_CPU_WAIT + 0.01, 0.2) is None
+    assert error_budget("load_imbalance", 0.5, 0.6) == TOLERANCE
 
 
 def test_load_imbalance_of_every_step_stays_true_at_4_oversubscribed_ranks(tmp_path):

@@ -4,7 +4,7 @@ import dataclasses
 import importlib.util
 
 import pytest
-from timing import contended_after_retries
+from timing import judged_under_contention
 import torch
 
 from fsbench.cli import main
@@ -91,8 +91,15 @@ def test_prefetching_hides_a_slow_source_that_inline_input_exposes(tmp_path):
             break
         waits.append(max(s["cpu_wait_ratio"] for s in out.values()))
     else:
-        contended_after_retries(f"machine contended in 3 tries (CPU wait {waits}, threshold "
-                    f"{CONTENDED_CPU_WAIT:.0%})")
+        # What a neighbour cannot move: the inline source's 40 ms sleep can only last
+        # longer, and the prefetching worker still hides most of it.
+        judged_under_contention(f"CPU wait {', '.join(f'{w:.1%}' for w in waits)} (contended "
+                                f"above {CONTENDED_CPU_WAIT:.0%}): the stall ratios' values "
+                                "not judged, only inline >= 40 ms per step and prefetch < inline/2")
+        stall_ms = out[0]["input_stall_ratio"] * out[0]["step_time_ms_mean"]
+        assert stall_ms >= 40.0 * 0.97, stall_ms
+        assert out[1]["input_stall_ratio"] < out[0]["input_stall_ratio"] / 2
+        return
     t_inline = out[0]["step_time_ms_mean"]
     assert out[0]["input_stall_ratio"] == pytest.approx(40.0 / t_inline, abs=0.03)
     assert out[1]["input_stall_ratio"] < 0.03

@@ -1,15 +1,58 @@
-"""What a timing test does when every try found the machine contended."""
+"""What a timing test does when every try found the machine contended.
+
+It never skips: a skip would make the check vanish. Locally it falls back to the
+assertions contention cannot move (busy time from thread CPU time, sleeps that can only
+last longer, evidence that someone else really took the CPUs) and says, in a
+ContendedMachineWarning that pytest prints in its summary, what it could not judge. Under
+`CI=true` the fresh CI machine is expected quiet, so a test that found it contended in
+every try fails, naming the measured wait: the end-to-end check is then missing from that
+CI run, and that must be seen, not pass green. (A merely loud run, below the contention
+threshold, is judged with a budget widened by its measured wait, never failed for it:
+fsbench.groundtruth.error_budget.)"""
 from __future__ import annotations
 
 import os
+import resource
+import time
+import warnings
+from typing import Callable, TypeVar
 
-import pytest
+T = TypeVar("T")
 
 
-def contended_after_retries(reason: str) -> None:
-    """Locally: skip, saying why (a developer's busy laptop is not a failure). Under CI
-    (CI=true): fail with the reason -- on a CI runner a skipped timing test would make the
-    only end-to-end check of the numbers vanish without anyone noticing."""
-    if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
-        pytest.fail(f"contended in every try, under CI: {reason}", pytrace=False)
-    pytest.skip(reason)
+class ContendedMachineWarning(UserWarning):
+    """A timing test judged only what contention cannot move."""
+
+
+def judged_under_contention(reason: str) -> None:
+    if os.environ.get("CI", "").lower() == "true":
+        import pytest
+        pytest.fail(f"machine contended in every try under CI=true: {reason}")
+    warnings.warn(ContendedMachineWarning(f"machine contended in every try: {reason}"),
+                  stacklevel=2)
+
+
+def _machine_cpu_s() -> tuple[float, float]:
+    """(busy, steal) CPU seconds of the whole machine so far, from /proc/stat."""
+    fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq) / tick, steal / tick
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds of this process and its waited-for descendants (the ranks)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def with_foreign_cpu_share(fn: Callable[[], T]) -> tuple[T, float]:
+    """fn's result and the share of the machine's CPU capacity during it that went to
+    other processes or the hypervisor (steal): the independent evidence of a neighbour."""
+    busy0, steal0 = _machine_cpu_s()
+    own0, t0 = _own_cpu_s(), time.monotonic()
+    out = fn()
+    busy1, steal1 = _machine_cpu_s()
+    capacity = (time.monotonic() - t0) * (os.cpu_count() or 1)
+    foreign = max(0.0, (busy1 - busy0) - (_own_cpu_s() - own0)) + (steal1 - steal0)
+    return out, foreign / capacity if capacity > 0 else 0.0
