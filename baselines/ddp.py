@@ -6,9 +6,9 @@ gradients during backward.
 """
 from __future__ import annotations
 
-from fsbench.dp import DataParallelTrainer
-from fsbench.inputs import ContiguousShare
-from fsbench.trainer import Preparer
+from fsbench.training.dp import DataParallelTrainer
+from fsbench.training.inputs import ContiguousShare
+from fsbench.training.trainer import Preparer
 
 
 class DDPTrainer(DataParallelTrainer):

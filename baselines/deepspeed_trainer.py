@@ -14,7 +14,7 @@ manifest (its frozen RunConfig) fully determines it:
   `{"type": "Adam", "params": {"torch_adam": true, "adam_w_mode": false}}`, which makes
   DeepSpeed build `torch.optim.Adam` (its default for "Adam" is AdamW, and its own
   fused/CPU Adam is a ~100 s compile on CPU); SGD and Adagrad map to `torch.optim.SGD` and
-  `torch.optim.Adagrad`. Always `foreach=False`, as `fsbench.optim.make_optimizer` does;
+  `torch.optim.Adagrad`. Always `foreach=False`, as `fsbench.training.optim.make_optimizer` does;
 - `train_micro_batch_size_per_gpu` is ceil(global batch / world size), the largest
   contiguous slice. It is nominal: DeepSpeed uses it for its own data loader and
   throughput logging, neither of which runs here; our data is the global batch of
@@ -69,7 +69,7 @@ try:
     import deepspeed
     import deepspeed.comm as ds_comm
     from deepspeed.accelerator import get_accelerator
-except ImportError as e:  # fsbench.trainer turns this into a one-line ConfigError
+except ImportError as e:  # fsbench.training.trainer turns this into a one-line ConfigError
     raise ImportError(
         f"the deepspeed trainer needs DeepSpeed ({e}); install it with: "
         "DS_BUILD_OPS=0 pip install -e '.[deepspeed]'", name=e.name or "deepspeed") from e
@@ -86,14 +86,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 from fsbench.config import ConfigError, RunConfig
-from fsbench.dist import RankContext
-from fsbench.flights import FrameworkFlights
-from fsbench.inputs import ContiguousShare
-from fsbench.memory import TableMemory
+from fsbench.training.dist import RankContext
+from fsbench.measurement.flights import FrameworkFlights
+from fsbench.training.inputs import ContiguousShare
+from fsbench.running.memory import TableMemory
 from fsbench.models import build_model, model_from_state
 from fsbench.options import TrainerOptions
-from fsbench.timeline import span
-from fsbench.trainer import Preparer, StepStats
+from fsbench.measurement.timeline import span
+from fsbench.training.trainer import Preparer, StepStats
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,7 +196,7 @@ class DeepSpeedTrainer:
         # TorchBackend skips init_process_group when torch.distributed is initialized).
         world_before = dist.group.WORLD
         # Every collective of the engine runs inside forward, backward or optimizer:
-        # recorded as flights (fsbench.flights), before DeepSpeed keeps references.
+        # recorded as flights (fsbench.measurement.flights), before DeepSpeed keeps references.
         self.flights = FrameworkFlights()
         deepspeed.init_distributed(dist_backend=ctx.backend, verbose=False)
         if dist.group.WORLD is not world_before or ds_comm.get_world_size() != ctx.world_size:
@@ -212,7 +212,7 @@ class DeepSpeedTrainer:
         # rank's share is normalized by the global target count, so the shares sum to the
         # global mean): the SUM of the ranks' gradients. DeepSpeed's reduction (pinned in
         # ds_config) gives their MEAN: SUM / dp_world_size. So `step` multiplies the loss
-        # by the data-parallel world size before engine.backward, exactly as fsbench/dp.py
+        # by the data-parallel world size before engine.backward, exactly as fsbench/training/dp.py
         # does for DDP. (The alternative, "gradient_allreduce_op": "sum", exists in this
         # DeepSpeed but is rejected with ZeRO stage 3; one rule for all stages is simpler.)
         # With a power-of-two world size, x N then / N is exact in floating point.

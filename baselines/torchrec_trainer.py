@@ -72,16 +72,16 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 
 from baselines.torchrec_model import TorchRecBatch, TorchRecModel
 from fsbench.config import ConfigError, RunConfig, WorkloadConfig
-from fsbench.dist import RankContext
-from fsbench.flights import FrameworkFlights, allreduce_in_python
+from fsbench.training.dist import RankContext
+from fsbench.measurement.flights import FrameworkFlights, allreduce_in_python
 from fsbench.models import DenseArch, model_from_state, table_specs
 from fsbench.models.sparse import ITEM, initial_table_weight
-from fsbench.optim import make_optimizer
-from fsbench.timeline import span
-from fsbench.inputs import ContiguousShare
-from fsbench.memory import TableMemory, sharded
+from fsbench.training.optim import make_optimizer
+from fsbench.measurement.timeline import span
+from fsbench.training.inputs import ContiguousShare
+from fsbench.running.memory import TableMemory, sharded
 from fsbench.options import TrainerOptions
-from fsbench.trainer import Preparer, StepInput, StepStats
+from fsbench.training.trainer import Preparer, StepInput, StepStats
 
 SHARDINGS = {"table_wise": ShardingType.TABLE_WISE, "row_wise": ShardingType.ROW_WISE}
 
@@ -93,7 +93,7 @@ class TorchRecOptions(TrainerOptions):
     """sparse: TrainPipelineSparseDist (next batch's input dist overlapped); base: none."""
 
 # The fused (in-backward) optimizer for each workload optimizer, with the constants of the
-# torch optimizer `fsbench.optim.make_optimizer` builds for the dense part (and for the
+# torch optimizer `fsbench.training.optim.make_optimizer` builds for the dense part (and for the
 # DDP trainer's tables), so that both compute the same update. Exact* variants: duplicate
 # ids in a batch are summed before one update, as autograd does for nn.Embedding.
 FUSED_OPTIMIZERS: dict[str, tuple[EmbOptimType, dict[str, float]]] = {
@@ -362,7 +362,7 @@ class TorchRecTrainer:
                     "pooled": EmbeddingBagCollectionSharder(fused_params=fused)}
         local_size = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
         # TorchRec's collectives run inside forward and backward: recorded as flights, so
-        # that their waits are booked as communication (fsbench.flights).
+        # that their waits are booked as communication (fsbench.measurement.flights).
         self.flights = FrameworkFlights()
         if ctx.device.type == "cuda":  # NOT YET RUN ON A GPU (this path; see planner_plan)
             self.plan = planner_plan(model, sharders, opts.sharding, ctx.world_size,

@@ -83,7 +83,7 @@ class InstrumentationOverhead:
     repeat = 1
 
     def track_overhead_ratio_small(self):
-        from fsbench.overhead import measure_overhead
+        from fsbench.running.overhead import measure_overhead
         from fsbench.workloads.presets import small
 
         return measure_overhead(small(), blocks=6, steps_per_block=5)["overhead_ratio"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fsbench.calibrate import fit_path, load_fit
+from fsbench.running.calibrate import fit_path, load_fit
 from fsbench.config import WorkloadConfig
 
 

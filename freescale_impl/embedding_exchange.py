@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fsbench.models.sparse import ITEM, USER, EmbeddingLookups, context_table
-from fsbench.timeline import span
+from fsbench.measurement.timeline import span
 from fsbench.workloads.batch import JaggedBatch
 from freescale_impl.sharded_tables import LocalShard, RowLayout
 from freescale_impl.transport import CollectiveTransport, Pending

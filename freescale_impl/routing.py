@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from fsbench.trainer import StepInput
+from fsbench.training.trainer import StepInput
 from fsbench.workloads.batch import JaggedBatch
 from freescale_impl.embedding_exchange import Request, Service, all_rows, build_request
 from freescale_impl.sharded_tables import RowLayout

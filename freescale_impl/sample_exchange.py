@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from fsbench.timeline import span
+from fsbench.measurement.timeline import span
 from fsbench.workloads.batch import JaggedBatch
 
 

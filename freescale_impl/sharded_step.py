@@ -19,12 +19,12 @@ import torch
 import torch.distributed as dist
 
 from fsbench.config import RunConfig
-from fsbench.dist import RankContext
-from fsbench.dp import wrap_ddp
+from fsbench.training.dist import RankContext
+from fsbench.training.dp import wrap_ddp
 from fsbench.models import RecModel, model_from_state, table_specs
-from fsbench.optim import make_optimizer
-from fsbench.timeline import span
-from fsbench.trainer import StepInput, StepStats
+from fsbench.training.optim import make_optimizer
+from fsbench.measurement.timeline import span
+from fsbench.training.trainer import StepInput, StepStats
 from freescale_impl.embedding_exchange import ShardedEmbeddings
 from freescale_impl.sharded_tables import LocalShard, RowLayout, gather_tables
 from freescale_impl.transport import make_transport

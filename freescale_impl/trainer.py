@@ -37,13 +37,13 @@ import torch
 import torch.distributed as dist
 
 from fsbench.config import ConfigError, RunConfig
-from fsbench.dist import RankContext
-from fsbench.dp import DataParallelTrainer
-from fsbench.memory import REPLICATED, TableMemory, sharded
-from fsbench.simulate import SimProfile, contiguous_plan
+from fsbench.training.dist import RankContext
+from fsbench.training.dp import DataParallelTrainer
+from fsbench.running.memory import REPLICATED, TableMemory, sharded
+from fsbench.scaling.simulate import SimProfile, contiguous_plan
 from fsbench.options import TrainerOptions
-from fsbench.timeline import span
-from fsbench.trainer import Preparer, StepInput, StepStats, measured_steps
+from fsbench.measurement.timeline import span
+from fsbench.training.trainer import Preparer, StepInput, StepStats, measured_steps
 from fsbench.workloads.batch import JaggedBatch, concat_batches, contiguous_split
 from freescale_impl import partition
 from freescale_impl.balance import CostModel, cost_model
@@ -214,7 +214,7 @@ class FreeScaleTrainer(DataParallelTrainer):
 
     @staticmethod
     def table_memory(options: dict[str, str], world_size: int) -> TableMemory:
-        """How a rank holds the tables (fsbench.memory): sharded rows or whole tables, or
+        """How a rank holds the tables (fsbench.running.memory): sharded rows or whole tables, or
         replicated under DDP."""
         if options["tables"] == "replicated":
             return REPLICATED

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from fsbench.timeline import current, span
+from fsbench.measurement.timeline import current, span
 
 TRANSPORTS = ("collective", "sm_free")
 

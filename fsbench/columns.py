@@ -3,8 +3,8 @@
 Every place that shows or checks a metric derives from `COLUMNS`: the keys every run's
 summary must carry (`SUMMARY_KEYS`), the terminal and report tables' headers and
 formats (fsbench.table), which columns reports take the median of over repeats and which
-depend on wall-clock time (fsbench.report), and the run/sweep table (`RUN_VIEW`). A new
-metric is one entry here (plus the function in fsbench.metrics that computes it).
+depend on wall-clock time (fsbench.reporting.report), and the run/sweep table (`RUN_VIEW`). A new
+metric is one entry here (plus the function in fsbench.measurement.metrics that computes it).
 Ratios are stored as fractions and shown as percentages.
 """
 from __future__ import annotations
@@ -63,11 +63,11 @@ COLUMNS: tuple[Column, ...] = (
     Column("sm_occupancy", "SM occ %", _pct, True, True),
     # The largest rank's peak (process RSS on CPU, allocated tensors on CUDA).
     Column("peak_memory_mb", "peak MiB", lambda v: f"{v:.0f}", True, True),
-    # Quality beside speed (fsbench.evaluate): None in runs without --eval. Not yet in
+    # Quality beside speed (fsbench.running.evaluate): None in runs without --eval. Not yet in
     # report tables (median=False): a report of speed alone stays as it was.
     Column("hr_at_10", "HR@10", lambda v: f"{v:.4f}", summary=True),
     Column("ndcg_at_10", "NDCG@10", lambda v: f"{v:.4f}", summary=True),
-    # The same with popularity-corrected scores (+ log q: fsbench.evaluate).
+    # The same with popularity-corrected scores (+ log q: fsbench.running.evaluate).
     Column("hr_at_10_logq", "HR@10 logq", lambda v: f"{v:.4f}", summary=True),
     Column("ndcg_at_10_logq", "NDCG@10 logq", lambda v: f"{v:.4f}", summary=True),
     Column("eval_users", "eval users", summary=True),

@@ -121,7 +121,7 @@ class WorkloadConfig:
     """What a sample's compute is: `model` (the reference model), `synthetic` (a CPU
     spin of known cost per token: the harness's ground truth) or `emulated` (the real
     runtime with the encoder's compute replaced by waiting for its calibrated cost:
-    fsbench.emulation)."""
+    fsbench.models.emulation)."""
     synthetic: SyntheticComputeConfig = field(default_factory=SyntheticComputeConfig)
     """Costs and injected delays of `compute=synthetic`."""
 
@@ -148,7 +148,7 @@ class WorkloadConfig:
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class EvalConfig:
-    """Quality beside speed (fsbench.evaluate): each user's last item held out of training,
+    """Quality beside speed (fsbench.running.evaluate): each user's last item held out of training,
     HR@10 and NDCG@10 over the full item set after training (real data only)."""
     on: bool = False
     """Hold out each user's last item from training; evaluate the trained model on it."""

@@ -59,7 +59,7 @@ def rank_main(rank: int, world: int, port: int, nbytes: int, spin_ms: float, out
 def main() -> None:
     import torch.multiprocessing as mp
 
-    from fsbench.launch.local import free_port
+    from fsbench.running.launch.local import free_port
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world-sizes", default="4,8,16")

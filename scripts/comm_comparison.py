@@ -21,9 +21,9 @@ import sys
 import pandas as pd
 import torch
 
-from fsbench.cli_args import rename
+from fsbench.cli.args import rename
 from fsbench.config import RunConfig
-from fsbench.runner import run_once
+from fsbench.running.runner import run_once
 from fsbench.table import progress
 from fsbench.workloads.presets import get_workload
 

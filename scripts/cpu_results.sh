@@ -34,7 +34,7 @@ section() { printf '\n## %s\n\nMachine: %s; commit `%s`\n\nCommand: `%s`\n\n```\
   $FS sweep --workload small --trainers ddp,freescale --world-sizes 2 --repeats 5 --store "$OUT" 2>/dev/null
   .venv/bin/python - "$OUT" <<'PY'
 import sys
-from fsbench.store import load_runs
+from fsbench.running.store import load_runs
 runs = load_runs(sys.argv[1])
 runs = runs[(runs.workload == "small") & (runs.world_size == 2)].tail(10)
 cols = ["trainer", "straggler_bubble_ratio", "load_imbalance", "samples_per_s",

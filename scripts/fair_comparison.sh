@@ -19,7 +19,7 @@ export TORCH_EXTENSIONS_DIR="$HERE/.torch_extensions"  # DeepSpeed's compiled op
 sweep() {  # sweep TREE TAG LENGTHS
   # The store's flag: --store, or --out in a tree older than the flags' one vocabulary.
   local store=--out
-  [ -f "$1/fsbench/cli_args.py" ] && store=--store
+  { [ -f "$1/fsbench/cli/args.py" ] || [ -f "$1/fsbench/cli_args.py" ]; } && store=--store
   (cd "$1" && PYTHONPATH="$1" "$PY" -m fsbench.cli sweep --workload small \
      --trainers ddp,torchrec,deepspeed,freescale --world-sizes 2 --repeats 1 \
      --set "lengths=$3" "$store" "$HERE/$OUT/$2" > /dev/null 2>&1)

@@ -9,10 +9,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from fsbench import metrics
-from fsbench.runner import read_step_stats
-from fsbench.store import load_runs
-from fsbench.timeline import read_timelines
+from fsbench.measurement import metrics
+from fsbench.running.runner import read_step_stats
+from fsbench.running.store import load_runs
+from fsbench.measurement.timeline import read_timelines
 
 out, base, head = sys.argv[1:]
 CAUSES = ["straggler_bubble_ratio", "exposed_comm_ratio", "input_stall_ratio", "other_idle_ratio"]

@@ -2,7 +2,7 @@
 
 Runs rounds of the default gate's sweep (`small`, 2 ranks, 64 steps, the versions taking
 turns every step), each round one seed and four paced duels as the gate runs them (two
-runs taking turns block by block, fsbench.pacing), in a shuffled order:
+runs taking turns block by block, fsbench.running.pacing), in a shuffled order:
 
   A/A ddp, A/A freescale   identical code on both sides: any verdict but unchanged is a false alarm
   A/S   a test-only DDP with +10% step time on every rank (tests/support/trainers_for_tests.py:
@@ -14,7 +14,7 @@ runs taking turns block by block, fsbench.pacing), in a shuffled order:
 
 A gate of the default size is two rounds (two seeds); disjoint pairs of rounds give
 independent gates, and every round alone is a one-seed gate. A duel in which a run was
-contended is rerun as the gate reruns it (fsbench.gate.run_pair), and one that stays
+contended is rerun as the gate reruns it (fsbench.gates.gate.run_pair), and one that stays
 contended is kept: its gates count as what compare calls them (inconclusive). Then the
 all-contended case: A/A duels run beside busy neighbour processes, which the gate must
 call inconclusive (exit 3), never unchanged. Reports every verdict (regressed, unchanged,
@@ -39,9 +39,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fsbench import compare, compare_sides, gate
-from fsbench.cli_args import rename
-from fsbench.store import load_runs
+from fsbench.gates import compare
+from fsbench.gates import compare_sides
+from fsbench.gates import gate
+from fsbench.cli.args import rename
+from fsbench.running.store import load_runs
 from fsbench.table import progress
 
 HERE = Path(__file__).resolve().parent.parent
@@ -201,13 +203,13 @@ def render(df: pd.DataFrame, args, rounds: dict[str, int], sweep: gate.Sweep,
         f"Machine: {os.cpu_count()} cores ({platform.machine()}), no GPU, torch {torch.__version__}, "
         f"gloo. Commit `{sha}`{' (with uncommitted changes)' if dirty else ''}. Default gate sweep: "
         f"`{sweep.workload}`, {sweep.world_size} ranks, {sweep.steps} steps ({sweep.warmup} warm-up), "
-        f"the two versions taking turns every {sweep.block_steps} step(s) (fsbench.pacing), "
+        f"the two versions taking turns every {sweep.block_steps} step(s) (fsbench.running.pacing), "
         f"{sweep.pairs} seeds per gate. Rounds (one seed each) of the duels "
         f"{', '.join(f'{k} x{n}' for k, n in rounds.items())}, kinds in shuffled order within a round: identical code (A/A), +{SLOWDOWN:.0%} step "
         f"time on every step (A/S), every {STALL_EVERY}th step twice as slow (A/I), rank-0 "
         f"straggler +{STRAGGLE:.0%} compute (A/B). Default thresholds {compare.DEFAULT_THRESHOLDS}, "
         f"alpha {compare.DEFAULT_ALPHA} (Holm over {len(compare.METRICS)} metrics); effects are "
-        f"totals, tested by sign-flip randomization over paired steps (fsbench.gate_stats). "
+        f"totals, tested by sign-flip randomization over paired steps (fsbench.gates.gate_stats). "
         + (f"{elapsed_s / 60:.0f} min of runs. " if elapsed_s else "Runs reused. ")
         + f"Command: `python scripts/gate_calibration.py --kinds "
         f"\"{','.join(f'{k}:{n}' for k, n in rounds.items())}\" --contended-trials {args.contended_trials}`.\n",

@@ -1,7 +1,7 @@
 """The paper's scaling table, SIMULATED: ddp against FreeScale at 8 to 1024 H100s.
 
 For each real-shaped GPU preset (`medium`: MovieLens-1M lengths, `large`: KuaiRand-1K
-lengths) and per-rank batch (32, 128, 512; weak scaling), `fsbench.simulate` projects
+lengths) and per-rank batch (32, 128, 512; weak scaling), `fsbench.scaling.simulate` projects
 ddp, FreeScale in full, each of FreeScale's techniques alone and FreeScale with a
 look-ahead window of 4 onto cluster `h100` (its figures are ASSUMED, printed in the
 output). Columns: bubble ratio, bubble reduction against ddp at the same point,
@@ -27,9 +27,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from fsbench.config import RunConfig  # noqa: E402
-from fsbench.simulate import CLUSTERS, scaled_workload, simulate_run  # noqa: E402
+from fsbench.scaling.simulate import CLUSTERS, scaled_workload, simulate_run  # noqa: E402
 from fsbench.table import progress  # noqa: E402
-from fsbench.trainer import trainer_options  # noqa: E402
+from fsbench.training.trainer import trainer_options  # noqa: E402
 from fsbench.workloads.presets import get_workload  # noqa: E402
 
 HERE = Path(__file__).resolve().parent.parent
@@ -87,7 +87,7 @@ def markdown(df: pd.DataFrame, steps: int, sha: str) -> str:
     at256 = fs[fs["gpus"] == 256]
     lines = [
         "# Scaling to 1024 GPUs: SIMULATED (not measured)\n",
-        f"Every number below comes from `fsbench.simulate` on cluster preset `h100`: "
+        f"Every number below comes from `fsbench.scaling.simulate` on cluster preset `h100`: "
         f"{CLUSTERS['h100'].description}. Weak scaling, {steps} steps (4 warm-up) of each "
         f"preset's real-shaped sampled batches, seed 0. Commit `{sha}`. Command: "
         "`python scripts/paper_table.py`.\n",

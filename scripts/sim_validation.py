@@ -7,7 +7,7 @@ For ddp and freescale on two presets with real-shaped lengths (`small`: MovieLen
                   waiting for its calibrated cost)
 and the simulator's projection of each. The fit comes from `fsbench calibrate` (encoder,
 batch terms, tables, co-run) plus each trainer's per-step overhead from a real 1-rank run
-at the calibration seed (fsbench.step_overhead.measure_step_overhead). Reports, per point, the step time's relative
+at the calibration seed (fsbench.scaling.step_overhead.measure_step_overhead). Reports, per point, the step time's relative
 error and each bubble cause's difference (percentage points) and relative error (where the
 measured cause is at least 2% of capacity). The errors are reported as measured: nothing
 here is tuned to them. Writes results/sim_validation_cpu.md.
@@ -26,14 +26,14 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from fsbench.calibrate import calibrate, fit_path, load_fit, measure_corun_slowdown
-from fsbench.store import write_json_atomic
-from fsbench.commcal import calibrate_comm, load_comm_fits
+from fsbench.running.calibrate import calibrate, fit_path, load_fit, measure_corun_slowdown
+from fsbench.running.store import write_json_atomic
+from fsbench.scaling.commcal import calibrate_comm, load_comm_fits
 from fsbench.config import RunConfig
-from fsbench.runner import run_once
-from fsbench.simulate import CLUSTERS, simulate_run
-from fsbench.step_overhead import store_step_overheads
-from fsbench.trainer import trainer_options
+from fsbench.running.runner import run_once
+from fsbench.scaling.simulate import CLUSTERS, simulate_run
+from fsbench.scaling.step_overhead import store_step_overheads
+from fsbench.training.trainer import trainer_options
 from fsbench.workloads.presets import get_workload
 
 HERE = Path(__file__).resolve().parent.parent
@@ -46,7 +46,7 @@ def stored_summary(store: Path, workload: str, trainer: str, n: int, steps: int)
     change to the simulator need not measure again)."""
     import json
 
-    from fsbench.store import load_runs
+    from fsbench.running.store import load_runs
 
     if not store.exists():
         return None

@@ -35,7 +35,7 @@ def tiny_sweep(tmp_path_factory):
 
 # Programs that start ranks: the local launcher's worker, the CLI's commands that launch
 # runs, and torchrun. A test that starts them belongs to the dist tier.
-RANK_STARTERS = ("fsbench.launch.worker", "torchrun")
+RANK_STARTERS = ("fsbench.running.launch.worker", "torchrun")
 LAUNCHING_COMMANDS = {"run", "sweep", "gate", "validate", "overhead", "calibrate"}
 
 

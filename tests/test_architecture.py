@@ -1,14 +1,94 @@
-"""Architectural rules, as tests."""
+"""Architectural rules, as tests: fsbench/ is cut into groups by concern, the groups are
+layers (a module imports only its own group, the shared leaves and the groups below), and
+fsbench never imports the trainers built on it."""
+import ast
 import subprocess
 import sys
+from pathlib import Path
+
+FSBENCH = Path(__file__).resolve().parents[1] / "fsbench"
+
+# Bottom to top. "" is the top level: the shared leaf types (config, specs, errors,
+# options) and the table renderer every group prints with.
+LAYERS = ["", "measurement", "workloads", "models", "training", "running", "scaling",
+          "reporting", "gates", "cli"]
+TOP_LEVEL = {"__init__", "config", "specs", "errors", "options", "columns", "table"}
+MAX_LINES = 400
+# Modules over MAX_LINES today, with their length: they may shrink, not grow, and new
+# ones may not join them (each is one concern that has not been split yet).
+OVER_MAX = {"reporting/plots.py": 455, "scaling/simulate.py": 453, "cli/runs.py": 425,
+            "measurement/monitor.py": 420, "gates/compare.py": 413, "measurement/metrics.py": 408}
+
+
+def group_of(module: str) -> str:
+    """'fsbench.running.launch.local' -> 'running'; 'fsbench.config' -> ''."""
+    parts = module.split(".")[1:]
+    return parts[0] if parts and parts[0] in LAYERS[1:] else ""
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(FSBENCH.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every fsbench module `path` imports, at any depth (function-level imports count)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fsbench"):
+            found.add(node.module)
+            # `from fsbench.running import store`: the module is fsbench.running.store
+            for alias in node.names:
+                sub = FSBENCH.parent / (node.module + "." + alias.name).replace(".", "/")
+                if sub.with_suffix(".py").exists() or sub.is_dir():
+                    found.add(node.module + "." + alias.name)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("fsbench")}
+    return found
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in FSBENCH.rglob("*.py")}
+
+
+def test_every_import_points_down_the_layers():
+    upward = []
+    for name, path in modules().items():
+        mine = LAYERS.index(group_of(name))
+        for target in imports_of(path):
+            theirs = group_of(target)
+            if target == "fsbench":
+                continue  # the package itself: __version__
+            if LAYERS.index(theirs) > mine:
+                upward.append(f"{name} -> {target}")
+    assert not upward, "imports pointing up the layers:\n" + "\n".join(sorted(upward))
+
+
+def test_the_top_level_holds_only_shared_leaves_and_every_group_says_what_it_owns():
+    top = {p.stem for p in FSBENCH.glob("*.py")}
+    assert top <= TOP_LEVEL, top - TOP_LEVEL
+    groups = {p.name for p in FSBENCH.iterdir() if (p / "__init__.py").exists()}
+    assert groups == set(LAYERS[1:]), groups ^ set(LAYERS[1:])
+    for group in groups:
+        doc = ast.get_docstring(ast.parse((FSBENCH / group / "__init__.py").read_text()))
+        assert doc and "import" in doc, f"fsbench/{group}/__init__.py must say what it owns and imports"
+
+
+def test_no_module_grows_past_its_size():
+    sizes = {str(p.relative_to(FSBENCH)): len(p.read_text().splitlines()) for p in FSBENCH.rglob("*.py")}
+    too_long = {m: n for m, n in sizes.items() if n > OVER_MAX.get(m, MAX_LINES)}
+    assert not too_long, f"over {MAX_LINES} lines (split along a seam): {too_long}"
 
 
 def test_importing_fsbench_imports_no_trainer_or_framework():
     code = (
-        "import sys, fsbench, fsbench.cli, fsbench.config, fsbench.metrics, fsbench.runner, "
-        "fsbench.store, fsbench.timeline, fsbench.trainer, fsbench.workloads, fsbench.models, "
-        "fsbench.workloads.presets, fsbench.report, fsbench.trace, fsbench.monitor, "
-        "fsbench.calibrate, fsbench.groundtruth, fsbench.overhead, fsbench.dp\n"
+        "import sys, fsbench, fsbench.cli, fsbench.config, fsbench.measurement.metrics, "
+        "fsbench.running.runner, fsbench.running.store, fsbench.measurement.timeline, "
+        "fsbench.training.trainer, fsbench.workloads, fsbench.models, fsbench.workloads.presets, "
+        "fsbench.reporting.report, fsbench.reporting.trace, fsbench.measurement.monitor, "
+        "fsbench.running.calibrate, fsbench.running.groundtruth, fsbench.running.overhead, "
+        "fsbench.training.dp, fsbench.gates.gate, fsbench.scaling.simulate\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in "
         "('torchrec', 'deepspeed', 'freescale_impl', 'baselines', 'fbgemm_gpu')]\n"
         "print(bad)\n"

@@ -87,8 +87,8 @@ def test_missing_framework_names_the_extra_to_install(trainer, module, tmp_path)
 
 
 def test_steps_and_warmup_are_checked_together_whatever_the_order(capsys):
-    from fsbench.cli import build_parser
-    from fsbench.cli_runs import build_workload
+    from fsbench.cli.dispatch import build_parser
+    from fsbench.cli.runs import build_workload
 
     for argv in (["--steps", "3", "--warmup", "1"], ["--warmup", "1", "--steps", "3"]):
         w = build_workload(build_parser().parse_args(["run", "--workload", "small", *argv]))

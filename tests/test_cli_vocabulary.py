@@ -13,7 +13,7 @@ import pytest
 from written_runs import write_run
 
 from fsbench import table
-from fsbench.cli import build_parser, main
+from fsbench.cli.dispatch import build_parser, main
 
 TEXT_JSON = ("text", "json")
 # Every leaf command and the formats it prints; a new command must be added here.
@@ -89,8 +89,8 @@ def test_help_shows_every_default(name):
 
 
 def test_trace_help_names_the_tracks_trace_writes(capsys):
-    from fsbench.cli_results import TRACKS
-    from fsbench.trace import TRACK_ORDER
+    from fsbench.cli.results import TRACKS
+    from fsbench.reporting.trace import TRACK_ORDER
 
     assert TRACKS.split(", ") == list(TRACK_ORDER)
     with pytest.raises(SystemExit):
@@ -112,12 +112,16 @@ def test_old_names_are_hidden_and_warn_once(name, old, dest, capsys):
 
 def test_the_gate_names_each_sides_store_as_its_version_does(tmp_path):
     """BASE may predate `--store`: its `fsbench run` gets `--out` instead."""
-    from fsbench import gate
+    from fsbench.gates import gate
 
     (tmp_path / "fsbench").mkdir()
     side = gate.Side("base", tmp_path)
     assert gate.store_flag(side) == "--out"
-    (tmp_path / "fsbench" / "cli_args.py").write_text("")
+    (tmp_path / "fsbench" / "cli_args.py").write_text("")  # before fsbench/ had groups
+    assert gate.store_flag(side) == "--store"
+    (tmp_path / "fsbench" / "cli_args.py").unlink()
+    (tmp_path / "fsbench" / "cli").mkdir()
+    (tmp_path / "fsbench" / "cli" / "args.py").write_text("")  # since
     assert gate.store_flag(side) == "--store"
     cmd, _ = gate.run_command(side, gate.Sweep(), "ddp", tmp_path, seed=0)
     assert cmd[cmd.index("--store") + 1] == str(tmp_path / "base")
@@ -213,7 +217,7 @@ def test_results_to_stdout_notes_to_stderr_and_quiet_silences_notes(tmp_path, ca
 def test_micro_json_holds_the_record(tmp_path, monkeypatch, capsys):
     import torch
 
-    from fsbench import micro
+    from fsbench.scaling import micro
 
     alone = ([1.0, 1.0], [1.0, 1.0])
     beside = {"sm_copy": {"gemm": [(0.0, 1.5), (1.5, 3.0)], "copies": [(0.0, 3.0)],

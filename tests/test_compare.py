@@ -5,10 +5,14 @@ import json
 import numpy as np
 import pytest
 
-from fsbench import compare, compare_sides, gate, gate_stats, history
+from fsbench.gates import compare
+from fsbench.gates import compare_sides
+from fsbench.gates import gate
+from fsbench.gates import gate_stats
+from fsbench.gates import history
 from fsbench.cli import main
 from fsbench.config import RunConfig
-from fsbench.runner import run_once
+from fsbench.running.runner import run_once
 from fsbench.workloads.presets import tiny
 
 
@@ -158,7 +162,7 @@ def test_paced_runs_take_turns_block_by_block(tmp_path):
     """The gate's real turn-taking: two runs of this checkout, blocks of 2 steps. In every
     block the two sides' step spans do not overlap in time (one ran, the other waited),
     and compare pairs them by block."""
-    from fsbench.timeline import read_timelines
+    from fsbench.measurement.timeline import read_timelines
 
     sides = (gate.Side("base", gate.repo_root()), gate.Side("new", gate.repo_root()))
     sweep = gate.Sweep(workload="tiny", trainers=("ddp",), steps=8, warmup=2, block_steps=2)
@@ -223,7 +227,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, expected, capsys):
 
 
 def test_planner_loads_match_the_reference_exactly():
-    from fsbench import reference
+    from fsbench.gates import reference
 
     moved, notes = reference.check(["planner_loads"])
     assert moved == [] and notes == []
@@ -232,7 +236,7 @@ def test_planner_loads_match_the_reference_exactly():
 @pytest.mark.dist
 def test_trainer_losses_match_the_reference():
     """The deterministic gate on losses (exact on the reference's torch and CPU ISA)."""
-    from fsbench import reference
+    from fsbench.gates import reference
 
     moved, notes = reference.check(["losses"])
     assert moved == [], (moved, notes)
@@ -242,7 +246,7 @@ def test_simulator_outputs_match_the_reference_and_a_change_to_them_is_named(tmp
     """The deterministic gate on `fsbench simulate` (h100 preset: no fit, pure code)."""
     import json
 
-    from fsbench import reference
+    from fsbench.gates import reference
 
     moved, notes = reference.check(["simulated"])
     assert moved == [], (moved, notes)

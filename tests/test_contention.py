@@ -8,9 +8,9 @@ import pytest
 from timing import judged_under_contention, with_foreign_cpu_share
 
 from fsbench.config import RunConfig
-from fsbench.groundtruth import synthetic_workload
-from fsbench.metrics import CONTENDED_CPU_WAIT
-from fsbench.runner import run_once
+from fsbench.running.groundtruth import synthetic_workload
+from fsbench.measurement.metrics import CONTENDED_CPU_WAIT
+from fsbench.running.runner import run_once
 
 pytestmark = pytest.mark.dist
 

@@ -30,9 +30,9 @@ import pytest
 import torch
 
 from fsbench.config import ConfigError, RunConfig
-from fsbench.runner import SUMMARY_KEYS, run_once
-from fsbench.timeline import read_timelines
-from fsbench.trainer import trainer_options
+from fsbench.running.runner import SUMMARY_KEYS, run_once
+from fsbench.measurement.timeline import read_timelines
+from fsbench.training.trainer import trainer_options
 from fsbench.workloads.presets import tiny
 
 # Only the missing third-party extra may skip; an ImportError in our own trainer fails.

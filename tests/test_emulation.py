@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 
-from fsbench.calibrate import load_fit
+from fsbench.running.calibrate import load_fit
 from fsbench.cli import main
 from fsbench.config import run_from_dict
-from fsbench.metrics import rank_step_table
-from fsbench.timeline import read_timelines
+from fsbench.measurement.metrics import rank_step_table
+from fsbench.measurement.timeline import read_timelines
 from fsbench.workloads.batch import contiguous_split
 from fsbench.workloads.generator import SyntheticBatches
 

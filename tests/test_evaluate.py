@@ -1,4 +1,4 @@
-"""Quality beside speed (fsbench.evaluate): leave-one-out HR@10 and NDCG@10 over the full
+"""Quality beside speed (fsbench.running.evaluate): leave-one-out HR@10 and NDCG@10 over the full
 item set, computed by one function from one trained RecModel, the same for every trainer;
 with evaluation on, every trainer trains without each user's last item."""
 import dataclasses
@@ -10,14 +10,16 @@ import pytest
 import torch
 from torch import nn
 
-from fsbench import cli, cli_runs, evaluate
+from fsbench.cli import dispatch as cli
+from fsbench.cli import runs as cli_runs
+from fsbench.running import evaluate
 from fsbench.config import ConfigError, EvalConfig, ModelConfig, RunConfig, WorkloadConfig
-from fsbench.evaluate import EVAL_FILE, eval_set, hit_ndcg, target_ranks
+from fsbench.running.evaluate import EVAL_FILE, eval_set, hit_ndcg, target_ranks
 from fsbench.models import build_model
 from fsbench.models.sparse import ITEM
-from fsbench.optim import make_optimizer
-from fsbench.runner import run_once
-from fsbench.store import read_json
+from fsbench.training.optim import make_optimizer
+from fsbench.running.runner import run_once
+from fsbench.running.store import read_json
 from fsbench.workloads import load_histories, make_batch_source
 from fsbench.workloads.realdata import histories_from_events
 

@@ -1,12 +1,12 @@
 """Collectives that frameworks issue inside their own code leave flight records
-(fsbench.flights), on a gloo group of one in this process."""
+(fsbench.measurement.flights), on a gloo group of one in this process."""
 import pytest
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from fsbench import timeline
-from fsbench.flights import FrameworkFlights, allreduce_in_python
+from fsbench.measurement import timeline
+from fsbench.measurement.flights import FrameworkFlights, allreduce_in_python
 
 
 @pytest.fixture

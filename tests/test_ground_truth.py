@@ -1,5 +1,5 @@
 """The harness's numbers mean what they say: measured ratios against closed-form truth
-(fsbench.groundtruth). Every ratio a run reports (totals over its measured steps) must
+(fsbench.running.groundtruth). Every ratio a run reports (totals over its measured steps) must
 be within its error budget of its expected value: 0.03 (absolute) on a quiet machine, plus
 the measured CPU wait on a louder one (groundtruth.error_budget)."""
 import os
@@ -8,12 +8,12 @@ import warnings
 import pytest
 from timing import judged_under_contention
 
-from fsbench.groundtruth import (CASES, TOLERANCE, TRUTH_MAX_CPU_WAIT, error_budget,
+from fsbench.running.groundtruth import (CASES, TOLERANCE, TRUTH_MAX_CPU_WAIT, error_budget,
                                  expected_for_step, synthetic_workload, validate)
-from fsbench.metrics import CONTENDED_CPU_WAIT, step_metrics
-from fsbench.runner import run_once
+from fsbench.measurement.metrics import CONTENDED_CPU_WAIT, step_metrics
+from fsbench.running.runner import run_once
 from fsbench.config import RunConfig
-from fsbench.timeline import read_timelines
+from fsbench.measurement.timeline import read_timelines
 
 pytestmark = pytest.mark.dist
 
@@ -22,7 +22,7 @@ TRIES = 3  # a loud run is tried this many times; then the quietest try is judge
 
 
 def judged_validation(tmp_path, case: str):
-    """The case's validation table (fsbench.groundtruth.validate: each row's error budget
+    """The case's validation table (fsbench.running.groundtruth.validate: each row's error budget
     follows the run's CPU wait). A run whose ranks waited more than TRUTH_MAX_CPU_WAIT is
     retried; after TRIES the quietest try is judged with its (wider, stated) budget, and
     on a contended machine only the busy-time ratio is: a warning says which."""

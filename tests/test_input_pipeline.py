@@ -9,12 +9,12 @@ import torch
 
 from fsbench.cli import main
 from fsbench.config import RunConfig
-from fsbench.groundtruth import synthetic_workload
-from fsbench.inputs import InputPipeline
-from fsbench.metrics import CONTENDED_CPU_WAIT
-from fsbench.runner import run_once
-from fsbench.timeline import read_timelines
-from fsbench.trainer import StepInput, measured_steps
+from fsbench.running.groundtruth import synthetic_workload
+from fsbench.training.inputs import InputPipeline
+from fsbench.measurement.metrics import CONTENDED_CPU_WAIT
+from fsbench.running.runner import run_once
+from fsbench.measurement.timeline import read_timelines
+from fsbench.training.trainer import StepInput, measured_steps
 from fsbench.workloads.presets import tiny
 
 

@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fsbench import kineto, metrics
+from fsbench.measurement import kineto
+from fsbench.measurement import metrics
 
 
 def _step(k, ts, dur):

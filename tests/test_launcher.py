@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from fsbench.store import read_json
+from fsbench.running.store import read_json
 
 
 @pytest.mark.dist

@@ -1,4 +1,4 @@
-"""The per-rank memory estimate made before any rank starts (fsbench.memory): how trainers
+"""The per-rank memory estimate made before any rank starts (fsbench.running.memory): how trainers
 hold tables, the one-line refusal with the knobs that fit, and the estimate against the
 peak a real run measures."""
 import dataclasses
@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from fsbench import memory
+from fsbench.running import memory
 from fsbench.cli import main
 from fsbench.config import RunConfig
-from fsbench.runner import run_once
+from fsbench.running.runner import run_once
 from fsbench.workloads.presets import get_workload, tiny
 
 

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fsbench import metrics
+from fsbench.measurement import metrics
 
 MS = 1_000_000
 
@@ -147,7 +147,7 @@ def test_causes_sum_to_each_ranks_idle_time(ranks, extra):
 
 
 def test_comm_overlap_ratio_counts_only_busy_compute():
-    from fsbench.metrics import comm_overlap_ratio
+    from fsbench.measurement.metrics import comm_overlap_ratio
 
     def rec(name, kind, start, dur, cpu=0):
         return {"rank": 0, "step": 1, "warmup": False, "name": name, "kind": kind,

@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from fsbench import micro
+from fsbench.scaling import micro
 from fsbench.cli import main
 
 NO_CUDA = not torch.cuda.is_available()

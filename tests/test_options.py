@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 
 from fsbench.config import ConfigError
-from fsbench.trainer import option_defaults, resolve_trainer_class, trainer_options
+from fsbench.training.trainer import option_defaults, resolve_trainer_class, trainer_options
 from freescale_impl.trainer import FreeScaleOptions, FreeScaleTrainer
 
 
@@ -45,7 +45,7 @@ def test_our_trainer_modules_fail_loudly_when_they_cannot_import(monkeypatch, tm
     (pkg / "__init__.py").write_text("")
     (pkg / "mod.py").write_text("from fsbench.no_such_module import thing\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    from fsbench import trainer as T
+    from fsbench.training import trainer as T
     monkeypatch.setitem(T.TRAINERS, "broken", ("brokenpkg.mod:Trainer", "extra", "test"))
     with pytest.raises(ImportError, match="fsbench.no_such_module"):
         resolve_trainer_class("broken")

@@ -4,9 +4,9 @@ import dataclasses
 import pytest
 
 from fsbench.config import RunConfig
-from fsbench.report import render, report_table
-from fsbench.runner import peak_memory, run_once, summarize_run
-from fsbench.store import load_runs, write_json_atomic
+from fsbench.reporting.report import render, report_table
+from fsbench.running.runner import peak_memory, run_once, summarize_run
+from fsbench.running.store import load_runs, write_json_atomic
 from fsbench.workloads.presets import tiny
 
 pytestmark = pytest.mark.dist

@@ -8,8 +8,8 @@ import pytest
 
 from fsbench.cli import main
 from fsbench.config import ConfigError
-from fsbench.plots import PLOTS, cause_bars, choose_step_run, median_step_busy_idle, step_timeline
-from fsbench.report import render, report_table, write_report
+from fsbench.reporting.plots import PLOTS, cause_bars, choose_step_run, median_step_busy_idle, step_timeline
+from fsbench.reporting.report import render, report_table, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -324,7 +324,7 @@ def test_many_runs_show_a_progress_bar_on_a_terminal(tiny_sweep, tmp_path, capsy
     import shutil
     import sys
 
-    from fsbench.report import PROGRESS_MIN_RUNS
+    from fsbench.reporting.report import PROGRESS_MIN_RUNS
 
     (one,) = [d for d in tiny_sweep.iterdir() if d.is_dir() and "-ddp-n2-" in d.name]
     for i in range(PROGRESS_MIN_RUNS):
@@ -340,7 +340,7 @@ def test_many_runs_show_a_progress_bar_on_a_terminal(tiny_sweep, tmp_path, capsy
 def test_unknown_contention_is_said_not_read_as_uncontended():
     """A run from a machine without schedstat has `contended: null`: the report's notes
     say contention is unknown there instead of counting the row as quiet."""
-    from fsbench.report import footnotes
+    from fsbench.reporting.report import footnotes
 
     known = pd.DataFrame([{**_run("ddp", 1, 100.0, 10.0), "contended": False},
                           {**_run("ddp", 2, 180.0, 11.0), "contended": False}])

@@ -10,12 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fsbench import store
+from fsbench.running import store
 from fsbench.cli import main
-from fsbench.plots import PLOTS, step_timeline
-from fsbench.report import select_runs, write_report
-from fsbench.report_page import run_command
-from fsbench.timeline import read_timelines
+from fsbench.reporting.plots import PLOTS, step_timeline
+from fsbench.reporting.report import select_runs, write_report
+from fsbench.reporting.report_page import run_command
+from fsbench.measurement.timeline import read_timelines
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DATA_PNG = "data:image/png;base64,"

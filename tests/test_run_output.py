@@ -4,8 +4,8 @@ import json
 import pytest
 
 from fsbench.cli import main
-from fsbench.runner import SUMMARY_KEYS
-from fsbench.store import read_json
+from fsbench.running.runner import SUMMARY_KEYS
+from fsbench.running.store import read_json
 
 pytestmark = pytest.mark.dist
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from fsbench.cli import main
-from fsbench.commcal import fit as fit_comm
+from fsbench.scaling.commcal import fit as fit_comm
 from fsbench.config import RunConfig
-from fsbench.simulate import CLUSTERS, Costs, simulate_run
-from fsbench.store import load_runs
+from fsbench.scaling.simulate import CLUSTERS, Costs, simulate_run
+from fsbench.running.store import load_runs
 from fsbench.workloads.generator import SyntheticBatches
 from fsbench.workloads.presets import get_workload
 
@@ -73,7 +73,7 @@ def test_replicated_tables_cost_every_rank_their_whole_optimizer_step():
 
 
 def test_calibrate_measures_the_optimizer_step_per_table_element():
-    from fsbench.calibrate import measure_table_ns_per_element
+    from fsbench.running.calibrate import measure_table_ns_per_element
 
     w = get_workload("tiny")
     ns = measure_table_ns_per_element(w, rows=(2_000, 40_000), repeats=3)
@@ -85,7 +85,7 @@ def test_calibrate_measures_the_optimizer_step_per_table_element():
 def test_corun_slowdown_is_measured_in_real_processes_and_applies_from_two_ranks():
     from types import SimpleNamespace
 
-    from fsbench.calibrate import measure_corun_slowdown
+    from fsbench.running.calibrate import measure_corun_slowdown
 
     factor, processes = measure_corun_slowdown(get_workload("tiny"), processes=2, repeats=3)
     # Two processes computing at once on this host: not faster than one alone (the noise
@@ -99,7 +99,7 @@ def test_corun_slowdown_is_measured_in_real_processes_and_applies_from_two_ranks
 
 
 def test_calibrate_measures_batch_terms_and_a_replicas_table_work():
-    from fsbench.calibrate import measure_batch_terms, measure_replicated_ns_per_element
+    from fsbench.running.calibrate import measure_batch_terms, measure_replicated_ns_per_element
 
     w = get_workload("tiny")
     # Against a per-sample model that says "free", the whole encoder time is residual: the
@@ -127,7 +127,7 @@ def planted_fit(**overrides):
     """A local fit with round numbers: 1 ms per token, 5 ms per batch, 0.5 ms per bucket,
     2 cores, free tables, and ddp's overhead of 4 ms wall (3 ms of it CPU, 1 ms busy) in
     both compute modes."""
-    from fsbench.calibrate import CostFit
+    from fsbench.running.calibrate import CostFit
 
     over = {"wall_ms": 4.0, "cpu_ms": 3.0, "busy_ms": 1.0, "input_ms": 0.0}
     return dataclasses.replace(CostFit(
@@ -139,7 +139,7 @@ def planted_fit(**overrides):
 
 def encoder_ms(source, step, n):
     """Each rank's encoder under the planted fit's costs (contiguous split)."""
-    from fsbench.calibrate import bucket_count
+    from fsbench.running.calibrate import bucket_count
     from fsbench.workloads.batch import contiguous_split
 
     L = source.global_batch(step).lengths.numpy()
@@ -147,7 +147,7 @@ def encoder_ms(source, step, n):
 
 
 def test_local_ranks_beyond_the_cores_time_share_unless_their_encoder_is_emulated(monkeypatch):
-    from fsbench import simulate
+    from fsbench.scaling import simulate
 
     monkeypatch.setattr(simulate, "Costs", local_with(planted_fit()))
     w = small(64)
@@ -168,7 +168,7 @@ def test_local_causes_are_booked_as_the_metrics_book_a_measured_run(monkeypatch)
     """Run-queue waits (time-sharing) and CPU that is not busy are other idle, input waits
     input stall, an emulated run's real table work other idle, not busy; the causes sum
     to the bubble, and T - busy on every rank is the idle time."""
-    from fsbench import simulate
+    from fsbench.scaling import simulate
 
     fit = planted_fit(replicated_ns_per_element=10.0, table_corun_slowdown=1.5)
     for key in fit.step_overhead:
@@ -201,7 +201,7 @@ def test_local_causes_are_booked_as_the_metrics_book_a_measured_run(monkeypatch)
 def test_communication_hides_under_the_encoder_not_under_the_overhead(monkeypatch):
     """A rank's overhead (input, Python, row gathering) comes before its forward: the row
     exchange can hide only under the encoder's time, however long the overhead."""
-    from fsbench import simulate
+    from fsbench.scaling import simulate
 
     class AllToAll50:
         def seconds(self, n, nbytes):
@@ -266,7 +266,7 @@ def test_local_cluster_without_calibration_is_refused_in_one_line(tmp_path, caps
 
 @pytest.mark.dist
 def test_calibrate_comm_measures_real_gloo_collectives(tmp_path):
-    from fsbench.commcal import calibrate_comm, load_comm_fits
+    from fsbench.scaling.commcal import calibrate_comm, load_comm_fits
 
     # sizes 16384x apart, median of 5: a 4 KiB collective costs a wake-up or two, which on
     # a busy 2-core machine can reach several ms, as much as a few MiB (8 MiB lost to it
@@ -294,7 +294,7 @@ def test_calibrate_measures_each_trainers_overhead_and_the_simulator_adds_it(tmp
     stored wall overhead more per step (one rank: no co-run, no time-sharing)."""
     import torch
 
-    from fsbench.calibrate import load_fit
+    from fsbench.running.calibrate import load_fit
     from fsbench.workloads.presets import get_workload
 
     threads = torch.get_num_threads()
@@ -356,7 +356,7 @@ def test_ddp_buckets_are_the_buckets_real_ddp_makes(tmp_path):
     large parameter alone."""
     import torch
 
-    from fsbench.ddp_buckets import ddp_buckets
+    from fsbench.scaling.ddp_buckets import ddp_buckets
 
     class Params(torch.nn.Module):
         def forward(self):
@@ -381,9 +381,9 @@ def test_ddp_buckets_of_a_real_encoder_follow_its_gradients_order(tmp_path, pres
     with the model, two emulated)."""
     import torch
 
-    from fsbench.calibrate import encoder_inputs
-    from fsbench.ddp_buckets import ddp_buckets, dense_grad_bytes
-    from fsbench.emulation import waiting_loss
+    from fsbench.running.calibrate import encoder_inputs
+    from fsbench.scaling.ddp_buckets import ddp_buckets, dense_grad_bytes
+    from fsbench.models.emulation import waiting_loss
     from fsbench.models import build_model
 
     w = dataclasses.replace(get_workload(preset), global_batch_size=4, compute=compute)

@@ -9,7 +9,7 @@ import time
 import pandas as pd
 import pytest
 
-from fsbench import store
+from fsbench.running import store
 
 
 def test_write_json_atomic_replaces_whole_files_and_leaves_no_temp_files(tmp_path):
@@ -21,7 +21,7 @@ def test_write_json_atomic_replaces_whole_files_and_leaves_no_temp_files(tmp_pat
 
 
 def _rank_pids(run_dir):
-    out = subprocess.run(["pgrep", "-f", f"fsbench.launch.worker {run_dir}"], capture_output=True, text=True)
+    out = subprocess.run(["pgrep", "-f", f"fsbench.running.launch.worker {run_dir}"], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]
 
 
@@ -60,7 +60,7 @@ def test_sigkill_mid_run_leaves_store_readable_and_run_incomplete(tmp_path):
     table = pd.read_parquet(tmp_path / "runs.parquet")
     assert list(table["status"]) == ["complete"] and (table["schema_version"] == 1).all()
     assert store.read_json(killed_dir / "manifest.json")["status"] == "running"
-    from fsbench.timeline import read_timelines
+    from fsbench.measurement.timeline import read_timelines
     assert len(read_timelines(killed_dir)) > 10
     # Refreshing now records the kill in the table too.
     assert "incomplete" in set(store.refresh_table(tmp_path)["status"])

@@ -5,10 +5,10 @@ import shutil
 
 import pytest
 
-from fsbench import store
+from fsbench.running import store
 from fsbench.cli import main
 from fsbench.config import ConfigError
-from fsbench.report import select_runs
+from fsbench.reporting.report import select_runs
 
 
 @pytest.fixture(scope="module")

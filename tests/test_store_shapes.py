@@ -235,7 +235,8 @@ def test_summarize(shape, tmp_path, sources, capsys):
 def test_html_report_of_2_rank_runs_plots_scaling_against_2_ranks(two_rank, tmp_path, capsys):
     """No 1-rank run: scaling efficiency is n/a in the table, and its plot is drawn
     relative to the smallest world size present, labelled so."""
-    from fsbench import plots, report
+    from fsbench.reporting import plots
+    from fsbench.reporting import report
 
     store = tmp_path / "store"
     store.mkdir()
@@ -255,7 +256,7 @@ def test_html_report_of_2_rank_runs_plots_scaling_against_2_ranks(two_rank, tmp_
 
 def test_a_damaged_rank_file_is_refused_naming_its_line_but_a_torn_last_line_is_not(tmp_path):
     from fsbench.config import ConfigError
-    from fsbench.timeline import SPAN_FIELDS, read_records
+    from fsbench.measurement.timeline import SPAN_FIELDS, read_records
 
     good = '{"rank": 0, "step": 0, "name": "step", "kind": "step", "start_ns": 1, "dur_ns": 2}\n'
     path = tmp_path / "rank-0.jsonl"

@@ -7,7 +7,7 @@ import pytest
 
 def test_an_unmarked_test_cannot_start_ranks():
     with pytest.raises(RuntimeError, match="not marked dist"):
-        subprocess.Popen([sys.executable, "-m", "fsbench.launch.worker", "/nonexistent"])
+        subprocess.Popen([sys.executable, "-m", "fsbench.running.launch.worker", "/nonexistent"])
     with pytest.raises(RuntimeError, match="not marked dist"):
         subprocess.run([sys.executable, "-m", "fsbench.cli", "run", "--workload", "tiny"])
     # Other programs run as usual.

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from fsbench.timeline import Timeline, read_timelines
+from fsbench.measurement.timeline import Timeline, read_timelines
 
 
 def _spin(seconds: float) -> None:
@@ -81,7 +81,7 @@ def test_run_queue_wait_covers_every_thread_and_child_process():
     import sys
     import threading
 
-    from fsbench.timeline import threads_schedstat, threads_since
+    from fsbench.measurement.timeline import threads_schedstat, threads_since
 
     spun, stop = threading.Event(), threading.Event()
     helper = threading.Thread(target=lambda: (_spin(0.05), spun.set(), stop.wait()))
@@ -105,7 +105,7 @@ def test_run_queue_wait_covers_every_thread_and_child_process():
 
 
 def test_without_schedstat_the_wait_is_unknown_not_zero(monkeypatch, tmp_path):
-    from fsbench import timeline
+    from fsbench.measurement import timeline
 
     monkeypatch.setattr(timeline, "PROC", str(tmp_path))  # a machine without schedstat
     assert timeline.threads_schedstat() is None

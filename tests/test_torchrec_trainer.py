@@ -36,10 +36,10 @@ from baselines.torchrec_model import (
 )
 from fsbench.config import ConfigError, RunConfig
 from fsbench.models import build_model, initial_table_weight, table_specs
-from fsbench.optim import make_optimizer
-from fsbench.runner import SUMMARY_KEYS, read_step_stats, run_once
-from fsbench.timeline import read_timelines
-from fsbench.trainer import trainer_options
+from fsbench.training.optim import make_optimizer
+from fsbench.running.runner import SUMMARY_KEYS, read_step_stats, run_once
+from fsbench.measurement.timeline import read_timelines
+from fsbench.training.trainer import trainer_options
 from fsbench.workloads import make_batch_source
 from fsbench.workloads.presets import tiny
 
@@ -250,7 +250,7 @@ def _probe_rank(rank: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    from fsbench import dist as fsdist
+    from fsbench.training import dist as fsdist
 
     ctx = fsdist.init_distributed("gloo", "cpu")
     try:

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from fsbench import metrics
-from fsbench.timeline import read_timelines
+from fsbench.measurement import metrics
+from fsbench.measurement.timeline import read_timelines
 from support.ports import free_port
 
 pytestmark = pytest.mark.dist

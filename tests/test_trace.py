@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from fsbench.cli import main
-from fsbench.trace import chrome_trace
+from fsbench.reporting.trace import chrome_trace
 
 COLS = ["rank", "step", "warmup", "name", "kind", "start_ns", "dur_ns", "cpu_ns"]
 
@@ -103,7 +103,7 @@ def test_chrome_trace_of_hand_made_spans():
 
 @pytest.mark.dist
 def test_trace_of_a_real_two_rank_run(tmp_path, capsys):
-    from fsbench.timeline import read_timelines
+    from fsbench.measurement.timeline import read_timelines
 
     assert main(["run", "--workload", "tiny", "--world-size", "2", "--store", str(tmp_path)]) == 0
     (run_dir,) = [d for d in tmp_path.iterdir() if d.is_dir()]

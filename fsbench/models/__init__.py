@@ -4,7 +4,10 @@
     loss = model(batch)                     # = model.dense(model.sparse.lookup(batch), batch)
 
 `model.sparse` (embedding tables) is kept apart from `model.dense` (everything else)
-because trainers replicate or shard the tables while sharing the dense part.
+because trainers replicate or shard the tables while sharing the dense part. `emulation`
+stands in for the dense compute with a calibrated wait (compute=emulated).
+
+May import: the top-level leaves, measurement (clocks, spans), workloads.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fsbench import emulation
+from fsbench.models import emulation
 from fsbench.config import ModelConfig
 from fsbench.models.hstu import HSTUBlock
 from fsbench.models.init import init_module_

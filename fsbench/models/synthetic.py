@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fsbench.config import SyntheticComputeConfig, WorkloadConfig
-from fsbench.timeline import current
+from fsbench.measurement.timeline import current
 from fsbench.workloads.batch import JaggedBatch
 
 FORWARD_SHARE = 1 / 3

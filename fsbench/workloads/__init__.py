@@ -3,6 +3,8 @@
 The members below import numpy and torch, so they are loaded on first use (PEP 562
 `__getattr__`): importing `fsbench.workloads.presets` to build a config stays light, while
 `from fsbench.workloads import make_batch_source, JaggedBatch, ...` works as before.
+
+May import: the top-level leaves and measurement only.
 """
 from __future__ import annotations
 
@@ -65,7 +67,7 @@ def make_batch_source(workload: WorkloadConfig, seed: int,
                       holdout_last: bool = False) -> SyntheticBatches | RealDataBatches:
     """The batch source `workload.data` names; both have `global_batch(step)`.
     `holdout_last` (real data only, a run with evaluation on): train without each
-    user's last item, which `fsbench.evaluate` tests on."""
+    user's last item, which `fsbench.running.evaluate` tests on."""
     from fsbench.workloads.generator import SyntheticBatches
     from fsbench.workloads.realdata import RealDataBatches, load_histories
 

@@ -12,7 +12,7 @@ chronological item list, ids remapped to 1..V):
 
 Batches stay a pure function of (seed, step), like the synthetic ones, so every rank can
 build the global batch itself. With `holdout_last` (a run's `--eval`) they are drawn from the
-histories without each user's last item, which `fsbench.evaluate` holds out to test on.
+histories without each user's last item, which `fsbench.running.evaluate` holds out to test on.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ ContendedMachineWarning that pytest prints in its summary, what it could not jud
 every try fails, naming the measured wait: the end-to-end check is then missing from that
 CI run, and that must be seen, not pass green. (A merely loud run, below the contention
 threshold, is judged with a budget widened by its measured wait, never failed for it:
-fsbench.groundtruth.error_budget.)"""
+fsbench.running.groundtruth.error_budget.)"""
 from __future__ import annotations
 
 import os

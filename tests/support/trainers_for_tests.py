@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from baselines.ddp import DDPTrainer
-from fsbench.inputs import ContiguousShare
-from fsbench.trainer import StepStats
+from fsbench.training.inputs import ContiguousShare
+from fsbench.training.trainer import StepStats
 
 
 class RaiseOnRank1:
@@ -78,7 +78,7 @@ GradDumpFreeScale = wrap_with_grad_dump(_freescale())
 
 
 class InjectedDDP(DDPTrainer):
-    """DDP with a known extra cost, for calibrating regression gates (fsbench.gate):
+    """DDP with a known extra cost, for calibrating regression gates (fsbench.gates.gate):
     FSBENCH_TEST_SLOWDOWN=f adds f x the step's own wall time as compute on every rank
     (step time about +f); FSBENCH_TEST_STRAGGLE=f adds it on rank 0 only (a straggler:
     the bubble grows); FSBENCH_TEST_STALL_EVERY=k doubles every k-th step on every rank
@@ -88,7 +88,7 @@ class InjectedDDP(DDPTrainer):
     def step(self, inputs) -> StepStats:
         import time
 
-        from fsbench.timeline import span
+        from fsbench.measurement.timeline import span
 
         wall0 = time.monotonic_ns()
         stats = super().step(inputs)

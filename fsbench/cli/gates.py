@@ -1,0 +1,227 @@
+"""`fsbench compare | gate | history | reference`: the regression gates' entry points
+(fsbench.cli holds the rest and dispatches here through `COMMANDS`)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Callable
+
+from fsbench.cli.args import add_format, add_store, rename
+from fsbench.errors import ConfigError
+from fsbench.table import dumps, note, warn
+
+
+def add_parsers(sub, csv: Callable, default_store: str) -> None:
+    """The gates' sub-commands; `csv` parses a comma-separated flag (fsbench.cli's)."""
+    from fsbench.gates import gate
+    from fsbench.gates.gate import Sweep
+
+    p = sub.add_parser(
+        "compare", help="BASE vs NEW runs: per metric change, interval, p, verdict (exit 1 regressed, 3 inconclusive)",
+        description="Compare two sets of runs (each a run directory or a store of runs) per "
+                    "workload, trainer and world size, on per-step samples: step time, "
+                    "throughput, the bubble and its four causes, peak memory. Runs with one seed "
+                    "each on both sides are paired (by block where they took turns under "
+                    "`fsbench gate`, else by run) and tested with Wilcoxon's signed rank; other "
+                    "runs with Mann-Whitney U on their steps. A regression needs the p "
+                    "(Holm-adjusted over metrics) below --alpha AND a change beyond the "
+                    "threshold (relative for times and memory, percentage points for ratios) "
+                    "AND an interval that excludes no change; unchanged needs the whole "
+                    "interval within the threshold; anything else is inconclusive, with its "
+                    "reason and what would settle it. Exit codes: 0 unchanged or improved, "
+                    "1 regressed, 2 bad input, 3 inconclusive, 4 internal error (docs/ci.md).")
+    p.add_argument("base", metavar="BASE", help="a run directory or a store of runs")
+    p.add_argument("new", metavar="NEW", help="a run directory or a store of runs")
+    _verdict_args(p)
+    p.add_argument("--out", metavar="FILE", help="also write the output (in --format) to this file")
+
+    p = sub.add_parser(
+        "gate", help="run BASE and NEW code in interleaved pairs on this machine, then compare",
+        description="Check BASE (and NEW, default: this checkout with its uncommitted changes) "
+                    "out into git worktrees and run the same small sweep of each: per trainer "
+                    "and seed both versions' runs start together and take turns a block of "
+                    "steps at a time, which goes first decided by a seeded coin per block, so "
+                    "the machine's drift hits both; then compare as `fsbench compare` does, "
+                    "block k of BASE paired with block k of NEW. A BASE that predates turn-"
+                    "taking falls back to whole runs in random order (far less sensitive; said "
+                    "so). A pair in which a run was contended is moved to DIR/contended/ and run "
+                    "again, up to --retries times, then its key is inconclusive. Exit codes as "
+                    "compare's: 0 unchanged, 1 regressed, 2 bad input, 3 inconclusive, 4 "
+                    "internal error.")
+    p.add_argument("--base", required=True, metavar="REV", help="the version to compare against")
+    p.add_argument("--new", metavar="REV", help="default: this checkout, uncommitted changes included")
+    defaults = Sweep()
+    p.add_argument("--workload", default=defaults.workload, help="workload preset")
+    p.add_argument("--trainers", type=csv(str), default=list(defaults.trainers), help="comma-separated")
+    p.add_argument("--world-size", type=int, default=defaults.world_size, help="ranks per run")
+    p.add_argument("--pairs", type=int, default=defaults.pairs,
+                   help="A/B run pairs (seeds) per trainer")
+    p.add_argument("--retries", type=int, default=gate.DEFAULT_RETRIES,
+                   help="reruns of a pair with a contended run")
+    p.add_argument("--block-steps", type=int, default=defaults.block_steps,
+                   help="steps per turn when the versions take turns")
+    p.add_argument("--steps", type=int, default=defaults.steps, help="steps per run")
+    p.add_argument("--warmup", type=int, default=defaults.warmup, help="leading steps not measured")
+    p.add_argument("--seed", type=int, default=0, help="order of each pair and data seeds")
+    add_store(p, "where both sides' runs go (DIR/base, DIR/new), beside compare.md and "
+                 "compare.json; default: runs/gate/<time>", default=None, old="--out")
+    _verdict_args(p)
+
+    p = sub.add_parser(
+        "reference", help="deterministic gates: check (or refresh) results/reference/",
+        description="Quantities that must never move without intent: the planners' loads on "
+                    "fixed seeds (exact) and each trainer's losses on `tiny` at 2 ranks (exact "
+                    "on the reference's torch and CPU instruction set, else within 1e-5). "
+                    "`check` exits 1 naming what moved; `refresh` rewrites the references, "
+                    "to commit with the change that moved them.")
+    p.add_argument("action", choices=["check", "refresh"])
+    p.add_argument("--only", type=csv(str), help="quantities (comma-separated); default: all")
+    add_format(p)
+
+    p = sub.add_parser(
+        "history", help="stored runs in commit order, change points per metric (HTML + markdown)",
+        description="Order the runs in --store by the commit they measured, find change "
+                    "points per metric and (workload, trainer, world size) with ruptures (PELT), "
+                    "and write a self-contained history.html with a plot per metric and the "
+                    "change points marked, beside history.md.")
+    add_store(p, "the store of runs to read", default=default_store)
+    rename(p, "--runs", "--store", "store")
+    p.add_argument("--out", default="history", metavar="DIR",
+                   help="the folder history.html and history.md go to")
+    add_format(p, help="text: the change points as a table; json: every series and its "
+                       "change points, one JSON document")
+
+
+def _verdict_args(p: argparse.ArgumentParser) -> None:
+    """What `compare` and `gate` share: output format and the verdict's settings."""
+    add_format(p, ("md", "json"), help="md: the verdict table (markdown, for a review "
+                                       "comment); json: one JSON document")
+    p.add_argument("--alpha", type=float, default=None, help="significance level; default: 0.01")
+    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
+                   help="per kind (time, memory: relative; ratio: absolute) or per metric, "
+                        "e.g. time=0.05, bubble_ratio=0.03; defaults: time=0.05 memory=0.05 ratio=0.02")
+    p.add_argument("--allow-cross-machine", action="store_true",
+                   help="compare runs from different machines (host, CPU, cores, accelerator "
+                        "or torch differ) instead of calling them inconclusive; noted in the output")
+
+
+def _verdict_settings(args: argparse.Namespace) -> tuple[float, dict[str, float]]:
+    from fsbench.gates import compare
+
+    alpha = compare.DEFAULT_ALPHA if args.alpha is None else args.alpha
+    if not 0 < alpha < 1:
+        raise ConfigError(f"--alpha={alpha} must be between 0 and 1")
+    return alpha, compare.parse_thresholds(args.threshold)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from fsbench.gates import compare
+    from fsbench.gates import compare_sides
+
+    alpha, thresholds = _verdict_settings(args)
+    rows, notes = compare.compare(compare_sides.load_side(args.base), compare_sides.load_side(args.new),
+                                  alpha, thresholds, args.allow_cross_machine)
+    text = compare.to_json(rows, notes) if args.format == "json" else compare.markdown(rows, notes)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return compare.exit_code(rows)
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    import datetime
+
+    from fsbench.gates import compare
+    from fsbench.gates import compare_sides
+    from fsbench.gates import gate
+    from fsbench.running.store import check_writable_dir
+    from fsbench.table import progress
+
+    alpha, thresholds = _verdict_settings(args)
+    # One pair is a valid gate (its steps, paired block by block, are the units); whether
+    # a design can reach alpha is compare's to say (inconclusive when it cannot).
+    if args.pairs < 1:
+        raise ConfigError(f"--pairs={args.pairs} must be >= 1")
+    if args.retries < 0:
+        raise ConfigError(f"--retries={args.retries} must be >= 0")
+    if args.block_steps < 1:
+        raise ConfigError(f"--block-steps={args.block_steps} must be >= 1")
+    if not 0 <= args.warmup < args.steps:
+        raise ConfigError(f"--warmup={args.warmup} must be >= 0 and < --steps={args.steps}")
+    from fsbench.training.trainer import TRAINERS
+
+    for t in args.trainers:
+        if ":" not in t and t not in TRAINERS:
+            raise ConfigError(f"--trainers: {t!r} is unknown; choose from: {', '.join(TRAINERS)}")
+    root = gate.repo_root()
+    base_sha = gate.resolve_rev(root, args.base, "--base")
+    new_sha = gate.resolve_rev(root, args.new, "--new") if args.new else None
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = check_writable_dir(Path(args.store or f"runs/gate/{stamp}").resolve(), "--store")
+    sweep = gate.Sweep(args.workload, tuple(args.trainers), args.world_size, args.steps,
+                       args.warmup, args.pairs, args.seed, args.block_steps)
+    with gate.Worktrees(root) as trees:
+        sides = (gate.Side("base", trees.add(base_sha)),
+                 gate.Side("new", trees.add(new_sha) if new_sha else root))
+        try:
+            paced, still = gate.run_pairs(sides, sweep, out, retries=args.retries,
+                                          progress=lambda it: progress(it, "gate run pairs", "pair"))
+        except RuntimeError as e:
+            raise ConfigError(f"gate: a run failed ({e}); runs so far are in {out}") from None
+    rows, notes = compare.compare(compare_sides.load_side(out / "base"), compare_sides.load_side(out / "new"),
+                                  alpha, thresholds, args.allow_cross_machine)
+    rows += gate.contended_rows(sweep, still, args.retries)
+    (out / "compare.md").write_text(compare.markdown(rows, notes))
+    (out / "compare.json").write_text(compare.to_json(rows, notes))
+    print(compare.to_json(rows, notes) if args.format == "json" else compare.markdown(rows, notes))
+    if not paced:
+        warn("gate: one version predates turn-taking (fsbench/running/pacing.py), so the versions ran "
+             "one after the other: the machine's drift between runs counts as change (the design "
+             "line says how the steps were paired)")
+    note(f"gate runs and comparison in {out}")
+    return compare.exit_code(rows)
+
+
+def cmd_reference(args: argparse.Namespace) -> int:
+    from fsbench.gates import reference
+
+    names = args.only or list(reference.QUANTITIES)
+    unknown = [n for n in names if n not in reference.QUANTITIES]
+    if unknown:
+        raise ConfigError(f"--only {','.join(unknown)}: unknown; choose from: "
+                          f"{', '.join(reference.QUANTITIES)}")
+    if args.action == "refresh":
+        written = reference.refresh(names)
+        print(dumps({"action": "refresh", "written": written}) if args.format == "json"
+              else "\n".join(f"wrote {path}" for path in written))
+        return 0
+    moved, notes = reference.check(names)
+    if args.format == "json":
+        print(dumps({"action": "check", "quantities": names, "moved": moved, "notes": notes,
+                     "ok": not moved}))
+        return 1 if moved else 0
+    for line in notes:
+        print(f"note: {line}")
+    for line in moved:
+        print(f"moved: {line}")
+    print(f"reference check: {len(moved)} value(s) moved in {', '.join(names)}"
+          + ("" if moved else " (all exact)" if not notes else ""))
+    return 1 if moved else 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from fsbench.gates import history
+    from fsbench.running.store import check_writable_dir
+
+    runs = history.load(args.store)
+    out = check_writable_dir(args.out)
+    items = history.history(runs)
+    page, summary = history.write(items, out)
+    print(dumps({"items": items, "written": [page, summary]}) if args.format == "json"
+          else history.table(items))
+    note(f"wrote {page} and {summary}")
+    return 0
+
+
+COMMANDS = {"compare": cmd_compare, "gate": cmd_gate, "reference": cmd_reference,
+            "history": cmd_history}

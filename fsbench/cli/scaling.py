@@ -1,0 +1,204 @@
+"""`fsbench simulate` and `fsbench calibrate`: scaling studies' entry points
+(fsbench.cli holds the rest and dispatches here through `COMMANDS`)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Callable
+
+from fsbench.cli.args import add_format, add_store, rename
+from fsbench.errors import ConfigError
+from fsbench.table import dumps, grid, note
+
+# `--set` keys of the simulator itself (everything else is a workload field or a switch).
+SIM_KEYS = ("batch_per_rank",)
+
+
+def add_parsers(sub, csv: Callable, default_store: str) -> None:
+    from fsbench.scaling.simulate import CLUSTERS
+
+    p = sub.add_parser(
+        "simulate", help="SIMULATED step time and bubbles at 8..1024 GPUs (calibrated model)",
+        description="Project each (trainer, world size) with the calibrated simulator "
+                    "(fsbench/scaling/simulate.py: per-sample compute cost, an alpha-beta model per "
+                    "collective, each trainer's split and overlap) over the workload's real "
+                    "sampled batches. Writes one run per (trainer, world size) with summary.json "
+                    "in the measured schema and \"simulated\": true, into STORE/simulated (or "
+                    "--sim-store), apart from measured runs. Clusters: "
+                    + "; ".join(f"{c.name}: {c.description}" for c in CLUSTERS.values()))
+    p.add_argument("--workload", default="small", help="workload preset")
+    p.add_argument("--trainers", type=csv(str), default=["ddp", "freescale"], help="comma-separated")
+    p.add_argument("--world-sizes", type=csv(int), default=[8, 64, 256, 1024], help="comma-separated")
+    p.add_argument("--cluster", default="h100", choices=sorted(CLUSTERS), help="what is simulated")
+    p.add_argument("--scaling", default="weak", choices=["weak", "strong"],
+                   help="weak: batch_per_rank samples per rank at every size; "
+                        "strong: the workload's global batch at every size")
+    p.add_argument("--steps", type=int, help="steps per simulated run, warm-up included; "
+                                             "default: the workload's")
+    p.add_argument("--warmup", type=int, help="leading steps left out of the summary; "
+                                              "default: the workload's")
+    p.add_argument("--seed", type=int, default=0, help="data seed")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="batch_per_rank=N (weak scaling; default 128), a workload field, or "
+                        "a trainer switch (freescale.window=4, freescale.balance=off, ...)")
+    add_store(p, "the store: calibrations are read from STORE/calibrations (--cluster local), "
+                 "simulated runs go to STORE/simulated", default=default_store)
+    p.add_argument("--sim-store", metavar="DIR",
+                   help="where simulated runs go instead of STORE/simulated")
+    rename(p, "--out", "--sim-store", "sim_store")  # its meaning before: where simulated runs go
+    add_format(p)
+
+    p = sub.add_parser("calibrate", help="measure per-sample cost vs length; fit a*L^2+b*L+c",
+                       description="Time forward+backward of the workload's model on this device "
+                                   "over a grid of lengths, fit a*L^2 + b*L + c (least squares on "
+                                   "relative error), report R^2 and store the fit in "
+                                   "STORE/calibrations/, where the FreeScale balancer, "
+                                   "compute=emulated and fsbench simulate find it.")
+    p.add_argument("--workload", default="small", help="workload preset")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a workload field (e.g. model.dim=32)")
+    add_store(p, "the store the fits go to (STORE/calibrations/)", default=default_store, old="--out")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="what is timed")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats per length (median)")
+    p.add_argument("--comm", action="store_true",
+                   help="instead: time gloo all-reduce and all-to-all on local ranks and fit "
+                        "an alpha-beta model per collective (for fsbench simulate --cluster local)")
+    p.add_argument("--comm-world-sizes", type=csv(int), default=[2, 4, 8],
+                   help="world sizes --comm measures")
+    p.add_argument("--overhead", type=csv(str), default=[], metavar="TRAINERS",
+                   help="also measure these trainers' per-step overhead beyond the cost model "
+                        "(a real 1-rank run each, with the model and emulated), for fsbench "
+                        "simulate --cluster local; e.g. ddp,freescale; default: none")
+    add_format(p)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from fsbench.cli.runs import build_workload, parse_sets
+    from fsbench.columns import FLAGS, RUN_VIEW
+    from fsbench.config import RunConfig
+    from fsbench.scaling.simulate import CLUSTERS, Costs, scaled_workload, write_simulated
+    from fsbench.table import format_table, progress, records
+    from fsbench.training.trainer import trainer_options
+
+    sim = {k.split("=", 1)[0]: k.split("=", 1)[1] for k in args.set if k.split("=", 1)[0] in SIM_KEYS}
+    args.set = [k for k in args.set if k.split("=", 1)[0] not in SIM_KEYS]
+    try:
+        batch_per_rank = int(sim.get("batch_per_rank", 128))
+    except ValueError:
+        raise ConfigError(f"--set batch_per_rank={sim['batch_per_rank']!r}: expected an integer") from None
+    if batch_per_rank < 1:
+        raise ConfigError(f"--set batch_per_rank={batch_per_rank} must be >= 1")
+    if not args.world_sizes or min(args.world_sizes) < 1:
+        raise ConfigError(f"--world-sizes={args.world_sizes}: give world sizes >= 1")
+    workload = build_workload(args)
+    _, trainer_sets = parse_sets(args.set)
+    cluster = CLUSTERS[args.cluster]
+    if cluster.compute == "fit":
+        import torch
+
+        torch.set_num_threads(1)  # the fits' key: the thread count ranks run with
+    Costs(cluster, workload, args.store)  # a missing calibration fails here, in one line
+    sim_store = args.sim_store or f"{args.store}/simulated"
+    rows = []
+    for trainer in progress([(t, n) for n in args.world_sizes for t in args.trainers], "simulating", "run"):
+        name, n = trainer
+        w = scaled_workload(workload, n, args.scaling, batch_per_rank)
+        run = RunConfig(workload=w, trainer=name, world_size=n, seed=args.seed,
+                        trainer_options=trainer_options(name, trainer_sets.get(name, {})))
+        run_dir, summary = write_simulated(run, cluster, sim_store, args.store, args.scaling)
+        rows.append({**summary, "run_dir": str(run_dir)})
+    if args.format == "json":
+        print(dumps({"simulated": True, "cluster": cluster.name,
+                     "cluster_description": cluster.description, "scaling": args.scaling,
+                     "batch_per_rank": batch_per_rank if args.scaling == "weak" else None,
+                     "table": records(pd.DataFrame(rows)), "store": sim_store}))
+    else:
+        print(f"SIMULATED ({cluster.name}: {cluster.description}); {args.scaling} scaling"
+              + (f", {batch_per_rank} samples per rank" if args.scaling == "weak" else ""))
+        print(format_table(pd.DataFrame(rows), ["trainer", "world_size", *[
+            c for c in RUN_VIEW if c in ("step_time_ms_median", "samples_per_s", "bubble_ratio",
+                                         "straggler_bubble_ratio", "exposed_comm_ratio", "load_imbalance")],
+            *[f for f in FLAGS if f in rows[0]]]))
+    note(f"simulated runs stored in {sim_store}/")
+    return 0
+
+
+def cmd_calibrate_comm(args: argparse.Namespace) -> int:
+    from fsbench.scaling.commcal import calibrate_comm, comm_fit_path
+    from fsbench.table import progress
+
+    sizes = args.comm_world_sizes
+    if not sizes or min(sizes) < 2:
+        raise ConfigError(f"--comm-world-sizes={sizes}: give world sizes >= 2")
+    fits = calibrate_comm(args.store, sizes, progress=lambda it: progress(it, "world sizes", "size"))
+    path = comm_fit_path(args.store)
+    if args.format == "json":
+        print(dumps({"collectives": {name: dataclasses.asdict(f) for name, f in fits.items()},
+                     "stored_in": path}))
+    else:
+        rows = []
+        for f in fits.values():
+            bw = 1 / f.beta_s_per_byte / 1e6 if f.beta_s_per_byte > 0 else float("inf")
+            rows.append([f.collective, f"{f.alpha0_s * 1e6:.1f}", f"{f.alpha1_s * 1e6:.1f}",
+                         f"{bw:.0f}", f"{100 * f.max_rel_error:.0f}%"])
+        print(grid(["collective", "alpha0 (us)", "alpha1 (us per rank)", "bandwidth (MB/s)",
+                    "worst fit error"], rows, align=["left", *["right"] * 4]))
+    note(f"stored in {path}")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from fsbench.running.calibrate import calibrate, fit_path
+    from fsbench.table import progress
+
+    if args.comm:
+        return cmd_calibrate_comm(args)
+
+    from fsbench.cli.runs import build_workload
+
+    args.steps = args.warmup = None
+    workload = build_workload(args)
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats={args.repeats} must be >= 1")
+    if args.overhead:
+        from fsbench.training.trainer import resolve_trainer_class
+
+        for name in args.overhead:
+            resolve_trainer_class(name)  # an unknown name fails now, in one line, not after calibrating
+    import torch
+    torch.set_num_threads(1)  # the per-rank setting: costs must match what ranks see
+
+    fit = calibrate(workload, args.store, device=args.device, repeats=args.repeats,
+                    progress=lambda lengths: progress(lengths, "lengths", "length"))
+    held = {}
+    if args.overhead:
+        from fsbench.scaling.step_overhead import store_step_overheads
+
+        held = store_step_overheads(workload, args.overhead, args.store,
+                                    progress=lambda it: progress(it, "runs", "run"))
+    path = fit_path(args.store, workload, args.device)
+    if args.format == "json":
+        print(dumps({"fit": dataclasses.asdict(fit), "overheads": held, "stored_in": path}))
+        note(f"stored in {path}")
+        return 0
+    print(f"cost(L) = {fit.a:.4g} L^2 + {fit.b:.4g} L + {fit.c:.4g} ms   R^2 = {fit.r2:.4f}   "
+          f"({fit.model} on {fit.device})")
+    print(grid(["L", "measured ms/sample", "fit ms/sample"],
+               [[str(L), f"{t:.4f}", f"{float(fit.cost_ms([L])[0]):.4f}"]
+                for L, t in zip(fit.lengths, fit.per_sample_ms)]))
+    print(f"per batch: {fit.batch_ms:.3f} ms + {fit.bucket_ms:.3f} ms per attention bucket; tables: "
+          f"{fit.table_ns_per_element:.2f} ns per updated element, a replica's "
+          f"{fit.replicated_ns_per_element:.2f} ns per element per step"
+          + (f"; co-run slowdown {fit.corun_slowdown:.2f}x (table work {fit.table_corun_slowdown:.2f}x)"
+             if fit.corun_slowdown else ""))
+    if held:
+        print(grid(["trainer/compute", "overhead ms", "of it CPU", "busy", "input wait"],
+                   [[key, *(f"{o[k]:.2f}" for k in ("wall_ms", "cpu_ms", "busy_ms", "input_ms"))]
+                    for key, o in sorted(held.items())], align=["left", *["right"] * 4]))
+    note(f"stored in {path}")
+    return 0
+
+
+COMMANDS = {"simulate": cmd_simulate, "calibrate": cmd_calibrate}

@@ -1,0 +1,341 @@
+"""Per-rank timelines: `with span("forward"):` appends one JSON line per span.
+
+A record is {rank, step, warmup, name, kind, start_ns, dur_ns, cpu_ns, runq_ns}:
+- `start_ns`/`dur_ns` come from CLOCK_MONOTONIC (`time.monotonic_ns`), which is shared
+  by all processes of one host, so spans of different ranks on one machine line up.
+  (Ranks on different hosts are compared by durations only.)
+- `cpu_ns` is the *calling thread's* CPU time during the span (`time.thread_time_ns`).
+  With one intra-op thread per rank this is the rank's compute time even when ranks
+  share cores, and it excludes time blocked in a collective (a blocked thread burns
+  no CPU; gloo's own worker threads are not counted).
+- `runq_ns` is the time the calling thread waited for a CPU during the span (runnable,
+  not running: Linux `/proc/thread-self/schedstat`, second field): a neighbour process
+  or oversubscription taking the core. 0 where schedstat does not exist (the worker
+  records that apart, with every thread's wait: `threads_schedstat`).
+- `warmup` is true for steps that are not measured: warm-up steps, and steps outside
+  whole look-ahead windows (fsbench.training.trainer.measured_steps).
+- `gpu_ns` (CUDA runs, compute spans only): the compute stream's time between two CUDA
+  events recorded at the span's ends, read at the end of the step.
+- `kind` classifies the span for the metrics: compute | comm | wait | input | step
+  (fsbench.training.trainer.Trainer says which spans belong where).
+- kind `flight` is not a span of the calling thread but one collective's time in flight,
+  from its issue to its completion as the communication library's own thread saw it
+  (`Timeline.in_flight`): what `comm_overlap_ratio` measures against compute spans. Its
+  `step` is the step that issued it; it may end in a later step.
+
+Spans never synchronize a device. Lines are buffered in memory and written at the end
+of every step, so a crash loses at most the step in flight.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+from fsbench.measurement.clock import emulated_ns, now_ns
+from fsbench.errors import ConfigError
+
+# `probe`: the CPU-speed probe before a step's barrier (fsbench.measurement.speed_probe), outside every
+# step window, so in no partition.
+SPAN_KINDS = ("compute", "comm", "wait", "input", "step", "flight", "probe")
+
+# Default kind of the span names trainers use; anything else must pass kind= explicitly.
+DEFAULT_KINDS = {
+    "forward": "compute",
+    "backward": "compute",
+    "optimizer": "compute",
+    "embedding": "compute",
+    "compute": "compute",
+    "comm": "comm",
+    "allreduce": "comm",
+    "all_to_all": "comm",
+    "wait": "wait",
+    "barrier": "wait",
+    "input": "input",
+    "step": "step",
+}
+
+
+class Timeline:
+    """Collects one rank's spans and appends them to `path` as JSON lines."""
+
+    def __init__(self, path: str | os.PathLike | None, rank: int = 0, enabled: bool = True,
+                 device: object = None, emulated: bool = False) -> None:
+        self.path = Path(path) if path is not None else None
+        self.rank = rank
+        # enabled=False makes span() free: the baseline of the instrumentation-overhead
+        # benchmark (fsbench.running.overhead).
+        self.enabled = enabled
+        # On CUDA, compute spans also record a pair of CUDA events on the current stream:
+        # `gpu_ns` is then the compute stream's time for the span, the GPU busy measure.
+        self.cuda = device is not None and getattr(device, "type", device) == "cuda"
+        self.step = -1
+        self.warmup = False
+        # compute=emulated (fsbench.models.emulation): a span's busy time is the emulated compute
+        # inside it; its real thread CPU is recorded apart, as `overhead_ns`.
+        self.emulated = emulated
+        self._pending: list[tuple[dict, object, object]] = []  # (record, start, end event)
+        self._buffer: list[dict] = []
+        # Flights finish on the communication library's threads: appends and the flush's
+        # swap of the buffer take this lock.
+        self._lock = threading.Lock()
+        # Open spans other than `step`: a span opened inside one (a collective issued from
+        # an autograd hook inside `backward`) is recorded `nested` and left out of the
+        # step's partition (its time is already in the enclosing span), kept for traces.
+        self._open = 0
+
+    def begin_step(self, step: int, warmup: bool) -> None:
+        self.step, self.warmup = step, warmup
+
+    @contextlib.contextmanager
+    def span(self, name: str, kind: str | None = None) -> Iterator[None]:
+        if not self.enabled:
+            yield
+            return
+        kind = kind or DEFAULT_KINDS.get(name)
+        if kind not in SPAN_KINDS:
+            raise ValueError(f"span {name!r}: kind must be one of {SPAN_KINDS}, got {kind!r}")
+        events = self._cuda_events() if self.cuda and kind == "compute" else None
+        nested = self._open > 0
+        self._open += kind != "step"
+        e0 = emulated_ns() if self.emulated else 0
+        # The wall interval encloses the CPU-time one (read first, read last), so a span's
+        # cpu_ns never exceeds its dur_ns by the cost of the clock reads themselves.
+        q0, t0, cpu0 = runqueue_wait_ns(), now_ns(), time.thread_time_ns()
+        try:
+            yield
+        finally:
+            cpu1, t1, q1 = time.thread_time_ns(), now_ns(), runqueue_wait_ns()
+            self._open -= kind != "step"
+            rec = {
+                "rank": self.rank, "step": self.step, "warmup": self.warmup,
+                "name": name, "kind": kind,
+                "start_ns": t0, "dur_ns": t1 - t0, "cpu_ns": cpu1 - cpu0, "runq_ns": q1 - q0,
+            }
+            if self.emulated:
+                rec["overhead_ns"], rec["cpu_ns"] = rec["cpu_ns"], emulated_ns() - e0
+            if nested:
+                rec["nested"] = True
+            if events:
+                events[1].record()
+                self._pending.append((rec, *events))
+            self._append(rec)
+
+    def _append(self, rec: dict) -> None:
+        with self._lock:
+            self._buffer.append(rec)
+
+    def in_flight(self, name: str) -> "Flight":
+        """Start timing one collective's flight; call `.finish()` when it completes (from
+        any thread, e.g. a future's callback)."""
+        return Flight(self, name)
+
+    @staticmethod
+    def _cuda_events():
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()  # enqueued on the current stream; no synchronization
+        return start, end
+
+    def flush(self) -> None:
+        if self._pending:
+            # note: a CPU-GPU sync point, at the end of a step (after the trainer's own
+            # loss.item() sync, so it waits for nothing the step had not finished).
+            self._pending[-1][2].synchronize()
+            for rec, start, end in self._pending:
+                rec["gpu_ns"] = int(start.elapsed_time(end) * 1e6)
+            self._pending.clear()
+        with self._lock:
+            buffer, self._buffer = self._buffer, []
+        if self.path is not None and buffer:
+            # No fsync: once write() returns the lines are in the kernel and survive a
+            # SIGKILL of this process (only a machine crash could lose them), and an fsync
+            # per step would cost milliseconds of step time on slow disks.
+            with open(self.path, "a") as f:
+                f.write("\n".join(json.dumps(r) for r in buffer) + "\n")
+
+
+class Flight:
+    """One collective in flight (see `Timeline.in_flight`); a no-op when disabled."""
+
+    __slots__ = ("timeline", "rec")
+
+    def __init__(self, timeline: Timeline, name: str) -> None:
+        self.timeline = timeline
+        self.rec = None if not timeline.enabled else {
+            "rank": timeline.rank, "step": timeline.step, "warmup": timeline.warmup,
+            "name": name, "kind": "flight", "start_ns": now_ns(), "dur_ns": 0,
+            "cpu_ns": 0, "runq_ns": 0}
+
+    def finish(self) -> None:
+        if self.rec is not None and not self.rec["dur_ns"]:
+            self.rec["dur_ns"] = max(now_ns() - self.rec["start_ns"], 1)
+            self.timeline._append(self.rec)
+
+
+_SCHEDSTAT: dict[int, int] = {}  # native thread id -> open fd of its schedstat
+
+
+def runqueue_wait_ns() -> int:
+    """Nanoseconds the calling thread has spent runnable but waiting for a CPU (Linux
+    schedstat); 0 where that file does not exist. One pread of an open fd (~2 us)."""
+    tid = threading.get_native_id()
+    fd = _SCHEDSTAT.get(tid)
+    if fd is None:
+        try:
+            fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+        except OSError:
+            fd = -1
+        _SCHEDSTAT[tid] = fd
+    if fd < 0:
+        return 0
+    try:
+        return int(os.pread(fd, 128, 0).split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+PROC = "/proc"
+
+
+def threads_schedstat() -> dict[int, tuple[int, int]] | None:
+    """(CPU ns, run-queue wait ns) so far of every thread of this process and of its
+    descendant processes (loader workers), by thread id: gloo's threads and a loader wait
+    for a CPU too, and a neighbour can take it from them alone. None where schedstat does
+    not exist. A thread that ended is gone from /proc, and its times with it."""
+    import psutil
+
+    pids = [os.getpid()]
+    try:
+        pids += [c.pid for c in psutil.Process().children(recursive=True)]
+    except psutil.Error:
+        pass
+    out: dict[int, tuple[int, int]] = {}
+    for pid in pids:
+        try:
+            tids = os.listdir(f"{PROC}/{pid}/task")
+        except OSError:  # no /proc, or the process just ended
+            continue
+        for tid in tids:
+            try:
+                with open(f"{PROC}/{pid}/task/{tid}/schedstat") as f:
+                    cpu, wait = f.read().split()[:2]
+                out[int(tid)] = (int(cpu), int(wait))
+            except (OSError, ValueError):
+                continue
+    return out or None  # not even this thread's: no schedstat here
+
+
+def threads_since(before: dict[int, tuple[int, int]] | None,
+                  after: dict[int, tuple[int, int]] | None) -> tuple[int, int] | None:
+    """Between two `threads_schedstat` readings taken by the compute thread: (run-queue
+    wait of every thread, CPU time of every thread but the calling one: the helpers').
+    A thread born in between counts whole; None without schedstat."""
+    if before is None or after is None:
+        return None
+    me = threading.get_native_id()
+    wait = helper_cpu = 0
+    for tid, (cpu, waited) in after.items():
+        cpu0, wait0 = before.get(tid, (0, 0))
+        wait += max(waited - wait0, 0)
+        if tid != me:
+            helper_cpu += max(cpu - cpu0, 0)
+    return wait, helper_cpu
+
+
+def cpu_steal_ticks() -> tuple[int, int]:
+    """(steal, total) clock ticks of the whole machine (Linux /proc/stat): time the
+    hypervisor ran something else on our virtual CPUs. Invisible to the run-queue wait
+    and to thread CPU time, it stretches wall time only. (0, 0) where unavailable."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    steal = fields[7] if len(fields) > 7 else 0
+    return steal, sum(fields[:8])
+
+
+# Trainers call `span(...)` without carrying a Timeline around; the worker installs the
+# rank's timeline here once. A process is one rank, so one current timeline suffices.
+_current: Timeline = Timeline(None)
+
+
+def set_current(timeline: Timeline) -> None:
+    global _current
+    _current = timeline
+
+
+def current() -> Timeline:
+    return _current
+
+
+def span(name: str, kind: str | None = None):
+    """`with span("forward"):` on the current rank's timeline."""
+    return _current.span(name, kind)
+
+
+# The fields every record of a rank's JSONL files has, with their types.
+SPAN_FIELDS = {"rank": int, "step": int, "name": str, "kind": str, "start_ns": int, "dur_ns": int}
+
+
+def read_records(path: str | os.PathLike, fields: dict[str, type]) -> list[dict]:
+    """The records a rank appended to one JSONL file.
+
+    A torn last line (a rank killed mid-write) is dropped. Anything else that is not a
+    JSON object with `fields` of their types (bytes that are not text, a line that is not
+    JSON, a record without its fields) raises ConfigError naming the file and line: a
+    damaged file is refused in one line, never half read into wrong figures.
+    """
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.read().splitlines()
+    records = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines):
+                break
+            raise ConfigError(f"{path}: line {i} is not JSON (the file is damaged)") from None
+        if not isinstance(rec, dict) or not all(
+                isinstance(rec.get(k), t) and not isinstance(rec.get(k), bool) for k, t in fields.items()):
+            raise ConfigError(f"{path}: line {i} is not a record with {', '.join(fields)} "
+                              "(the file is damaged)")
+        records.append(rec)
+    return records
+
+
+def read_timelines(run_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
+    """All `rank-*.jsonl` files of a run as one DataFrame (one row per span). ConfigError,
+    naming the file, when one is damaged (`read_records`)."""
+    import pandas as pd
+
+    rows = []
+    for p in sorted(Path(run_dir).glob("rank-*.jsonl")):
+        rows += read_records(p, SPAN_FIELDS)
+    cols = ["rank", "step", "warmup", "name", "kind", "start_ns", "dur_ns", "cpu_ns", "runq_ns",
+            "gpu_ns", "nested", "overhead_ns"]
+    df = pd.DataFrame(rows, columns=cols)
+    # Every rank's stamps on rank 0's clock (fsbench.measurement.clock); runs from before offsets
+    # were measured, and one-host runs, have none or ~0.
+    for p in Path(run_dir).glob("clock-rank-*.json"):
+        try:
+            offset = json.loads(p.read_text())["offset_ns"]
+        except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
+            offset = None
+        if not isinstance(offset, int):  # a wrong offset would misplace the rank's spans
+            raise ConfigError(f"{p}: not a clock record with offset_ns (the file is damaged)")
+        if offset:
+            rank = int(p.stem.split("-")[-1])
+            df.loc[df["rank"] == rank, "start_ns"] += offset
+    df["runq_ns"] = df["runq_ns"].fillna(0).astype("int64")  # absent in older runs
+    df["overhead_ns"] = df["overhead_ns"].fillna(0).astype("int64")  # emulated runs only
+    df["nested"] = df["nested"].eq(True)  # absent (NaN) in most records
+    return df

@@ -1,0 +1,400 @@
+"""Cost model of one rank's step, calibrated by measurement on this device.
+
+`fsbench calibrate --workload W` measures, with the workload's real model:
+  encoder    forward + backward of the dense part (`model.dense`: what `compute=emulated`
+             replaces) per sample, on batches of identical length L over a grid of lengths:
+             cost(L) = a L^2 + b L + c by least squares (R^2 reported). The balancer
+             (FreeScale) and the emulation read it.
+  per batch  the same on jagged batches of the workload's own lengths at per-rank batch
+             sizes (the global batch over 1, 2, 4, 8, 16 ranks), less the per-sample sum:
+             what a batch costs beyond its samples, fitted as `batch_ms + bucket_ms x
+             buckets` (each attention bucket is one kernel sequence per layer,
+             fsbench.models.jagged), so a rank with few samples of many lengths is not
+             modelled as nearly free.
+  tables     the optimizer's step per table element (slope over two table sizes, for rows
+             a sharded trainer updates), and a replica's whole table work per step per
+             element at the workload's real table sizes (the lookups' dense gradients, then
+             the step over every row).
+  co-run     the encoder's slowdown when every core of this host runs it at once, and
+             the replica's table work's (memory-bound: it slows differently).
+The fit is stored in the results store under `<out>/calibrations/`, keyed by model shape
+and device, where a load balancer (FreeScale), the emulation and the simulator find it;
+without a matching fit the balancer uses an analytical model.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import platform
+import re
+import shutil
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fsbench.config import WorkloadConfig
+from fsbench.models import Bucketing, EmbeddingLookups, build_model
+from fsbench.running.store import read_json, write_json_atomic
+from fsbench.workloads.generator import SyntheticBatches
+
+# Batches no run draws by default (runs use small seeds), so a validation against runs
+# never times its own batches.
+CALIBRATION_SEED = 7919
+LOOKUP_FIELDS = tuple(f.name for f in dataclasses.fields(EmbeddingLookups))
+TOKENS_PER_POINT = 2048
+"""Each timed batch holds about this many tokens (at least one sample), so short and long
+lengths are timed over similar amounts of work."""
+
+
+@dataclass(frozen=True, slots=True)
+class CostFit:
+    a: float
+    b: float
+    c: float
+    r2: float
+    model: str
+    device: str
+    lengths: list[int]
+    per_sample_ms: list[float]
+    created: str = ""
+    table_ns_per_element: float | None = None
+    """The workload's optimizer step over an embedding table, per element (rows x dim)
+    and step (slope between two table sizes): what a sharded trainer pays per updated
+    row's element. None in fits made before it existed."""
+    table_optimizer: str | None = None
+    corun_slowdown: float | None = None
+    """How much slower the encoder runs when every core of this host runs it at once
+    (`corun_processes` processes) than alone: ranks that share a host's cores (and their
+    caches, memory bandwidth, hyperthread siblings) pay it. None in older fits."""
+    corun_processes: int | None = None
+    batch_ms: float | None = None
+    """A batch's encoder cost beyond its samples' cost(L): fixed, and per attention bucket
+    (`bucket_ms`). None in fits made before they existed (then 0)."""
+    bucket_ms: float | None = None
+    replicated_ns_per_element: float | None = None
+    """A replica's table work per step (dense gradients of every table, then the optimizer
+    over every row), per element, at the workload's table sizes. None in older fits."""
+    step_overhead: dict[str, dict[str, float]] | None = None
+    """Per "trainer/compute" (compute: model or emulated): what a real 1-rank step costs
+    beyond the simulator's model of it (framework and input work, a sharded trainer's row
+    gathering and exchange calls), from a run at CALIBRATION_SEED
+    (fsbench.scaling.step_overhead.measure_step_overhead): `wall_ms` of it, of which `cpu_ms` the
+    rank's own thread CPU (it time-shares), `busy_ms` counted busy by the metrics, and
+    `input_ms` waiting for input. None: 0."""
+    table_corun_slowdown: float | None = None
+    """A replica's table work (memory-bound, unlike the encoder) in `corun_processes`
+    processes at once against alone. None in older fits (then the encoder's)."""
+
+    def batch_extra_ms(self, lengths: np.ndarray) -> float:
+        """What a batch of these lengths costs beyond the sum of cost(L) (0 when empty)."""
+        if len(lengths) == 0:
+            return 0.0
+        return (self.batch_ms or 0.0) + (self.bucket_ms or 0.0) * bucket_count(lengths)
+
+    def cost_ms(self, lengths: np.ndarray) -> np.ndarray:
+        L = np.asarray(lengths, dtype=np.float64)
+        return self.a * L * L + self.b * L + self.c
+
+
+def bucket_count(lengths, bucketing: Bucketing = Bucketing()) -> int:
+    """Distinct attention buckets of a batch of these lengths (DenseArch's default)."""
+    return len({bucketing.padded_length(int(L)) for L in np.asarray(lengths).ravel()})
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def device_key(device: str = "cpu") -> str:
+    """What the fit depends on: the GPU model, or the CPU model and thread count."""
+    if device == "cuda":
+        return _slug(torch.cuda.get_device_name())
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1] for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return f"cpu-{_slug(cpu)}-t{torch.get_num_threads()}"
+
+
+def model_key(workload: WorkloadConfig) -> str:
+    m = workload.model
+    if workload.compute == "synthetic":
+        return f"synthetic-{workload.synthetic.us_per_token:g}us"
+    return f"{m.family}-d{m.dim}-l{m.num_layers}-h{m.num_heads}-neg{workload.num_negatives}"
+
+
+def fit_path(out_dir: str | Path, workload: WorkloadConfig, device: str) -> Path:
+    return Path(out_dir) / "calibrations" / f"{model_key(workload)}__{device_key(device)}.json"
+
+
+def default_lengths(max_len: int) -> list[int]:
+    grid = sorted({1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 200, 256, 384, 512, 768, 1024,
+                   1536, 2048, 3072, 4096, max_len})
+    return [L for L in grid if L <= max_len]
+
+
+def fit_quadratic(lengths, costs) -> tuple[float, float, float, float]:
+    """a, b, c of a L^2 + b L + c by least squares on *relative* error, and R^2.
+
+    Relative, because plain least squares lets the few longest lengths set the fit and
+    leaves short lengths (most samples of a heavy-tailed batch) off by 2-3x; a balancer
+    sums many short samples, so their error matters as much as the whales'."""
+    L = np.asarray(lengths, dtype=np.float64)
+    y = np.asarray(costs, dtype=np.float64)
+    design = np.stack([L * L, L, np.ones_like(L)], axis=1)
+    weight = 1.0 / np.maximum(y, 1e-12)
+    (a, b, c), *_ = np.linalg.lstsq(design * weight[:, None], y * weight, rcond=None)
+    residual = y - design @ np.array([a, b, c])
+    total = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float((residual ** 2).sum()) / total if total > 0 else 1.0
+    return float(a), float(b), float(c), r2
+
+
+def encoder_inputs(model, batch) -> EmbeddingLookups:
+    """The encoder's inputs as leaves that take gradients: the lookups, detached from the
+    tables (their gather and dense scatter are the table side's cost, timed apart)."""
+    with torch.no_grad():
+        found = model.sparse.lookup(batch)
+    return EmbeddingLookups(**{f: getattr(found, f).detach().requires_grad_(True) for f in LOOKUP_FIELDS})
+
+
+def time_encoder_ms(model, batch, repeats: int = 5, warmup: int = 2, device: str = "cpu",
+                    start=None) -> float:
+    """Median forward + backward milliseconds of the dense part on one batch; `start` (a
+    barrier) lines up co-running processes after the warm-up."""
+    lookups = encoder_inputs(model, batch)
+    times = []
+    for i in range(warmup + repeats):
+        if i == warmup and start is not None:
+            start.wait()
+        if device == "cuda":
+            torch.cuda.synchronize()  # note: CPU-GPU sync point, so the timer sees the work
+        t0 = time.perf_counter()
+        model.dense(lookups, batch).backward()
+        if device == "cuda":
+            torch.cuda.synchronize()  # note: CPU-GPU sync point
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+        model.zero_grad(set_to_none=True)
+    return statistics.median(times) * 1e3
+
+
+def fixed_length_batch(workload: WorkloadConfig, length: int, device: str = "cpu"):
+    """About TOKENS_PER_POINT tokens of samples of length `length` (at least one), and a
+    model for them."""
+    n = max(1, TOKENS_PER_POINT // length)
+    w = dataclasses.replace(workload, lengths=f"fixed:{length}", global_batch_size=n)
+    return build_model(w, seed=0).to(device), SyntheticBatches(w, seed=0).global_batch(0).to(device), n
+
+
+def measure_per_sample_ms(workload: WorkloadConfig, length: int, repeats: int = 5,
+                          warmup: int = 2, device: str = "cpu") -> float:
+    """Median encoder forward+backward time per sample for a batch of identical length."""
+    model, batch, n = fixed_length_batch(workload, length, device)
+    return time_encoder_ms(model, batch, repeats, warmup, device) / n
+
+
+def measure_batch_terms(workload: WorkloadConfig, cost_ms, device: str = "cpu", batches: int = 3,
+                        repeats: int = 3, max_split: int = 16) -> tuple[float, float]:
+    """(batch_ms, bucket_ms): jagged batches of the workload's lengths at the per-rank
+    sizes of its global batch over 1, 2, 4, ... `max_split` ranks, timed, less the sum of
+    `cost_ms(L)`; the residual fitted as batch_ms + bucket_ms x buckets (least squares,
+    both >= 0)."""
+    sizes = sorted({max(1, workload.global_batch_size // k) for k in (1, 2, 4, 8, 16) if k <= max_split})
+    model = build_model(workload, seed=0).to(device)
+    rows, residual = [], []
+    for size in sizes:
+        source = SyntheticBatches(dataclasses.replace(workload, global_batch_size=size), seed=CALIBRATION_SEED)
+        for k in range(batches):
+            batch = source.global_batch(k).to(device)
+            lengths = batch.lengths.cpu().numpy()
+            took = time_encoder_ms(model, batch, repeats, warmup=1, device=device)
+            rows.append([bucket_count(lengths), 1.0])
+            residual.append(took - float(np.sum(cost_ms(lengths))))
+    design, y = np.asarray(rows), np.asarray(residual)
+    per_bucket, fixed = np.linalg.lstsq(design, y, rcond=None)[0]
+    if per_bucket < 0:  # no per-bucket cost visible: a fixed cost alone
+        per_bucket, fixed = 0.0, float(y.mean())
+    if fixed < 0:
+        fixed, per_bucket = 0.0, max(0.0, float(design[:, 0] @ y / (design[:, 0] @ design[:, 0])))
+    return float(max(0.0, fixed)), float(per_bucket)
+
+
+def measure_table_ns_per_element(workload: WorkloadConfig, device: str = "cpu",
+                                 rows: tuple[int, int] = (20_000, 200_000), repeats: int = 5) -> float:
+    """Slope of the optimizer step's time over table size: a dense table of `rows[i]` x
+    dim with a dense gradient, stepped by the workload's optimizer; (t1 - t0) / (elements1
+    - elements0), so fixed per-step costs cancel. The two sizes are stepped in turn and
+    each keeps its fastest step: a neighbour's burst only ever adds time, and one that
+    lands on the small table alone would otherwise flip the slope's sign."""
+    from fsbench.training.optim import make_optimizer
+
+    steppers = []
+    for n_rows in rows:
+        table = torch.nn.Parameter(torch.zeros(n_rows, workload.model.dim, device=device))
+        table.grad = torch.full_like(table, 1e-3)
+        steppers.append(make_optimizer([table], workload))
+    best = [float("inf")] * len(rows)
+    for i in range(2 + repeats):
+        for k, opt in enumerate(steppers):
+            if device == "cuda":
+                torch.cuda.synchronize()  # note: CPU-GPU sync point, so the timer sees the work
+            t0 = time.perf_counter()
+            opt.step()
+            if device == "cuda":
+                torch.cuda.synchronize()  # note: CPU-GPU sync point
+            if i >= 2:
+                best[k] = min(best[k], time.perf_counter() - t0)
+    elements = [n * workload.model.dim for n in rows]
+    return max(0.0, (best[1] - best[0]) / (elements[1] - elements[0]) * 1e9)
+
+
+class _TableWork(torch.nn.Module):
+    """A batch's lookups in every table, summed: a loss whose backward is the tables'."""
+
+    def __init__(self, sparse) -> None:
+        super().__init__()
+        self.sparse = sparse
+
+    def forward(self, batch):
+        found = self.sparse.lookup(batch)
+        return sum(getattr(found, f).sum() for f in LOOKUP_FIELDS)
+
+
+def measure_replicated_ns_per_element(workload: WorkloadConfig, device: str = "cpu",
+                                      repeats: int = 3, samples: int = 8, start=None) -> float:
+    """A replica's table work per step at the workload's real table sizes, per element:
+    a small batch's lookups, their backward into dense gradients (every row zeroed, then
+    scattered into), PyTorch DDP's copies of those gradients into and out of its buckets
+    and its all-reduce at one rank (a gloo group of one, made here when none exists: the
+    copies touch every row, as they do in every replicated trainer), and the optimizer's
+    step over every row; divided by all tables' elements. What DDP-style trainers pay per
+    step whatever the batch."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from fsbench.training.optim import make_optimizer
+
+    w = dataclasses.replace(workload, global_batch_size=samples)
+    sparse = build_model(w, seed=0).sparse.to(device)
+    batch = SyntheticBatches(w, seed=CALIBRATION_SEED).global_batch(0).to(device)
+    own_group = device == "cpu" and not dist.is_initialized()
+    tmp = tempfile.mkdtemp(prefix="fsbench-calibrate-") if own_group else None
+    if own_group:
+        dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1),
+                                rank=0, world_size=1)
+    try:
+        work = _TableWork(sparse)
+        if own_group:
+            work = DistributedDataParallel(work)
+        opt = make_optimizer(sparse.parameters(), w)
+        times = []
+        for i in range(1 + repeats):
+            if i == 1 and start is not None:  # co-running processes line up after the warm-up
+                start.wait()
+            if device == "cuda":
+                torch.cuda.synchronize()  # note: CPU-GPU sync point, so the timer sees the work
+            t0 = time.perf_counter()
+            work(batch).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if device == "cuda":
+                torch.cuda.synchronize()  # note: CPU-GPU sync point
+            if i >= 1:
+                times.append(time.perf_counter() - t0)
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+            shutil.rmtree(tmp, ignore_errors=True)
+    elements = sum(p.numel() for p in sparse.parameters())
+    return statistics.median(times) * 1e9 / elements
+
+
+def _time_encoder(workload: WorkloadConfig, length: int, repeats: int, start=None) -> float:
+    """Median encoder forward+backward seconds of one fixed batch, on one thread; `start`
+    (a barrier) lines up co-running processes before timing."""
+    torch.set_num_threads(1)
+    model, batch, _ = fixed_length_batch(workload, length)
+    return time_encoder_ms(model, batch, repeats, warmup=2, start=start) / 1e3
+
+
+def _time_table_work(workload: WorkloadConfig, length: int, repeats: int, start=None) -> float:
+    """A replica's table work per element (ns), on one thread (`length` unused)."""
+    torch.set_num_threads(1)
+    return measure_replicated_ns_per_element(workload, repeats=repeats, start=start)
+
+
+CORUN_WORK = {"encoder": _time_encoder, "tables": _time_table_work}
+
+
+def _corun_child(work, workload, length, repeats, start, results, index) -> None:
+    results[index] = CORUN_WORK[work](workload, length, repeats, start)
+
+
+def measure_corun_slowdown(workload: WorkloadConfig, processes: int | None = None,
+                           length: int = 64, repeats: int = 10, work: str = "encoder") -> tuple[float, int]:
+    """(median co-run time / solo time, processes): `work` (the encoder's fixed batch, or
+    a replica's table work: CORUN_WORK) timed alone, then in `processes` (default: this
+    host's cores) processes at once."""
+    import multiprocessing as mp
+
+    processes = processes or os.cpu_count() or 1
+    solo = CORUN_WORK[work](workload, length, repeats)
+    if processes < 2:
+        return 1.0, 1
+    ctx = mp.get_context("spawn")  # fresh interpreters: no forked torch thread pools
+    start, results = ctx.Barrier(processes), ctx.Array("d", processes)
+    procs = [ctx.Process(target=_corun_child, args=(work, workload, length, repeats, start, results, i))
+             for i in range(processes)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    if any(p.exitcode for p in procs):
+        raise RuntimeError("co-run calibration: a process failed")
+    return float(statistics.median(results[:]) / solo), processes
+
+
+def calibrate(workload: WorkloadConfig, out_dir: str | Path, device: str = "cpu",
+              lengths: list[int] | None = None, repeats: int = 5, progress=lambda it: it) -> CostFit:
+    """Measure, fit, store; returns the fit."""
+    lengths = lengths or default_lengths(workload.max_seq_len)
+    per_sample = [measure_per_sample_ms(workload, L, repeats, device=device) for L in progress(lengths)]
+    a, b, c, r2 = fit_quadratic(lengths, per_sample)
+    fit = CostFit(a=a, b=b, c=c, r2=r2, model=model_key(workload), device=device_key(device),
+                  lengths=list(lengths), per_sample_ms=per_sample,
+                  created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                  table_ns_per_element=measure_table_ns_per_element(workload, device),
+                  table_optimizer=workload.optimizer,
+                  replicated_ns_per_element=measure_replicated_ns_per_element(workload, device))
+    batch_ms, bucket_ms = measure_batch_terms(workload, fit.cost_ms, device)
+    fit = dataclasses.replace(fit, batch_ms=batch_ms, bucket_ms=bucket_ms)
+    if device == "cpu":
+        slowdown, processes = measure_corun_slowdown(workload)
+        tables, _ = measure_corun_slowdown(workload, processes, repeats=3, work="tables")
+        fit = dataclasses.replace(fit, corun_slowdown=slowdown, corun_processes=processes,
+                                  table_corun_slowdown=tables)
+    path = fit_path(out_dir, workload, device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, dataclasses.asdict(fit))
+    return fit
+
+
+def load_fit(out_dir: str | Path, workload: WorkloadConfig, device: str = "cpu") -> CostFit | None:
+    """The stored fit for this model on this device, if one exists."""
+    path = fit_path(out_dir, workload, device)
+    if not path.exists():
+        return None
+    known = {f.name for f in dataclasses.fields(CostFit)}
+    # Fields an older version stored and this one replaced are left out (their quantity
+    # is then missing: measured again where it is needed).
+    return CostFit(**{k: v for k, v in read_json(path).items() if k in known})

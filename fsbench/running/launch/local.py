@@ -1,0 +1,120 @@
+"""Local launcher: N ranks on this machine, each a fresh Python process (spawn semantics),
+with the environment torchrun would give it.
+
+A rank that fails must not hang the others (they would block in a collective until the
+process-group timeout): the launcher watches every rank, and at the first non-zero exit
+stops the rest and raises `RankFailed` naming the rank and its error.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+_POLL_S = 0.05
+_GRACE_S = 5.0
+
+
+class RankFailed(RuntimeError):
+    def __init__(self, rank: int, returncode: int, detail: str) -> None:
+        self.rank, self.returncode, self.detail = rank, returncode, detail
+        super().__init__(f"rank {rank} failed (exit code {returncode}): {detail}")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, world_size: int, port: int, threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "RANK": str(rank), "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size),
+        # Must be set before the rank imports torch: OpenMP reads it once at load.
+        "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+def _die_with_launcher() -> None:
+    """Runs in the child before exec: ask Linux to SIGKILL this rank when the launcher
+    dies, so a launcher killed with SIGKILL leaves no orphaned ranks behind."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: orphans are then possible after a SIGKILL of the launcher
+
+
+def _error_detail(run_dir: Path, rank: int) -> str:
+    err = run_dir / f"error-rank-{rank}.txt"
+    if err.exists():
+        return err.read_text().splitlines()[0]
+    log = run_dir / f"rank-{rank}.log"
+    tail = log.read_text().strip().splitlines()[-1:] if log.exists() else []
+    return tail[0] if tail else "no error message (see rank log)"
+
+
+def _error_time(run_dir: Path, rank: int) -> float:
+    err = run_dir / f"error-rank-{rank}.txt"
+    return err.stat().st_mtime_ns if err.exists() else float("inf")
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + _GRACE_S
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def launch_local(run_dir: Path, world_size: int, threads_per_rank: int = 1,
+                 timeout_s: float | None = None) -> None:
+    """Run `fsbench.running.launch.worker RUN_DIR` on `world_size` local ranks; raise on failure."""
+    port = free_port()
+    procs = []
+    try:
+        for rank in range(world_size):
+            with open(run_dir / f"rank-{rank}.log", "w") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "fsbench.running.launch.worker", str(run_dir)],
+                    env=rank_env(rank, world_size, port, threads_per_rank),
+                    stdout=log, stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_launcher if sys.platform == "linux" else None,
+                ))
+        start = time.monotonic()
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                # Several ranks may have died: the one whose error was written first is
+                # the cause, the others usually failed because that peer vanished.
+                time.sleep(0.2)  # let the failing rank finish writing its error file
+                # ... and look again: the rank that caused it may exit just after a peer
+                # that lost its connection to it.
+                codes = [p.poll() for p in procs]
+                failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+                rank, code = min(failed, key=lambda rc: _error_time(run_dir, rc[0]))
+                raise RankFailed(rank, code, _error_detail(run_dir, rank))
+            if all(c == 0 for c in codes):
+                return
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                raise TimeoutError(f"run did not finish within {timeout_s:.0f} s")
+            time.sleep(_POLL_S)
+    finally:
+        _stop(procs)

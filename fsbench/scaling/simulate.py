@@ -1,0 +1,453 @@
+"""`fsbench simulate`: project step time and bubbles to world sizes nobody here owns.
+
+SIMULATED numbers, labelled so everywhere (`"simulated": true` in every summary and
+manifest; reports draw them apart). Per step, over the workload's real sampled global
+batches (the same length draws the generator makes for that seed and step):
+
+  compute   each rank's samples under the trainer's own split (contiguous for the
+            baselines; FreeScale's balanced plan, look-ahead window included), each sample
+            costing cost(L): the calibrated fit `fsbench calibrate` stored (cluster
+            `local`), or the encoder's FLOPs at a stated share of peak (GPU presets).
+            A third in forward, the rest in backward.
+  tables    the optimizer's step over the table elements a rank updates, after backward,
+            on every rank: all rows x dim of a replicated table (a dense gradient; `local`:
+            the fit's replica cost per element at the real table sizes, dense gradients
+            included), the expected distinct rows of the global batch over N for sharded
+            ones; at the `fsbench calibrate` fit's cost per element (`local`) or a preset's.
+            `local` also adds each rank's batch terms (fixed, and per attention bucket
+            among its samples' lengths: a rank's few samples of many lengths cost more
+            than their cost(L) sum).
+  co-run    `local` at 2+ ranks: a rank's CPU work times the fit's measured slowdown when
+            every core runs it at once (ranks share the host; the encoder's and the
+            memory-bound table work's apart); with more ranks than cores it also waits
+            its turn, its wall time ranks / cores times its CPU time (time-sharing).
+            A run with `compute=emulated` waits for its encoder instead (no core), so
+            there only the real CPU work (table step, overhead) time-shares.
+  overhead  `local`: each trainer's per-step work beyond this model in each compute mode,
+            measured by a real 1-rank run (fsbench.scaling.step_overhead): its wall time, the
+            part that is the rank's CPU (time-shares), the part counted busy, input waits.
+  comm      an alpha-beta model per collective: fitted on this machine by
+            `fsbench calibrate --comm` (`local`: a line per measured world size), or a preset's links (`h100`: 8 GPUs per
+            node on NVLink 4, 400 Gb/s per GPU across nodes).
+              gradients: all-reduce of the dense parameters (and of the tables where a
+              trainer replicates them), in DDP's real buckets (1 MiB first, then 25
+              MiB, in the order gradients are ready: `ddp_buckets`): all but the last
+              bucket hide under the backward of the fastest rank;
+              sharded tables: all-to-all of each rank's unique rows (expected count under
+              the workload's Zipf popularity) forward and of their gradients backward;
+              blocking, overlapped (rows waited for at first use, gradients sent from
+              backward hooks) or prioritized (the next step's rows sent during this step).
+  SM        overlapped communication on SMs slows the compute it overlaps by
+            `sm_slowdown` (a preset's parameter; `fsbench micro sm-contention` measures it
+            where a GPU exists); copy-engine transport (FreeScale's sm_free) costs nothing.
+
+  T = exposed forward exchange + max_r wall_r + max(exposed all-reduce, exposed
+  gradient exchange) + the table step (after the gradients, on every rank).
+  Per rank, as the metrics count a measured run (fsbench.measurement.metrics.rank_causes): busy_r =
+  its compute's CPU time (an emulated encoder's wait), the rest of its own wall time
+  (run-queue waits, overhead that is not busy) other idle or input stall, and T less its
+  wall time waiting in communication; straggler = max busy - busy_r, taken from the
+  waits first. On a GPU preset busy_r = wall_r, so exposed communication = T - max busy.
+
+What is not modelled: the dense parameters' optimizer step (outside `local`'s measured
+overhead), contention between communication and compute for CPU cores, network congestion.
+A trainer class declares how it behaves with `sim_profile(options, world_size)`
+(`SimProfile`); trainers that do not are modelled as DDP.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from fsbench.config import RunConfig, WorkloadConfig
+from fsbench.scaling.ddp_buckets import ddp_buckets, dense_grad_bytes
+from fsbench.errors import ConfigError
+from fsbench.running.memory import REPLICATED, TableMemory
+from fsbench.measurement.metrics import rank_causes
+
+OVERHEAD_KEYS = ("wall_ms", "cpu_ms", "busy_ms", "input_ms")
+EXCHANGES = ("none", "blocking", "overlapped", "prioritized")
+
+
+@dataclasses.dataclass(frozen=True)
+class SimProfile:
+    """How a trainer splits, holds tables and communicates, for the simulator."""
+    tables: TableMemory = REPLICATED
+    exchange: str = "none"
+    """Embedding rows of sharded tables: blocking, overlapped or prioritized (EXCHANGES)."""
+    sm_free: bool = False
+    """The embedding exchange runs on copy engines: it slows no compute."""
+    plan: Callable[[list[np.ndarray], int], list[list[np.ndarray]]] | None = None
+    """costs of a window's batches, N -> per step, each rank's indices into the window's
+    concatenated samples; None: each batch split contiguously (the baselines)."""
+    window: int = 1
+    chunks: int = 1
+    """Pieces of the row exchange: the first is waited for, the rest hide under compute."""
+
+    def __post_init__(self) -> None:
+        assert self.exchange in EXCHANGES, self.exchange
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    name: str
+    description: str
+    compute: str                 # "fit": the store's calibrated cost; "flops": FLOPs at mfu x peak
+    gpus_per_node: int = 1
+    intra_gbs: float = 0.0       # GB/s per GPU inside a node (bus bandwidth)
+    inter_gbs: float = 0.0       # GB/s per GPU across nodes
+    alpha_s: float = 0.0         # per-collective latency per log2(N) step
+    peak_tflops: float = 0.0
+    mfu: float = 0.0
+    layer_overhead_ms: float = 0.0
+    """Per encoder layer and step, forward + backward: kernel launches and small ops that
+    no FLOP count sees (GPU presets)."""
+    sm_slowdown: float = 0.0
+    table_ns_per_element: float = 0.0
+    """Optimizer step per table element (GPU presets; `local` takes its fit's)."""
+
+
+CLUSTERS = {
+    "h100": Cluster(
+        "h100", "8x H100 per node, NVLink 4 (370 GB/s bus bandwidth per GPU), 400 Gb/s (50 GB/s) "
+        "per GPU across nodes, 10 us per log2(N) step; encoder at 20% of 989 TFLOPS (bf16 dense) "
+        "plus 0.3 ms per layer and step of launches; SM-contention slowdown 10% of overlapped "
+        "compute; an optimizer step of 28 bytes per table element at 3.35 TB/s (ASSUMED figures, not yet measured on a GPU: `fsbench calibrate --device cuda` "
+        "and `fsbench micro sm-contention` measure them)",
+        "flops", gpus_per_node=8, intra_gbs=370.0, inter_gbs=50.0, alpha_s=10e-6,
+        peak_tflops=989.0, mfu=0.20, layer_overhead_ms=0.3, sm_slowdown=0.10,
+        table_ns_per_element=28 / 3.35e12 * 1e9),
+    "local": Cluster(
+        "local", "this machine: gloo collectives fitted by `fsbench calibrate --comm`, encoder "
+        "cost from `fsbench calibrate` (CPU: no SMs to contend for)", "fit"),
+}
+
+
+def encoder_flops(workload: WorkloadConfig, lengths: np.ndarray) -> np.ndarray:
+    """Forward + backward FLOPs of one sample of length L (backward = 2x forward): per layer
+    and token the projections (HSTU 5 D^2, SASRec 12 D^2 multiply-adds), causal attention
+    L^2 D / 2 per matmul twice, the sampled softmax (1 + negatives) D per token."""
+    m = workload.model
+    proj = 5 if m.family == "hstu" else 12
+    L = np.asarray(lengths, dtype=np.float64)
+    fwd = m.num_layers * (2 * proj * m.dim**2 * L + 2 * m.dim * L * L) \
+        + 2 * (1 + workload.num_negatives) * m.dim * L
+    return 3 * fwd
+
+
+class Costs:
+    """Per-sample encoder cost in ms, and the communication model, of one cluster."""
+
+    def __init__(self, cluster: Cluster, workload: WorkloadConfig, store: str | Path) -> None:
+        self.cluster, self.workload = cluster, workload
+        if cluster.compute == "fit":
+            from fsbench.running.calibrate import fit_path, load_fit
+            from fsbench.scaling.commcal import comm_fit_path, load_comm_fits
+
+            self.fit = load_fit(store, workload, "cpu")
+            self.comm = load_comm_fits(store)
+            if self.fit is None:
+                raise ConfigError(f"--cluster local needs the encoder's cost fit "
+                                  f"({fit_path(store, workload, 'cpu')}): run fsbench calibrate "
+                                  f"--workload {workload.name} --store {store}")
+            # Collective fits are needed from 2 ranks on (collective_ms): a 1-rank run,
+            # such as the one that measures a trainer's overhead, goes without.
+            self.comm_path = comm_fit_path(store)
+            if self.fit.table_ns_per_element is None or self.fit.table_optimizer != workload.optimizer:
+                raise ConfigError(f"--cluster local needs the {workload.optimizer} step's cost per table "
+                                  f"element in the fit ({fit_path(store, workload, 'cpu')}): run fsbench "
+                                  f"calibrate --workload {workload.name} --store {store}")
+
+    def sample_ms(self, lengths: np.ndarray) -> np.ndarray:
+        if self.cluster.compute == "fit":
+            return self.fit.cost_ms(lengths)
+        c = self.cluster
+        return encoder_flops(self.workload, lengths) / (c.peak_tflops * 1e12 * c.mfu) * 1e3
+
+    def corun_factor(self, world_size: int) -> float:
+        """`local`: ranks of one host compute at once, each slower by the fit's measured
+        co-run slowdown (shared cores' caches, memory bandwidth, hyperthread siblings).
+        GPU presets: a GPU per rank, nothing shared."""
+        if self.cluster.compute != "fit" or world_size < 2:
+            return 1.0
+        return self.fit.corun_slowdown or 1.0
+
+    def time_sharing(self, world_size: int) -> float:
+        """`local`: ranks beyond this host's cores (the fit's co-run count) take turns on
+        them, so a rank's CPU work takes ranks / cores as long. GPU presets: 1."""
+        if self.cluster.compute != "fit":
+            return 1.0
+        cores = self.fit.corun_processes or 1
+        return max(1.0, world_size / cores)
+
+    def batch_extra_ms(self, lengths: np.ndarray) -> float:
+        """A rank's batch beyond its samples' cost (`local`: the fit's batch terms; GPU
+        presets: `layer_overhead_ms`, added by the caller)."""
+        return self.fit.batch_extra_ms(lengths) if self.cluster.compute == "fit" else 0.0
+
+    def table_corun_factor(self, world_size: int) -> float:
+        """`local`: the table work's own co-run slowdown (memory-bound; the encoder's
+        where an older fit lacks it). GPU presets: 1."""
+        if self.cluster.compute != "fit" or world_size < 2:
+            return 1.0
+        return self.fit.table_corun_slowdown or self.corun_factor(world_size)
+
+    def step_overhead(self, trainer: str, compute: str) -> dict[str, float]:
+        """`local`: the trainer's measured per-step work beyond this model, in this compute
+        mode (wall_ms, cpu_ms, busy_ms, input_ms: fsbench.running.calibrate.CostFit.step_overhead);
+        GPU presets: none (their per-layer launch overhead stands for it)."""
+        found = {}
+        if self.cluster.compute == "fit":
+            found = (self.fit.step_overhead or {}).get(f"{trainer}/{compute}", {})
+        return {k: float(found.get(k, 0.0)) for k in OVERHEAD_KEYS}
+
+    def table_ms(self, elements: float, replicated: bool = False) -> float:
+        if self.cluster.compute != "fit":
+            ns = self.cluster.table_ns_per_element
+        elif replicated and self.fit.replicated_ns_per_element is not None:
+            ns = self.fit.replicated_ns_per_element
+        else:
+            ns = self.fit.table_ns_per_element
+        return elements * ns / 1e6
+
+    def collective_ms(self, collective: str, n: int, nbytes: float) -> float:
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        if self.cluster.compute == "fit":
+            if self.comm is None:
+                raise ConfigError(f"--cluster local needs collective fits ({self.comm_path}): "
+                                  f"run fsbench calibrate --comm --store {self.comm_path.parent.parent}")
+            return self.comm[collective].seconds(n, nbytes) * 1e3
+        c = self.cluster
+        from fsbench.scaling.commcal import volume_factor
+
+        alpha = c.alpha_s * math.ceil(math.log2(n))
+        if collective == "all_to_all":  # intra-node peers over NVLink, the rest over the NICs
+            local = min(n, c.gpus_per_node)
+            seconds = alpha + nbytes * ((local - 1) / n / (c.intra_gbs * 1e9)
+                                        + (n - local) / n / (c.inter_gbs * 1e9))
+        else:  # ring all-reduce, limited by the slowest link in the ring
+            bw = c.intra_gbs if n <= c.gpus_per_node else c.inter_gbs
+            seconds = alpha + volume_factor(collective, n) * nbytes / (bw * 1e9)
+        return seconds * 1e3
+
+
+@functools.lru_cache(maxsize=8)
+def _zipf_bins(vocab: int, s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Item probabilities of zipf:s over `vocab` ranks, grouped in log-spaced bins
+    (count, mean probability): enough for expected distinct counts, without 10M terms."""
+    edges = np.unique(np.geomspace(1, vocab, 2000).astype(np.int64))
+    edges = np.append(edges, vocab + 1)
+    counts = np.diff(edges).astype(np.float64)
+    mids = (edges[:-1] + edges[1:] - 1) / 2.0
+    weights = mids**-s * counts
+    return counts, weights / weights.sum() / counts
+
+
+def expected_distinct(n_draws: np.ndarray, vocab: int, s: float) -> np.ndarray:
+    """Expected number of distinct items among n draws from zipf:s (per value of n)."""
+    counts, p = _zipf_bins(vocab, s)
+    n = np.asarray(n_draws, dtype=np.float64)[:, None]
+    return (counts * -np.expm1(-n * p)).sum(axis=1)
+
+
+def contiguous_plan(costs: list[np.ndarray], n: int) -> list[list[np.ndarray]]:
+    from fsbench.workloads.batch import contiguous_split
+
+    out, offset = [], 0
+    for c in costs:
+        out.append([np.asarray(idx, dtype=np.int64) + offset for idx in contiguous_split(c.size, n)])
+        offset += c.size
+    return out
+
+
+def profile_of(trainer: str, options: dict[str, str], n: int) -> SimProfile:
+    from fsbench.training.trainer import option_defaults, resolve_trainer_class
+
+    cls = resolve_trainer_class(trainer)
+    declare = getattr(cls, "sim_profile", None)
+    return declare({**option_defaults(cls), **options}, n) if declare else SimProfile()
+
+
+def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
+                 profile: SimProfile | None = None, step_overhead: bool = True) -> tuple[dict, list[dict]]:
+    """Summary (the measured schema, `simulated: true`) and per-step rows of one
+    (trainer, world size) on `cluster`; `step_overhead=False` leaves out the fit's
+    measured per-step overhead (to measure it)."""
+    from fsbench.specs import parse_popularity
+    from fsbench.workloads.distributions import parse_length_spec
+    from fsbench.workloads.generator import step_rng
+
+    w, n = run.workload, run.world_size
+    prof = profile or profile_of(run.trainer, run.trainer_options, n)
+    costs_model = Costs(cluster, w, store)
+    dist = parse_length_spec(w.lengths)
+    zipf_s = float(parse_popularity(w.popularity).s)
+    dim_bytes = 4.0 * w.model.dim
+    vocabs = [w.item_vocab, w.user_vocab, *w.context_vocabs]
+    held_rows = prof.tables.rows_held(vocabs, n)
+    # DDP's gradient buckets: the encoder's parameters in the order their gradients are
+    # ready, then the tables where a trainer replicates them (read first in forward, so
+    # ready last in backward; among themselves in reverse registration order).
+    replicas = [rows * dim_bytes for rows in vocabs] if prof.tables.placement == "replicated" else []
+    buckets = ddp_buckets(list(dense_grad_bytes(w)) + replicas[::-1])
+    transport_slow = cluster.sm_slowdown
+    # CPU work slows when ranks share the host's cores (co-run), and beyond the cores it
+    # waits its turn (time-sharing): thread CPU time grows by the first, the wall by both;
+    # the wait is run-queue time, which the metrics count as other idle. An emulated
+    # encoder waits without a core and is all busy; the real CPU work around it is not
+    # busy (fsbench.models.emulation), so the simulator books it as the metrics do.
+    emulated = w.compute == "emulated" and cluster.compute == "fit"
+    corun, share = costs_model.corun_factor(n), costs_model.time_sharing(n)
+    table_corun = costs_model.table_corun_factor(n)
+    enc_busy, enc_wall = (1.0, 1.0) if emulated else (corun, corun * share)
+    over = (costs_model.step_overhead(run.trainer, w.compute) if step_overhead
+            else dict.fromkeys(OVERHEAD_KEYS, 0.0))
+    # Waiting for input is waiting for the loader worker's CPU work, which time-shares
+    # too; the rest of the overhead off the rank's CPU (other waits) does not.
+    input_wait = over["input_ms"] * share
+    over_wall = (over["cpu_ms"] * corun * share + input_wait
+                 + (over["wall_ms"] - over["cpu_ms"] - over["input_ms"]))
+    plan = prof.plan or contiguous_plan
+    rows = []
+    for start in range(0, w.steps, prof.window):
+        window = range(start, min(start + prof.window, w.steps))
+        lengths = [dist.sample(step_rng(run.seed, k), w.global_batch_size, w.max_seq_len) for k in window]
+        costs = [costs_model.sample_ms(L) for L in lengths]  # alone on a core
+        all_lengths, all_costs = np.concatenate(lengths), np.concatenate(costs)
+        for k, owners in zip(window, plan([enc_wall * c for c in costs], n)):
+            enc = np.array([all_costs[idx].sum() + costs_model.batch_extra_ms(all_lengths[idx])
+                            for idx in owners])
+            launch = cluster.layer_overhead_ms * w.model.num_layers
+            # Communication hides under the encoder's forward and backward only; the
+            # overhead (input, Python, row gathering) comes before them.
+            model_ms = enc * enc_wall + launch
+            c = model_ms + over_wall  # each rank's wall until its gradients
+            busy = enc * enc_busy + launch + over["busy_ms"] * corun
+            cpu = (0.0 if emulated else enc * corun) + over["cpu_ms"] * corun
+            tokens = np.array([all_lengths[idx].sum() for idx in owners], dtype=np.float64)
+            samples = np.array([len(idx) for idx in owners], dtype=np.float64)
+            pre = post_emb = hidden_emb = 0.0
+            if prof.exchange != "none":
+                # Unique rows a rank reads: items and targets (one table), shared negatives,
+                # one user row and one row per context table per sample.
+                rows_r = (expected_distinct(tokens + samples + w.num_negatives, w.item_vocab, zipf_s)
+                          + samples * (1 + len(w.context_vocabs)))
+                t_x = costs_model.collective_ms("all_to_all", n, float(rows_r.max()) * dim_bytes)
+                fwd_min, bwd_min = model_ms.min() / 3, 2 * model_ms.min() / 3
+                if prof.exchange == "blocking":
+                    pre, post_emb = t_x, t_x
+                else:
+                    first = t_x / prof.chunks
+                    pre = (max(0.0, t_x - model_ms.min()) if prof.exchange == "prioritized"
+                           else max(first, t_x - fwd_min))
+                    post_emb = max(first, t_x - bwd_min)
+                hidden_emb = 2 * t_x - pre - post_emb
+            # The buckets' calls follow each other and cost as one transfer of their sum:
+            # one latency (measured: DDP's two calls of small at 16 emulated ranks are in
+            # flight 118 and 123 ms, not twice the 67 ms one costs alone). They start when
+            # the first bucket is ready (after its share of the backward of the fastest
+            # rank) and hide under the rest of it; the last bucket's transfer cannot.
+            t_ar = costs_model.collective_ms("all_reduce", n, sum(buckets))
+            t_last = costs_model.collective_ms("all_reduce", n, buckets[-1])
+            window = (1 - buckets[0] / sum(buckets)) * 2 * model_ms.min() / 3
+            post_ar = max(t_last, t_ar - window) if t_ar else 0.0
+            # Communication kernels on SMs slow the compute they overlap.
+            hidden = (t_ar - post_ar) + (0.0 if prof.sm_free else hidden_emb)
+            slowed = transport_slow * min(hidden, float(model_ms.min()))
+            c, busy = c + slowed, busy + slowed
+            t = pre + float(c.max()) + max(post_ar, post_emb)
+            # The optimizer steps the tables after the gradients arrived, on every rank.
+            if prof.tables.placement == "replicated":
+                updated = held_rows
+            else:
+                updated = (float(expected_distinct(np.array([tokens.sum() + samples.sum() + w.num_negatives]),
+                                                   w.item_vocab, zipf_s)[0])
+                           + samples.sum() * (1 + len(w.context_vocabs))) / n
+            upd = costs_model.table_ms(updated * w.model.dim, replicated=prof.tables.placement == "replicated")
+            upd_wall = upd * table_corun * share
+            c, t = c + upd_wall, t + upd_wall
+            busy = busy + (0.0 if emulated else upd * table_corun)
+            cpu = cpu + upd * table_corun
+            # A rank waits in communication for the rest of the step (for its peers
+            # included); the metrics' one split of idle time into causes does the rest.
+            causes = rank_causes(t, busy, t - c, np.full(n, input_wait))
+            rows.append({
+                "step": k, "step_time_ms": t, "busy_max_ms": float(busy.max()),
+                "busy_mean_ms": float(busy.mean()), "cpu_mean_ms": float(np.mean(cpu)),
+                "idle_ms": float(causes["idle"].sum()), "straggler_ms": float(causes["straggler"].sum()),
+                "exposed_comm_ms": float(causes["exposed_comm"].sum()),
+                "input_stall_ms": float(causes["input_stall"].sum()),
+                "other_idle_ms": float(causes["other_idle"].sum()), "capacity_ms": n * t,
+                "num_samples": float(samples.sum()), "num_targets": float(tokens.sum()),
+                # No split of whole samples can beat the larger of the mean load and the
+                # costliest single sample: the bubble's floor for this batch.
+                "bound_busy_max_ms": max(float(busy.mean()),
+                                         float(all_costs[np.concatenate(owners)].max()) * enc_busy
+                                         + (0.0 if emulated else upd * table_corun)),
+            })
+    return summarize_steps(run, rows, cluster), rows
+
+
+def summarize_steps(run: RunConfig, rows: list[dict], cluster: Cluster) -> dict:
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    m = df[df["step"] >= run.workload.warmup]
+    cap, secs = m["capacity_ms"].sum(), m["step_time_ms"].sum() / 1e3
+    bound = 1 - (m["busy_mean_ms"] / m["bound_busy_max_ms"]).mean()
+    return {
+        "run_id": None, "trainer": run.trainer, "workload": run.workload.name,
+        "world_size": run.world_size, "seed": run.seed, "steps": run.workload.steps,
+        "warmup": run.workload.warmup, "simulated": True, "emulated": False,
+        "oversubscribed": False, "contended": False, "cluster": cluster.name,
+        "steps_measured": int(len(m)),
+        "step_time_ms_median": float(m["step_time_ms"].median()),
+        "step_time_ms_mean": float(m["step_time_ms"].mean()),
+        "samples_per_s": float(m["num_samples"].sum() / secs),
+        "tokens_per_s": float(m["num_targets"].sum() / secs),
+        "bubble_ratio": float(m["idle_ms"].sum() / cap),
+        "straggler_bubble_ratio": float(m["straggler_ms"].sum() / cap),
+        "exposed_comm_ratio": float(m["exposed_comm_ms"].sum() / cap),
+        "input_stall_ratio": float(m["input_stall_ms"].sum() / cap),
+        "other_idle_ratio": float(m["other_idle_ms"].sum() / cap),
+        "load_imbalance": float(1 - m["busy_mean_ms"].sum() / m["busy_max_ms"].sum()),
+        "whole_sample_bound_bubble": float(bound),
+        "comm_overlap_ratio": None, "cpu_wait_ratio": None, "sm_occupancy": None,
+        "peak_memory_mb": None,
+    }
+
+
+def write_simulated(run: RunConfig, cluster: Cluster, out_dir: str | Path, store: str | Path,
+                    scaling: str, profile: SimProfile | None = None) -> tuple[Path, dict]:
+    """Simulate one (trainer, world size) and store it as a run: manifest (`simulated`),
+    summary.json in the measured schema, steps.csv."""
+    import pandas as pd
+
+    from fsbench.running import store as runs_store
+
+    summary, rows = simulate_run(run, cluster, store, profile)
+    run_dir = runs_store.create_run_dir(out_dir, run)
+    summary["run_id"] = run_dir.name
+    pd.DataFrame(rows).to_csv(run_dir / "steps.csv", index=False)
+    runs_store.write_json_atomic(run_dir / "summary.json", summary)
+    runs_store.update_manifest(run_dir, status="complete", simulated=True, oversubscribed=False,
+                               cluster=dataclasses.asdict(cluster), scaling=scaling)
+    return run_dir, summary
+
+
+def scaled_workload(workload: WorkloadConfig, world_size: int, scaling: str,
+                    batch_per_rank: int | None) -> WorkloadConfig:
+    """weak: batch_per_rank samples per rank at every world size; strong: the workload's
+    global batch at every world size."""
+    if scaling == "weak":
+        return dataclasses.replace(workload, global_batch_size=world_size * batch_per_rank)
+    if workload.global_batch_size < world_size:
+        raise ConfigError(f"--scaling strong: global_batch_size={workload.global_batch_size} "
+                          f"is smaller than world size {world_size}")
+    return workload

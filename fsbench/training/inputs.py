@@ -1,0 +1,171 @@
+"""The input pipeline: every trainer's input stage, run ahead of the step that trains it.
+
+A trainer's `Preparer` (step -> StepInput: the global batch of that step, the rank's
+share of it, a balancer's plan, a framework's batch type) is a pure function of the step.
+The harness runs it in a `torch.utils.data.DataLoader` worker process, `prefetch` steps
+ahead, exactly as a real data loader overlaps input with training, and the same way for
+every trainer. A separate process (rather than a thread) keeps input work off the rank's
+GIL and off its thread CPU time, which is its busy measure.
+
+`InputPipeline` is the iterator a trainer's `step` pulls from. Each pull is an `input`
+span: the time the rank waits for its next input (receiving it from the worker, and on
+CUDA starting its copy to the device) is measured as input stall. With `workers=0` the
+preparer runs in the rank's own thread at pull time: the input stage is then entirely
+input stall (useful to see what prefetching hides, and in one-process tools).
+
+On CUDA the pull also issues the host-to-device copy (`non_blocking`; from pageable
+memory, as the inputs are not pinned yet): NOT YET RUN ON A GPU.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from fsbench.measurement.timeline import span
+from fsbench.training.trainer import Preparer, StepInput, map_tensors
+from fsbench.workloads.batch import JaggedBatch
+
+
+_JAGGED_FIELDS = ("item_ids", "targets", "lengths", "user_ids", "context_ids", "negative_ids")
+
+
+class _PackedJagged:
+    """A JaggedBatch as numpy arrays for the trip from the loader worker. Measured on the
+    2-core VM (`small`, one rank's share): torch tensors cross a process boundary through
+    shared-memory file descriptors, ~3.5 ms of the receiving thread's CPU per batch, and
+    pickled tensors ~2.7 ms; numpy arrays ~0.8 ms, of which ~0.6 ms is the DataLoader's
+    own receive path. Unpacking is zero-copy (torch.from_numpy)."""
+
+    def __init__(self, batch: JaggedBatch) -> None:
+        self.arrays = {f: getattr(batch, f).numpy() for f in _JAGGED_FIELDS}
+        self.global_num_targets, self.step = batch.global_num_targets, batch.step
+
+    def unpack(self) -> JaggedBatch:
+        return JaggedBatch(**{f: torch.from_numpy(a) for f, a in self.arrays.items()},
+                           global_num_targets=self.global_num_targets, step=self.step)
+
+
+class _PackedTensor:
+    """One tensor of `StepInput.aux` as a numpy array, for the same reason."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.array = t.numpy()
+
+
+def _pack(item: StepInput) -> StepInput:
+    batches = [_PackedJagged(b) if isinstance(b, JaggedBatch) else b for b in item.batches]
+    return StepInput(item.step, batches, item.num_samples, item.num_targets, item.extra,
+                     map_tensors(item.aux, _PackedTensor))
+
+
+def _unpack(item: StepInput) -> StepInput:
+    batches = [b.unpack() if isinstance(b, _PackedJagged) else b for b in item.batches]
+    return StepInput(item.step, batches, item.num_samples, item.num_targets, item.extra,
+                     map_tensors(item.aux, lambda p: torch.from_numpy(p.array), _PackedTensor))
+
+
+class _Steps(Dataset):
+    """Map-style dataset whose item k is step k's prepared input (packed for transport)."""
+
+    def __init__(self, prepare: Preparer, steps: int) -> None:
+        self.prepare, self.steps = prepare, steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, step: int) -> StepInput:
+        cpu0 = time.thread_time_ns()
+        item = _pack(self.prepare(step))
+        # What the worker's CPU cost (on a machine without a spare core, the ranks'
+        # run-queue wait): kept apart from contention by a neighbour.
+        item.extra = {**item.extra, "input_worker_cpu_ns": time.thread_time_ns() - cpu0}
+        return item
+
+
+def _keep(item: StepInput) -> StepInput:
+    """collate_fn for batch_size=None: the prepared input as it is."""
+    return item
+
+
+class InputPipeline:
+    """Iterator over steps 0..steps-1's prepared inputs, on `device`.
+
+    Args:
+        prepare: the trainer's input stage (picklable when workers > 0).
+        steps: how many steps the run has.
+        device: where the inputs go.
+        workers: loader worker processes (0: prepare inline, at pull time).
+        prefetch: inputs each worker keeps ready ahead of the step that pulls them.
+    """
+
+    def __init__(self, prepare: Preparer, steps: int, device: torch.device, workers: int = 1,
+                 prefetch: int = 2) -> None:
+        self.device = device
+        self.pulled = 0
+        self.worker_cpu_ns: dict[int, int] = {}  # step -> its preparation's CPU time
+        if workers == 0:
+            self._it: Iterator[StepInput] = (prepare(k) for k in range(steps))
+            self._loader = None
+        else:
+            # Workers are forked (Linux default) after the process group exists, as with any
+            # DataLoader in a DDP script; they never touch the group. Order is kept
+            # (in_order), so the k-th pull is step k's input.
+            self._loader = DataLoader(
+                _Steps(prepare, steps), batch_size=None, shuffle=False, num_workers=workers,
+                prefetch_factor=prefetch, collate_fn=_keep, persistent_workers=False)
+            self._it = map(_unpack, iter(self._loader))
+
+    def __iter__(self) -> "InputPipeline":
+        return self
+
+    def __next__(self) -> StepInput:
+        with span("input", kind="input"):
+            item = next(self._it)  # StopIteration after the last step ends the iteration
+            if item.step != self.pulled:
+                raise RuntimeError(f"input pipeline: expected step {self.pulled}, got {item.step}")
+            self.pulled += 1
+            if "input_worker_cpu_ns" in item.extra:
+                extra = dict(item.extra)
+                self.worker_cpu_ns[item.step] = extra.pop("input_worker_cpu_ns")
+                item.extra = extra
+            return item.to(self.device)
+
+    def close(self) -> None:
+        """Stop the loader's workers (they also exit on their own when this rank dies)."""
+        self._it = iter(())
+        self._loader = None
+
+
+class MeteredSource:
+    """The workload's batch source as the harness hands it to a trainer.
+
+    It counts the global batches generated in *this* process: the loader worker works on
+    its own (forked) copy, so a rank whose count stays 0 provably generated no data in
+    its training process, inside its steps or anywhere else (`batches_generated_in_rank`
+    in each summary). It also applies `synthetic.input_delay_ms`, a data source that
+    slow (sleeping), which the input-stall ground truth uses."""
+
+    def __init__(self, source, input_delay_ms: float = 0.0) -> None:
+        self.source, self.input_delay_s = source, input_delay_ms / 1e3
+        self.generated = 0
+
+    def global_batch(self, step: int) -> JaggedBatch:
+        if self.input_delay_s > 0:
+            time.sleep(self.input_delay_s)
+        self.generated += 1
+        return self.source.global_batch(step)
+
+
+class ContiguousShare:
+    """The baselines' input stage: rank r's contiguous slice of step k's global batch
+    (blind to lengths), as one micro-batch."""
+
+    def __init__(self, source, rank: int, world_size: int) -> None:
+        self.source, self.rank, self.world_size = source, rank, world_size
+
+    def __call__(self, step: int) -> StepInput:
+        local = self.source.global_batch(step).contiguous_slice(self.rank, self.world_size)
+        return StepInput(step, [local], local.batch_size, local.num_targets)
