@@ -209,7 +209,7 @@ def render(df: pd.DataFrame, args, rounds: dict[str, int], sweep: gate.Sweep,
         f"time on every step (A/S), every {STALL_EVERY}th step twice as slow (A/I), rank-0 "
         f"straggler +{STRAGGLE:.0%} compute (A/B). Default thresholds {compare.DEFAULT_THRESHOLDS}, "
         f"alpha {compare.DEFAULT_ALPHA} (Holm over {len(compare.METRICS)} metrics); effects are "
-        f"totals, tested by sign-flip randomization over paired steps (fsbench.gates.gate_stats). "
+        f"totals, tested by sign-flip randomization over paired steps (fsbench.stats). "
         + (f"{elapsed_s / 60:.0f} min of runs. " if elapsed_s else "Runs reused. ")
         + f"Command: `python scripts/gate_calibration.py --kinds "
         f"\"{','.join(f'{k}:{n}' for k, n in rounds.items())}\" --contended-trials {args.contended_trials}`.\n",

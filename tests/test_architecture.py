@@ -9,14 +9,15 @@ from pathlib import Path
 FSBENCH = Path(__file__).resolve().parents[1] / "fsbench"
 
 # Bottom to top. "" is the top level: the shared leaf types (config, specs, errors,
-# options) and the table renderer every group prints with.
+# options), the table renderer every group prints with and the statistics (pure numpy)
+# that gates and reports share.
 LAYERS = ["", "measurement", "workloads", "models", "training", "running", "scaling",
           "reporting", "gates", "cli"]
-TOP_LEVEL = {"__init__", "config", "specs", "errors", "options", "columns", "table"}
+TOP_LEVEL = {"__init__", "config", "specs", "errors", "options", "columns", "table", "stats"}
 MAX_LINES = 400
 # Modules over MAX_LINES today, with their length: they may shrink, not grow, and new
 # ones may not join them (each is one concern that has not been split yet).
-OVER_MAX = {"reporting/plots.py": 455, "scaling/simulate.py": 453, "cli/runs.py": 425,
+OVER_MAX = {"scaling/simulate.py": 453, "cli/runs.py": 425,
             "measurement/monitor.py": 420, "gates/compare.py": 413, "measurement/metrics.py": 408}
 
 

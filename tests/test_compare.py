@@ -8,7 +8,7 @@ import pytest
 from fsbench.gates import compare
 from fsbench.gates import compare_sides
 from fsbench.gates import gate
-from fsbench.gates import gate_stats
+from fsbench import stats
 from fsbench.gates import history
 from fsbench.cli import main
 from fsbench.config import RunConfig
@@ -17,8 +17,8 @@ from fsbench.workloads.presets import tiny
 
 
 def test_holm_adjusts_monotonically():
-    assert gate_stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
-    assert gate_stats.holm([0.5]) == [0.5]
+    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert stats.holm([0.5]) == [0.5]
 
 
 @pytest.mark.parametrize("kind, better, effect, ci, p, want", [
@@ -34,7 +34,7 @@ def test_holm_adjusts_monotonically():
     ("ratio", "lower", 0.01, (0.005, 0.015), 0.001, "unchanged"),  # 1 point < 2 points
 ])
 def test_verdict_calls_unchanged_only_on_an_interval_within_the_threshold(kind, better, effect, ci, p, want):
-    assert gate_stats.verdict(kind, better, effect, ci, p, 0.01, compare.DEFAULT_THRESHOLDS[kind]) == want
+    assert stats.verdict(kind, better, effect, ci, p, 0.01, compare.DEFAULT_THRESHOLDS[kind]) == want
 
 
 def _steps(values, start=4):
@@ -64,16 +64,16 @@ def test_blocks_cancel_drift_that_runs_cannot():
         pairs.append((_steps(data * drift * noise()), _steps(1.10 * data * drift * noise())))
     design, sums = _paired(pairs, [4, 4])
     assert design == "blocks of 4 steps" and len(sums[0]) == 30
-    effect = gate_stats.total_effect("time", *sums)
-    lo, hi = gate_stats.interval("time", *sums, paired=True)
-    p, floor = gate_stats.paired_test("time", *sums)
+    effect = stats.total_effect("time", *sums)
+    lo, hi = stats.interval("time", *sums, paired=True)
+    p, floor = stats.paired_test("time", *sums)
     assert 1.07 < lo < effect < hi < 1.13 and p < 1e-3 and floor * 8 < 0.01
-    assert gate_stats.verdict("time", "lower", effect, (lo, hi), p * 8, 0.01, 0.05) == "regressed"
+    assert stats.verdict("time", "lower", effect, (lo, hi), p * 8, 0.01, 0.05) == "regressed"
     runs = [compare.unit_sums([f.assign(unit=i)], "step_time_ms", s)
             for i, f in enumerate(compare._paired_frames(pairs)) for s in ("_b", "_n")]
     two = [np.r_[runs[0][j], runs[2][j]] if k == 0 else np.r_[runs[1][j], runs[3][j]]
            for k in (0, 1) for j in (0, 1)]
-    assert gate_stats.paired_test("time", *two)[1] == 0.5  # two pairs: p can never be < 0.5
+    assert stats.paired_test("time", *two)[1] == 0.5  # two pairs: p can never be < 0.5
 
 
 @pytest.mark.parametrize("every, slow, seeds, verdicts", [
@@ -94,12 +94,12 @@ def test_an_intermittent_stall_counts_as_the_totals_count_it(every, slow, seeds,
         stall = np.where(np.arange(4, 64) % every == 0, slow, 1.0)
         pairs.append((_steps(data * drift * noise()), _steps(data * drift * noise() * stall)))
     design, sums = _paired(pairs, [1] * seeds)
-    effect = gate_stats.total_effect("time", *sums)
+    effect = stats.total_effect("time", *sums)
     truth = sum((n["step_time_ms"].sum()) for _, n in pairs) / sum(b["step_time_ms"].sum() for b, _ in pairs)
     assert effect == pytest.approx(truth) and effect > 1 + 0.5 * (slow - 1) / every
-    lo, hi = gate_stats.interval("time", *sums, paired=True)
-    p, floor = gate_stats.paired_test("time", *sums)
-    assert gate_stats.verdict("time", "lower", effect, (lo, hi), min(1.0, 8 * p), 0.01, 0.05) in verdicts
+    lo, hi = stats.interval("time", *sums, paired=True)
+    p, floor = stats.paired_test("time", *sums)
+    assert stats.verdict("time", "lower", effect, (lo, hi), min(1.0, 8 * p), 0.01, 0.05) in verdicts
 
 
 def test_unpaced_runs_fall_back_to_batches_of_steps_that_can_reject():
@@ -110,9 +110,9 @@ def test_unpaced_runs_fall_back_to_batches_of_steps_that_can_reject():
     pair = (_steps(data * np.exp(rng.normal(0, 0.1, 60))), _steps(1.15 * data * np.exp(rng.normal(0, 0.1, 60))))
     design, sums = _paired([pair], [None])
     assert design.startswith("batches of") and "not paced" in design
-    p, floor = gate_stats.paired_test("time", *sums)
+    p, floor = stats.paired_test("time", *sums)
     assert floor * 8 < 0.01 and p * 8 < 0.01
-    assert gate_stats.total_effect("time", *sums) == pytest.approx(
+    assert stats.total_effect("time", *sums) == pytest.approx(
         pair[1]["step_time_ms"].sum() / pair[0]["step_time_ms"].sum())
 
 
@@ -120,25 +120,25 @@ def test_batch_size_grows_with_autocorrelation():
     rng = np.random.default_rng(4)
     white = [rng.normal(0, 1, 60)]
     drifting = [np.repeat(rng.normal(0, 1, 10), 6) + rng.normal(0, 0.1, 60)]
-    assert gate_stats.batch_size(white, 12) == 1
-    assert gate_stats.batch_size(drifting, 4) >= 4
-    assert gate_stats.batch_size(drifting, 40) is None  # too few steps for their correlation
+    assert stats.batch_size(white, 12) == 1
+    assert stats.batch_size(drifting, 4) >= 4
+    assert stats.batch_size(drifting, 40) is None  # too few steps for their correlation
 
 
 def test_randomization_tests_know_their_smallest_p():
     ones = np.ones(3)
-    assert gate_stats.paired_test("time", ones, ones, 2 * ones, ones) == (pytest.approx(0.25), pytest.approx(0.25))
-    p, floor = gate_stats.unpaired_test("time", np.ones(2), np.ones(2), 2 * np.ones(2), np.ones(2))
+    assert stats.paired_test("time", ones, ones, 2 * ones, ones) == (pytest.approx(0.25), pytest.approx(0.25))
+    p, floor = stats.unpaired_test("time", np.ones(2), np.ones(2), 2 * np.ones(2), np.ones(2))
     assert floor == pytest.approx(2 / 6) and p == pytest.approx(2 / 6)
     # A big design: Monte Carlo, floor 1 / (draws + 1).
-    p, floor = gate_stats.paired_test("ratio", np.full(40, 0.2), np.ones(40), np.full(40, 0.3), np.ones(40))
-    assert floor == pytest.approx(1 / (gate_stats.DRAWS + 1)) and p == floor
+    p, floor = stats.paired_test("ratio", np.full(40, 0.2), np.ones(40), np.full(40, 0.3), np.ones(40))
+    assert floor == pytest.approx(1 / (stats.DRAWS + 1)) and p == floor
 
 
 def test_memory_test_exact_and_noisy():
-    assert gate_stats.memory_test(np.array([100.0, 102.0]), np.array([110.0, 112.2]), True)[3] == 0.0
-    assert gate_stats.memory_test(np.array([100.0, 100.0]), np.array([100.0, 100.0]), False)[3] == 1.0
-    eff, lo, hi, p, _ = gate_stats.memory_test(np.array([100.0, 101, 99, 100]),
+    assert stats.memory_test(np.array([100.0, 102.0]), np.array([110.0, 112.2]), True)[3] == 0.0
+    assert stats.memory_test(np.array([100.0, 100.0]), np.array([100.0, 100.0]), False)[3] == 1.0
+    eff, lo, hi, p, _ = stats.memory_test(np.array([100.0, 101, 99, 100]),
                                                np.array([110.0, 111, 109, 110.5]), True)
     assert p < 0.01 and lo > 1.05
 

@@ -8,7 +8,8 @@ import pytest
 
 from fsbench.cli import main
 from fsbench.config import ConfigError
-from fsbench.reporting.plots import PLOTS, cause_bars, choose_step_run, median_step_busy_idle, step_timeline
+from fsbench.reporting.plot_data import cause_bars, choose_step_run, median_step_busy_idle, step_timeline
+from fsbench.reporting.plots import PLOTS
 from fsbench.reporting.report import render, report_table, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -117,7 +118,9 @@ def test_every_format_renders_and_parses_back(runs):
     assert back["oversubscribed"].tolist() == table["oversubscribed"].tolist()
     assert back["simulated"].tolist() == table["simulated"].tolist()
     html = render(table, "html")
-    assert "<table" in html and "</table>" in html and html.count("<tr") == len(table) + 1
+    results = html[html.index('<table class="results">'):]
+    results = results[:results.index("</table>")]
+    assert results.count("<tr") == len(table) + 1, "a header and a row per table row"
     assert "† oversubscribed" in html
     latex = render(table, "latex")
     assert r"\begin{tabular}" in latex and r"\end{tabular}" in latex

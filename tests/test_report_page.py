@@ -12,9 +12,13 @@ import pytest
 
 from fsbench.running import store
 from fsbench.cli import main
-from fsbench.reporting.plots import PLOTS, step_timeline
+from fsbench.reporting.plot_data import step_timeline
+from fsbench.reporting.plots import PLOTS
 from fsbench.reporting.report import select_runs, write_report
-from fsbench.reporting.report_page import run_command
+from fsbench.reporting.report_page import _header, arranged, run_command
+from fsbench.stats import median_ratio_interval
+from fsbench.table import formatted
+from fsbench.training.trainer import option_defaults, resolve_trainer_class
 from fsbench.measurement.timeline import read_timelines
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -68,6 +72,13 @@ def test_html_report_is_one_self_contained_page(page, tiny_sweep):
     assert ">freescale<span" in cont and "‡ contended</span>" in cont and "‡</td>" in cont
     assert sum(tr.startswith("<tr>") for tr in rows[1:]) == len(table) - 2, "the rest unmarked"
     assert "‡ contended (ranks waited" in text and "§ simulated: projected" in text
+    # The header says when and where; the table starts with the answer.
+    meta = text[text.index('<table class="meta">'):]
+    meta = meta[:meta.index("</table>")]
+    assert "<td>made</td>" in meta and "<td>machine</td>" in meta and "<td>commit</td>" in meta
+    assert "<td>every row</td><td>workload: tiny" in meta, "a column the same in every row is folded"
+    heads = re.findall(r"<th[^>]*>([^<]*)</th>", rows[0])
+    assert heads[:3] == ["trainer", "ranks", "throughput vs ddp"], heads
 
 
 @pytest.mark.dist
@@ -78,8 +89,9 @@ def test_html_report_says_where_the_runs_came_from(page, tiny_sweep):
     assert len(manifests) == 4
     for m in manifests:
         assert m["run_id"] in text
-        switches = "".join(f" --set {m['trainer']}.{k}={v}"  # as resolved: defaults may change
-                           for k, v in m["config"]["trainer_options"].items())
+        defaults = option_defaults(resolve_trainer_class(m["trainer"]))
+        switches = "".join(f" --set {m['trainer']}.{k}={v}"  # only those not at their default
+                           for k, v in m["config"]["trainer_options"].items() if str(v) != defaults.get(k))
         assert (f"<code>fsbench run --workload tiny --trainer {m['trainer']} --world-size "
                 f"{m['world_size']} --seed 0{switches}</code>") in text
     host = manifests[0]["host"]
@@ -101,6 +113,46 @@ def test_run_command_repeats_overrides_counts_and_switches():
         "fsbench run --workload small --trainer freescale --world-size 4 --seed 3 --steps 7 "
         "--warmup 2 --threads 2 --set lengths=yelp --set context_vocabs=10,20 "
         "--set freescale.balance=lpt")
+
+
+def test_run_command_leaves_out_switches_at_their_defaults():
+    defaults = option_defaults(resolve_trainer_class("freescale"))
+    manifest = {"workload": "tiny", "trainer": "freescale", "world_size": 2, "seed": 0,
+                "config": {"trainer_options": {**defaults, "window": "4"}}}
+    assert run_command(manifest) == ("fsbench run --workload tiny --trainer freescale "
+                                     "--world-size 2 --seed 0 --set freescale.window=4")
+
+
+def test_the_page_puts_the_answer_first_and_folds_what_every_row_shares():
+    table = pd.DataFrame({"workload": ["tiny", "tiny"], "trainer": ["ddp", "freescale"],
+                          "world_size": [2, 2], "repeats": [3, 3], "step_time_ms_median": [10.0, 8.0],
+                          "samples_per_s": [100.0, 125.0], "throughput_vs_ddp": [1.0, 1.25]})
+    shown, cells, folded = arranged(table, formatted(table))
+    assert list(shown.columns) == ["trainer", "world_size", "throughput_vs_ddp", "samples_per_s",
+                                   "step_time_ms_median"]  # ranks: constant, but always shown
+    assert list(cells.columns) == ["trainer", "ranks", "throughput vs ddp", "samples/s", "step ms"]
+    assert folded == [("workload", "tiny"), ("repeats", "3")]
+    one_row = table.iloc[:1]
+    assert arranged(one_row, formatted(one_row))[2] == [], "one row: nothing is 'the same in every row'"
+
+
+def test_the_page_header_says_when_where_and_how_and_flags_a_dirty_tree():
+    source = {"run_id": "r1", "git_sha": "0123456789abcdef-dirty", "packages": {"torch": "2.13.0"},
+              "host": {"hostname": "box", "cpu_model": "Xeon", "cpus": 2, "python": "3.11.7"}}
+    text = _header([source], "2026-12-05 06:30 UTC", "fsbench report --store runs", [("workload", "tiny")])
+    assert "2026-12-05 06:30 UTC" in text and "box: Xeon, 2 cores, no GPU, Python 3.11.7" in text
+    assert "<code>0123456789ab</code> <span class=\"dirty\">dirty" in text
+    assert "<code>fsbench report --store runs</code>" in text and "workload: tiny" in text
+    assert 'class="dirty"' not in _header([{**source, "git_sha": "0123456789abcdef"}], "now", None, [])
+    other = {**source, "host": {**source["host"], "hostname": "other"}}
+    assert "runs from different machines" in _header([source, other], "now", None, [])
+
+
+def test_the_ratio_interval_resamples_each_sides_repeats_and_needs_two_a_side():
+    lo, hi = median_ratio_interval([100.0, 110.0, 90.0], [120.0, 130.0, 125.0])
+    # Resampled medians stay within each side's range: 120/110 .. 130/90.
+    assert 120 / 110 <= lo <= 1.25 <= hi <= 130 / 90
+    assert np.isnan(median_ratio_interval([100.0], [120.0, 130.0])).all()
 
 
 @pytest.mark.dist

@@ -235,7 +235,7 @@ def test_summarize(shape, tmp_path, sources, capsys):
 def test_html_report_of_2_rank_runs_plots_scaling_against_2_ranks(two_rank, tmp_path, capsys):
     """No 1-rank run: scaling efficiency is n/a in the table, and its plot is drawn
     relative to the smallest world size present, labelled so."""
-    from fsbench.reporting import plots
+    from fsbench.reporting import plot_data, plots
     from fsbench.reporting import report
 
     store = tmp_path / "store"
@@ -248,7 +248,7 @@ def test_html_report_of_2_rank_runs_plots_scaling_against_2_ranks(two_rank, tmp_
     assert plots.PLOTS["scaling"].caption in page
     table = report.report_table(report.select_runs([], store), None)
     assert table["scaling_efficiency"].isna().all()  # n/a: no 1-rank run
-    relative = plots.relative_scaling(table)
+    relative = plot_data.relative_scaling(table)
     assert list(relative["base_world_size"]) == [2] and list(relative["relative_efficiency"]) == [1.0]
     (ax, *_) = plots.plot_scaling(table).axes
     assert [t.get_text() for t in ax.get_legend().get_texts()][0] == "ddp, relative to 2 ranks"

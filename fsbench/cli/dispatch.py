@@ -13,6 +13,7 @@ internal error (one line; the traceback with --debug, else in a log file it name
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 from fsbench.cli import gates, results, runs, scaling
@@ -111,6 +112,8 @@ def dispatch(argv: list[str] | None) -> int:
         print(f"fsbench: error: {e}", file=sys.stderr)
         return 2
     set_quiet(args.quiet)
+    # The command line as given, for outputs that say what made them (the report's header).
+    args.command_line = "fsbench " + shlex.join(sys.argv[1:] if argv is None else argv)
     if args.command is None:  # a new user's first try: what to do, not just "required"
         parser.print_help()
         print(f"\nStart with: {FIRST_COMMAND}")

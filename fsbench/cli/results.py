@@ -46,6 +46,7 @@ def add_parsers(sub, csv, default_store: str) -> None:
                    help="run for the per-rank busy/idle plot (and its trainer's step timeline); "
                         "default: the baseline's largest world size")
     p.add_argument("--no-plots", action="store_true", help="write the table only (no matplotlib needed)")
+    p.add_argument("--title", default="fsbench report", help="the html page's title")
 
     p = sub.add_parser("list", help="list workload presets, length presets and trainers",
                        description="Workload presets, history-length presets and trainers. "
@@ -69,7 +70,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     runs = select_runs(args.run_dirs, args.store, args.workload, args.trainers)
     table, written = write_report(runs, args.baseline, args.format, args.out, args.step_run,
-                                  plots=not args.no_plots)
+                                  plots=not args.no_plots, title=args.title,
+                                  command=getattr(args, "command_line", None))
     if args.format == "json":
         print(dumps({"table": table, "notes": footnotes(table), "written": written}))
     else:

@@ -14,7 +14,7 @@ For each (workload, trainer, world size) and each metric, four outcomes:
                         differ, the design cannot reach the significance level, or the
                         interval allows a change beyond the threshold.
 
-Effects are totals, as the summaries publish them (fsbench.gates.gate_stats): NEW's summed step
+Effects are totals, as the summaries publish them (fsbench.stats): NEW's summed step
 time over BASE's on the same steps, samples over summed step time, idle over capacity.
 The design, said in the output, is chosen from what the runs allow:
   paired blocks   one run per seed on both sides that took turns (`fsbench gate`,
@@ -39,7 +39,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from fsbench.gates import gate_stats
+from fsbench import stats
 from fsbench.gates.compare_sides import (left_out, machine_lines, machines_differ, pace_of,
                                    peak_samples, readable, usable)
 from fsbench.errors import ConfigError
@@ -133,7 +133,7 @@ def paired_design(pairs: list[tuple[pd.DataFrame, pd.DataFrame]], blocks: list,
         return "runs", [f.assign(unit=[(i, 0)] * len(f)) for i, f in enumerate(frames)]
     series = [np.log(f["step_time_ms_n"].to_numpy(float) / f["step_time_ms_b"].to_numpy(float))
               for f in frames]
-    size = gate_stats.batch_size(series, needed)
+    size = stats.batch_size(series, needed)
     if size is None:
         return "too few steps for batch means", []
     return (f"batches of {size} steps (runs not paced: drift between them counts as change)",
@@ -151,7 +151,7 @@ def unpaired_design(base: list[pd.DataFrame], new: list[pd.DataFrame], needed: i
         return "runs (unpaired)", tag(base), [f.assign(unit=[(len(base) + i, 0)] * len(f))
                                               for i, f in enumerate(new)]
     series = [f["step_time_ms"].to_numpy(float) for f in [*base, *new]]
-    size = gate_stats.batch_size(series, 2 * needed)
+    size = stats.batch_size(series, 2 * needed)
     if size is None:
         return "too few steps for batch means", [], []
     tag = lambda frames, first: [f.assign(unit=[(first + i, j // size) for j in range(len(f))])  # noqa: E731
@@ -257,12 +257,12 @@ def compare_key(key: tuple, b: pd.DataFrame, n: pd.DataFrame, alpha: float,
         if metric == "peak_memory_mb":
             vb = np.concatenate([peak_samples(d) for d in b["run_dir"]] or [[]])
             vn = np.concatenate([peak_samples(d) for d in n["run_dir"]] or [[]])
-            effect, lo, hi, p, floor = gate_stats.memory_test(vb, vn, paired)
-            stats = dict(base_total=float(np.mean(vb)) if len(vb) else math.nan,
+            effect, lo, hi, p, floor = stats.memory_test(vb, vn, paired)
+            extra = dict(base_total=float(np.mean(vb)) if len(vb) else math.nan,
                          new_total=float(np.mean(vn)) if len(vn) else math.nan,
                          n_base=len(vb), n_new=len(vn), units=min(len(vb), len(vn)),
                          pairing="per rank" if paired else "none")
-            found.append((metric, (effect, lo, hi, p, floor, stats), None))
+            found.append((metric, (effect, lo, hi, p, floor, extra), None))
             continue
         try:
             if paired:
@@ -270,25 +270,25 @@ def compare_key(key: tuple, b: pd.DataFrame, n: pd.DataFrame, alpha: float,
                     raise KeyError(metric)
                 nb, db = unit_sums(frames, metric, "_b")
                 nn, dn = unit_sums(frames, metric, "_n")
-                p, floor = gate_stats.paired_test(kind, nb, db, nn, dn)
+                p, floor = stats.paired_test(kind, nb, db, nn, dn)
             else:
                 if not fb:
                     raise KeyError(metric)
                 nb, db = unit_sums(fb, metric)
                 nn, dn = unit_sums(fn, metric)
-                p, floor = gate_stats.unpaired_test(kind, nb, db, nn, dn)
+                p, floor = stats.unpaired_test(kind, nb, db, nn, dn)
         except KeyError:
             found.append((metric, None, f"{design}: no units to test"))
             continue
-        effect = gate_stats.total_effect(kind, nb, db, nn, dn)
-        lo, hi = gate_stats.interval(kind, nb, db, nn, dn, paired)
+        effect = stats.total_effect(kind, nb, db, nn, dn)
+        lo, hi = stats.interval(kind, nb, db, nn, dn, paired)
         total = lambda num, den: float(num.sum() / den.sum())  # noqa: E731
-        stats = dict(base_total=total(nb, db), new_total=total(nn, dn),
+        extra = dict(base_total=total(nb, db), new_total=total(nn, dn),
                      n_base=int(sum(len(t) for t in tb)), n_new=int(sum(len(t) for t in tn)),
                      units=len(nb) if paired else len(nb) + len(nn), pairing=design)
-        found.append((metric, (effect, lo, hi, p, floor, stats), None))
+        found.append((metric, (effect, lo, hi, p, floor, extra), None))
     tested = [f for f in found if f[1] is not None]
-    adjusted = iter(gate_stats.holm([f[1][3] for f in tested]))
+    adjusted = iter(stats.holm([f[1][3] for f in tested]))
     m = len(tested)
     rows = []
     for metric, result, why in found:
@@ -297,18 +297,18 @@ def compare_key(key: tuple, b: pd.DataFrame, n: pd.DataFrame, alpha: float,
             rows.append(_nan_row(key, metric, why, "rerun both sides with this fsbench"
                                  if "missing" in why else MORE_UNITS))
             continue
-        effect, lo, hi, p, floor, stats = result
+        effect, lo, hi, p, floor, extra = result
         p_adj = next(adjusted)
         row = Row(str(key[0]), str(key[2]), int(key[3]), metric, effect=effect, ci_low=lo,
-                  ci_high=hi, p=p, p_adjusted=p_adj, p_min=floor, verdict="", **stats)
+                  ci_high=hi, p=p, p_adjusted=p_adj, p_min=floor, verdict="", **extra)
         threshold = thresholds.get(metric, thresholds[kind])
         if floor * m >= alpha:
             row.verdict = "inconclusive"
-            row.reason = (f"{stats['units']} unit(s) ({stats['pairing']}): the smallest p this "
+            row.reason = (f"{extra['units']} unit(s) ({extra['pairing']}): the smallest p this "
                           f"design can give is {floor:.2g}, x{m} metrics (Holm) >= alpha {alpha}")
             row.remedy = MORE_UNITS
         else:
-            row.verdict = gate_stats.verdict(kind, better, effect, (lo, hi), p_adj, alpha, threshold)
+            row.verdict = stats.verdict(kind, better, effect, (lo, hi), p_adj, alpha, threshold)
             if row.verdict == "inconclusive":
                 row.reason = (f"the 95% interval {_fmt_interval(kind, lo, hi)} reaches beyond the "
                               f"{_fmt_threshold(kind, threshold)} threshold without a significant "

@@ -20,12 +20,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from fsbench import columns
+from fsbench import columns, stats
 from fsbench.measurement import metrics
 from fsbench.reporting import report_page
 from fsbench.running import store
 from fsbench.config import ConfigError
-from fsbench.reporting.plots import CAUSES, PLOTS, render_plots
+from fsbench.reporting.plot_data import CAUSES
+from fsbench.reporting.plots import PLOTS, render_plots
 from fsbench.table import dumps, formatted, markdown, progress
 
 FORMATS = {"md": "md", "latex": "tex", "csv": "csv", "html": "html", "json": "json"}
@@ -37,6 +38,9 @@ WALL_CLOCK = columns.WALL_CLOCK
 PROGRESS_MIN_RUNS = 20  # below this, reading runs is instant and a bar is only noise
 # Row marks of LaTeX and the page; † and ‡ also mark wall-clock cells, as in markdown.
 ROW_MARKS = {"simulated": "§", "emulated": "¶", "oversubscribed": "†", "contended": "‡"}
+# The throughput ratio's interval: numbers in CSV and JSON, "[lo, hi]" beside the ratio
+# in the other renderings.
+CI_COLUMNS = ("ratio_ci_low", "ratio_ci_high")
 # The LaTeX table's columns (a paper's width); CSV keeps every column.
 PAPER_COLUMNS = ("workload", "trainer", "world_size", "repeats", "step_time_ms_median",
                  "samples_per_s", "bubble_ratio", *CAUSES, "load_imbalance", "sm_occupancy",
@@ -73,12 +77,31 @@ def _lookup(table: pd.DataFrame, rows: pd.Series, keys: list[str]) -> pd.Series:
     return values.reindex(pd.MultiIndex.from_frame(table[keys])).to_numpy()
 
 
+def _ratio_intervals(runs: pd.DataFrame, table: pd.DataFrame, baseline: str) -> tuple[list, list]:
+    """Each row's 95% interval of its throughput ratio to the baseline: a bootstrap over
+    the repeats (runs) of the row and of the baseline's row at the same workload, world
+    size and simulated (fsbench.stats.median_ratio_interval). NaN for the baseline's own
+    rows and where either side has fewer than 2 runs."""
+    by_key = {key: g["samples_per_s"].to_numpy(dtype=float) for key, g in runs.groupby(KEYS, sort=False)}
+    lows, highs = [], []
+    for row in table[KEYS].itertuples(index=False):
+        key = tuple(row)
+        mine = by_key.get(key, [])
+        theirs = by_key.get((row.workload, baseline, row.world_size, row.simulated), [])
+        lo, hi = ((float("nan"), float("nan")) if row.trainer == baseline
+                  else stats.median_ratio_interval(theirs, mine))
+        lows.append(lo)
+        highs.append(hi)
+    return lows, highs
+
+
 def report_table(runs: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     """Medians over repeats per (workload, trainer, world size, simulated); one row each.
 
     scaling_efficiency = samples/s(N) / (N * samples/s(1)), same workload and trainer
     (NaN without a 1-rank row); throughput_vs_<baseline> = samples/s over the baseline's
-    at the same workload and world size (NaN where the baseline has no such row).
+    at the same workload and world size (NaN where the baseline has no such row), with its
+    95% interval over repeats in ratio_ci_low and ratio_ci_high (`_ratio_intervals`).
     """
     runs = _normalized(runs)
     if runs.empty:
@@ -99,13 +122,14 @@ def report_table(runs: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
         table["world_size"] * _lookup(table, table["world_size"] == 1, ["workload", "trainer", "simulated"]))
     table[f"throughput_vs_{baseline}"] = table["samples_per_s"] / _lookup(
         table, table["trainer"] == baseline, ["workload", "world_size", "simulated"])
+    table["ratio_ci_low"], table["ratio_ci_high"] = _ratio_intervals(runs, table, baseline)
     # Measured before simulated, baseline first, then trainers and workloads as they came.
     order = {t: i for i, t in enumerate(dict.fromkeys([baseline, *trainers]))}
     wl = {w: i for i, w in enumerate(dict.fromkeys(table["workload"]))}
     table = table.assign(_w=table["workload"].map(wl), _t=table["trainer"].map(order))
     table = table.sort_values(["_w", "simulated", "_t", "world_size"], kind="stable")
     cols = KEYS + ["repeats"] + MEDIANS + ["samples_per_s_spread", "scaling_efficiency",
-                                           f"throughput_vs_{baseline}", *columns.FLAGS,
+                                           f"throughput_vs_{baseline}", *CI_COLUMNS, *columns.FLAGS,
                                            "contention_unknown"]
     return table[cols].reset_index(drop=True)
 
@@ -125,7 +149,8 @@ def footnotes(table: pd.DataFrame, symbols: bool = False) -> list[str]:
     ratio = next(c for c in table.columns if c.startswith("throughput_vs_"))
     notes = [f"Medians over measured steps, then over repeats. scaling eff = throughput(N) / "
              f"(N x throughput(1)), same trainer and workload; {ratio.replace('_', ' ')} = "
-             f"samples/s ratio at the same world size; n/a = not available."]
+             f"samples/s ratio at the same world size, [its 95% interval]: a bootstrap over "
+             f"both trainers' repeats (none with fewer than 2 repeats a side); n/a = not available."]
     if table["oversubscribed"].any():
         notes.append("† oversubscribed (ranks x threads > cores): step time, throughput, bubble, "
                      "straggler, exposed comm and the ratios built on them measure time-sharing, "
@@ -152,6 +177,11 @@ def _cells(table: pd.DataFrame, dagger: str, escape=lambda s: s) -> pd.DataFrame
     cells of oversubscribed rows and a double dagger on those of contended rows."""
     cells = formatted(table).map(escape)
     cells.columns = [escape(c) for c in cells.columns]
+    if all(c in table for c in CI_COLUMNS):  # the ratio's interval beside it: "0.98x [0.85, 1.10]"
+        at = next(i for i, c in enumerate(table.columns) if c.startswith("throughput_vs_"))
+        for row, (lo, hi) in enumerate(zip(table["ratio_ci_low"], table["ratio_ci_high"])):
+            if pd.notna(lo) and pd.notna(hi) and cells.iat[row, at] != "n/a":
+                cells.iat[row, at] += escape(f" [{lo:.2f}, {hi:.2f}]")
     flagged = [i for i, c in enumerate(table.columns)
                if c in WALL_CLOCK or c.startswith("throughput_vs_")]
     marks = {"oversubscribed": dagger, "contended": dagger.replace("dag", "ddag").replace("†", "‡")}
@@ -160,7 +190,14 @@ def _cells(table: pd.DataFrame, dagger: str, escape=lambda s: s) -> pd.DataFrame
             for i in flagged:
                 if cells.iat[row, i] != "n/a":
                     cells.iat[row, i] += mark
-    return cells
+    return cells.iloc[:, [i for i, c in enumerate(table.columns) if c not in CI_COLUMNS]]
+
+
+def shown(table: pd.DataFrame) -> pd.DataFrame:
+    """The columns the md, LaTeX and HTML renderings show (`_cells`' columns): the
+    interval columns are folded into the ratio's cell."""
+    return table.drop(columns=[c for c in CI_COLUMNS if c in table])
+
 
 
 def _latex_escape(text: str) -> str:
@@ -181,7 +218,7 @@ def latex(table: pd.DataFrame) -> str:
     ratio = next(c for c in table.columns if c.startswith("throughput_vs_"))
     cols = [c for c in (*PAPER_COLUMNS, ratio) if c in table and not table[c].isna().all()]
     cells = _cells(table, r"\textsuperscript{\dag}", _latex_escape)
-    cells = cells.iloc[:, [list(table.columns).index(c) for c in cols]]
+    cells = cells.iloc[:, [list(shown(table).columns).index(c) for c in cols]]
     trainer = cols.index("trainer")
     for flag in ("simulated", "emulated"):  # whole rows; † and ‡ mark the cells they affect
         mark = ROW_MARKS[flag]
@@ -202,11 +239,13 @@ def latex(table: pd.DataFrame) -> str:
 
 
 def render(table: pd.DataFrame, fmt: str, images: dict[str, bytes] | None = None,
-           sources: list[dict] | None = None) -> str:
+           sources: list[dict] | None = None, title: str = "fsbench report",
+           command: str | None = None) -> str:
     """The report table as md | latex | csv | html | json. CSV and JSON keep raw numbers
     (fractions, not percentages) and the flags as booleans, for machines. html is a whole page
     (fsbench.reporting.report_page), with `images` (PNG bytes by fsbench.reporting.plots.PLOTS key) and
-    `sources` (report_page.run_sources) embedded when given."""
+    `sources` (report_page.run_sources) embedded when given, and `title` and `command` (the
+    command line that made it) in its header."""
     check_format(fmt)
     table = table.reset_index(drop=True)
     if fmt == "csv":
@@ -217,8 +256,8 @@ def render(table: pd.DataFrame, fmt: str, images: dict[str, bytes] | None = None
         return markdown(_cells(table, "†")) + "".join(f"\n\n{n}" for n in footnotes(table)) + "\n"
     if fmt == "html":
         figures = [(PLOTS[k].caption, data) for k, data in (images or {}).items()]
-        return report_page.page(table, _cells(table, "†"), footnotes(table, symbols=True),
-                                ROW_MARKS, figures, sources or [])
+        return report_page.page(shown(table), _cells(table, "†"), footnotes(table, symbols=True),
+                                ROW_MARKS, figures, sources or [], title=title, command=command)
     return latex(table)
 
 
@@ -272,7 +311,8 @@ def _is_store(path: Path) -> bool:
 # ---------------------------------------------------------------------------- writing
 
 def write_report(runs: pd.DataFrame, baseline: str | None, fmt: str, out_dir: str | os.PathLike,
-                 step_run: str | None = None, plots: bool = True) -> tuple[pd.DataFrame, list[Path]]:
+                 step_run: str | None = None, plots: bool = True, title: str = "fsbench report",
+                 command: str | None = None) -> tuple[pd.DataFrame, list[Path]]:
     """Write report.<ext> into out_dir and (unless plots=False) the plots: for html,
     embedded in the one page; for the other formats, as PNGs beside the table."""
     ext = check_format(fmt)
@@ -283,12 +323,13 @@ def write_report(runs: pd.DataFrame, baseline: str | None, fmt: str, out_dir: st
     out_dir = store.check_writable_dir(out_dir)  # after the input checks: bad input writes nothing
     report = out_dir / f"report.{ext}"
     sources = report_page.run_sources(runs) if fmt == "html" else None
-    report.write_text(render(table, fmt, sources=sources))  # first: the table needs no matplotlib
+    page = {"title": title, "command": command}
+    report.write_text(render(table, fmt, sources=sources, **page))  # first: the table needs no matplotlib
     if not plots:
         return table, [report]
     images = render_plots(table, runs, baseline, step_run)
     if fmt == "html":
-        report.write_text(render(table, fmt, images=images, sources=sources))
+        report.write_text(render(table, fmt, images=images, sources=sources, **page))
         return table, [report]
     written = [report]
     for key, data in images.items():

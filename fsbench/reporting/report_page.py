@@ -10,6 +10,7 @@ elsewhere), so it can be attached to a CI job, mailed, or opened offline.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import shlex
 from html import escape
@@ -19,6 +20,7 @@ import pandas as pd
 
 from fsbench.running import store
 from fsbench.config import ConfigError
+from fsbench.training.trainer import option_defaults, resolve_trainer_class
 
 # What a row mark means, in a few words (the notes under the table say it in full).
 MARK_LABELS = {"simulated": "projected by the cost model, not measured",
@@ -28,6 +30,14 @@ MARK_LABELS = {"simulated": "projected by the cost model, not measured",
 TEXT_COLUMNS = ("workload", "trainer")
 # Run-config fields the command line already says (or that do not change the run).
 IN_COMMAND = ("trainer", "world_size", "seed", "trainer_options", "workload")
+
+# The page's columns, the answer first: who, at what size, how fast against the baseline,
+# then what the step time was made of; every other column after, as the table has them.
+FIRST = ("trainer", "world_size", "throughput_vs_", "samples_per_s", "step_time_ms_median",
+         "bubble_ratio", "straggler_bubble_ratio", "exposed_comm_ratio", "input_stall_ratio",
+         "other_idle_ratio")
+ALWAYS_SHOWN = ("trainer", "world_size")  # never folded into the header, even when constant
+SILENT_WHEN_FALSE = ("contention_unknown",)
 
 CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em; color: #222; max-width: 1400px; }
@@ -51,15 +61,28 @@ figcaption { color: #555; font-size: .92em; }
 code, pre { font: .9em ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; }
 pre { background: #f6f6f6; padding: .7em; overflow-x: auto; }
 td code { white-space: nowrap; }
+table.meta td { border: none; padding: .15em .8em .15em 0; text-align: left; white-space: normal; }
+table.meta td:first-child { color: #666; white-space: nowrap; }
+.dirty { color: #fff; background: #b3261e; padding: 0 .45em; border-radius: .7em; font-size: .85em; }
 """
 
 
 # ---------------------------------------------------------------------------- sources
 
+@functools.lru_cache(maxsize=None)
+def _option_defaults(trainer: str) -> dict[str, str]:
+    """The trainer's switches at their defaults; {} when it does not import here."""
+    try:
+        return option_defaults(resolve_trainer_class(trainer))
+    except (ConfigError, ImportError):
+        return {}
+
+
 def run_command(manifest: dict) -> str:
     """The `fsbench run` command line that repeats a run, from its manifest: the preset,
     the workload overrides its name records (`small+lengths=yelp`), step counts that differ
-    from the preset's, the trainer's switches, and non-default run settings."""
+    from the preset's, the trainer's switches that differ from its defaults (all of them
+    when the trainer cannot be imported here), and non-default run settings."""
     from fsbench.workloads.presets import get_workload
 
     config = manifest.get("config") or {}
@@ -85,7 +108,10 @@ def run_command(manifest: dict) -> str:
                                ("--input-workers", "input_workers", 1)):
         if key in config and config[key] != default:
             args += [flag, str(config[key])]
-    sets += [f"{manifest.get('trainer')}.{k}={v}" for k, v in (config.get("trainer_options") or {}).items()]
+    trainer = str(manifest.get("trainer"))
+    defaults = _option_defaults(trainer)  # a switch at its default is left out of the command
+    sets += [f"{trainer}.{k}={v}" for k, v in (config.get("trainer_options") or {}).items()
+             if k not in defaults or str(v) != str(defaults[k])]
     for pair in sets:
         args += ["--set", pair]
     return " ".join(shlex.quote(a) for a in args)
@@ -114,15 +140,17 @@ def run_sources(runs: pd.DataFrame) -> list[dict]:
 
 # ---------------------------------------------------------------------------- page
 
-def _table(cells: pd.DataFrame, table: pd.DataFrame, marks: dict[str, str]) -> str:
-    """The result table: a row's flags as its CSS classes and as badges beside its
-    trainer, each badge with its footnote symbol."""
+def _table(cells: pd.DataFrame, table: pd.DataFrame, marks: dict[str, str],
+           flags_from: pd.DataFrame) -> str:
+    """The result table (`table`'s columns, `cells` their text): a row's flags (read from
+    `flags_from`, which still has the folded columns) as its CSS classes and as badges
+    beside its trainer, each badge with its footnote symbol."""
     keys = list(table.columns)
     head = "".join(f'<th class="{"text" if k in TEXT_COLUMNS else "num"}">{escape(h)}</th>'
                    for k, h in zip(keys, cells.columns))
     rows = []
     for i in range(len(cells)):
-        flags = [f for f in marks if f in table and bool(table[f].iloc[i])]
+        flags = [f for f in marks if f in flags_from and bool(flags_from[f].iloc[i])]
         tds = []
         for j, key in enumerate(keys):
             text = escape(str(cells.iat[i, j]))
@@ -188,8 +216,67 @@ def _sources(sources: list[dict], simulated: bool) -> str:
     return "\n".join(parts)
 
 
+def arranged(table: pd.DataFrame, cells: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[tuple[str, str]]]:
+    """The page's table: FIRST columns first, and every column whose cells read the same
+    in every row (of two or more) taken out and returned as (header, value) for the
+    header, so that the table shows what differs."""
+    keys = list(table.columns)
+
+    def rank(key: str) -> int:
+        return next((i for i, k in enumerate(FIRST) if key == k or (k.endswith("_") and key.startswith(k))),
+                    len(FIRST))
+    order = sorted(range(len(keys)), key=lambda i: (rank(keys[i]), i))
+    folded = [] if len(table) < 2 else [
+        i for i in order if keys[i] not in ALWAYS_SHOWN and cells.iloc[:, i].nunique() == 1]
+    kept = [i for i in order if i not in folded]
+    # A bookkeeping flag false in every row says nothing (the legend covers the true case).
+    said = [i for i in folded if not (keys[i] in SILENT_WHEN_FALSE and not table.iloc[0, i])]
+    return (table.iloc[:, kept], cells.iloc[:, kept],
+            [(str(cells.columns[i]), str(cells.iat[0, i])) for i in said])
+
+
+def _png_width(data: bytes) -> int:
+    """A PNG's width in pixels (its IHDR chunk). The plots are drawn at twice the density
+    they are shown at (fsbench.reporting.plots.PNG_DPI), so the page shows them at half."""
+    return int.from_bytes(data[16:20], "big")
+
+
+def _machine_line(host: dict) -> str:
+    parts = [str(host.get("cpu_model") or "CPU unknown"), f"{host.get('cpus', '?')} cores",
+             ", ".join(host.get("gpus") or []) or "no GPU", f"Python {host.get('python', '?')}"]
+    return f"{host.get('hostname', '?')}: " + ", ".join(parts)
+
+
+def _header(sources: list[dict], generated: str, command: str | None,
+            folded: list[tuple[str, str]]) -> str:
+    """Date, machine(s), commit(s) with uncommitted changes flagged, the command that made
+    the page, and the columns that are the same in every row."""
+    rows = [("made", escape(generated))]
+    hosts = _grouped(sources, "host") if sources else []
+    if hosts:
+        lines = [escape(_machine_line(h)) + (f" ({len(ids)} runs)" if len(hosts) > 1 else "")
+                 for h, ids in hosts]
+        warn = ' <span class="dirty">runs from different machines</span>' if len(hosts) > 1 else ""
+        rows.append(("machine", "<br>".join(lines) + warn))
+        packages = (sources[0].get("packages") or {})
+        if packages.get("torch"):
+            rows.append(("torch", escape(str(packages["torch"]))))
+    shas = list(dict.fromkeys(str(s.get("git_sha") or "unknown") for s in sources))
+    if shas:
+        rows.append(("commit", ", ".join(
+            f"<code>{escape(x.removesuffix('-dirty')[:12])}</code>"
+            + (' <span class="dirty">dirty: uncommitted changes, not reproducible from the '
+               'commit alone</span>' if x.endswith("-dirty") else "") for x in shas)))
+    if command:
+        rows.append(("command", f"<code>{escape(command)}</code>"))
+    if folded:
+        rows.append(("every row", "; ".join(f"{escape(h)}: {escape(v)}" for h, v in folded)))
+    return '<table class="meta">' + "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows) + "</table>"
+
+
 def page(table: pd.DataFrame, cells: pd.DataFrame, notes: list[str], marks: dict[str, str],
-         figures: list[tuple[str, bytes]], sources: list[dict], title: str = "fsbench report") -> str:
+         figures: list[tuple[str, bytes]], sources: list[dict], title: str = "fsbench report",
+         command: str | None = None, generated: str | None = None) -> str:
     """The whole report as one HTML page.
 
     Args:
@@ -199,7 +286,12 @@ def page(table: pd.DataFrame, cells: pd.DataFrame, notes: list[str], marks: dict
         marks: flag column -> its symbol (fsbench.reporting.report.ROW_MARKS).
         figures: (caption, PNG bytes) per plot, embedded as data URIs.
         sources: run_sources(runs).
+        command: the command line that made the page, shown in its header.
+        generated: when, as text (default: now, UTC).
     """
+    import datetime
+
+    generated = generated or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     present = [f for f in marks if f in table and table[f].any()]
     legend = ("Marked rows: " + "; ".join(f'<span class="mark {f}">{escape(marks[f])} {f}</span> '
                                           f"{escape(MARK_LABELS[f])}" for f in present) + "."
@@ -209,8 +301,9 @@ def page(table: pd.DataFrame, cells: pd.DataFrame, notes: list[str], marks: dict
     summary = (f"{len(table)} rows; workloads: {', '.join(dict.fromkeys(map(str, table['workload'])))}; "
                f"trainers: {', '.join(dict.fromkeys(map(str, table['trainer'])))}; world sizes: "
                f"{', '.join(map(str, sorted(set(table['world_size']))))}.")
+    shown_table, shown_cells, folded = arranged(table, cells)
     figs = "\n".join(
-        f'<figure><img alt="{escape(caption)}" src="data:image/png;base64,'
+        f'<figure><img alt="{escape(caption)}" width="{_png_width(data) // 2}" src="data:image/png;base64,'
         f'{base64.b64encode(data).decode("ascii")}"><figcaption>{escape(caption)}</figcaption></figure>'
         for caption, data in figures) or "<p>No plots in this report.</p>"
     return f"""<!DOCTYPE html>
@@ -224,9 +317,10 @@ def page(table: pd.DataFrame, cells: pd.DataFrame, notes: list[str], marks: dict
 <body>
 <h1>{escape(title)}</h1>
 <p class="lead">{escape(summary)}</p>
+{_header(sources, generated, command, folded)}
 <h2>Results</h2>
 <p class="legend">{legend}</p>
-<div class="scroll">{_table(cells, table, marks)}</div>
+<div class="scroll">{_table(shown_cells, shown_table, marks, table)}</div>
 <div class="notes">{"".join(f"<p>{escape(n)}</p>" for n in notes)}</div>
 <h2>Plots</h2>
 {figs}

@@ -1,4 +1,5 @@
-"""The statistics behind `fsbench compare` and `fsbench gate`: pure functions over arrays.
+"""The statistics behind `fsbench compare`, `fsbench gate` and the report's intervals: pure
+functions over arrays (numpy only, no fsbench import).
 
 Every timing metric a summary publishes is a ratio of two totals over the measured steps
 (step time: summed step time over steps; throughput: samples over summed step time; the
@@ -212,3 +213,19 @@ def verdict(kind: str, better: str, effect: float, ci: tuple[float, float], p_ad
     if none - threshold <= ci[0] and ci[1] <= none + threshold:
         return "unchanged"
     return "inconclusive"
+
+
+def median_ratio_interval(base, new, seed: int = 0) -> tuple[float, float]:
+    """95% percentile bootstrap interval of median(new) / median(base), resampling each
+    side's runs (unpaired: the two sides are different runs). The report's throughput
+    ratio is that ratio of medians over repeats, so its interval resamples the same way.
+    (nan, nan) when either side has fewer than 2 runs: one run has nothing to resample."""
+    base, new = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
+    base, new = base[np.isfinite(base)], new[np.isfinite(new)]
+    if len(base) < 2 or len(new) < 2:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    draws = (np.median(new[rng.integers(0, len(new), (BOOTSTRAP, len(new)))], axis=1)
+             / np.median(base[rng.integers(0, len(base), (BOOTSTRAP, len(base)))], axis=1))
+    lo, hi = np.quantile(draws, [0.025, 0.975])
+    return float(lo), float(hi)
