@@ -20,6 +20,8 @@ sm_free     CUDA ranks with peer access: each rank stages its rows in a PyTorch
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -83,6 +85,29 @@ def sm_free_unavailable(device: torch.device | str, world_size: int) -> str | No
     return None
 
 
+def elements_per_row(send: torch.Tensor) -> int:
+    """Elements in one row of `send` (rows along dim 0), known from the shape alone: an
+    exchange may send no rows at all (with priority on, the first step's final rows)."""
+    return math.prod(send.shape[1:])
+
+
+def send_starts(send_splits: list[int]) -> list[int]:
+    """Where the rows for each destination rank start in the sender's staging buffer."""
+    return [sum(send_splits[:r]) for r in range(len(send_splits))]
+
+
+def pull_plan(row: int, recv_splits: list[int], peer_starts: list[int]) -> list[tuple[int, int, int, int]]:
+    """The copies a receiver makes, in elements: (peer, where in the peer's staging buffer,
+    where in the output, how many), skipping peers that send nothing. `peer_starts[p]`:
+    where this rank's rows start in peer p's buffer, in rows (p's `send_starts`)."""
+    plan, at = [], 0
+    for peer, n in enumerate(recv_splits):
+        if n:
+            plan.append((peer, peer_starts[peer] * row, at * row, n * row))
+        at += n
+    return plan
+
+
 class SmFreeTransport:
     """Pull-based all-to-all over symmetric memory: rank r copies its slice out of every
     peer's staging buffer with `Tensor.copy_` (a peer-to-peer cudaMemcpyAsync: copy
@@ -112,12 +137,11 @@ class SmFreeTransport:
         if nbytes > self.buffer.numel():
             raise RuntimeError(f"{name}: {nbytes} bytes exceed the sm_free staging buffer "
                                f"({self.buffer.numel()} bytes)")
-        row = send[0].numel() if send.dim() > 1 else 1  # elements per row
+        row = elements_per_row(send)
         output = send.new_empty((sum(recv_splits), *send.shape[1:]))
         # Where my rows start in each peer's buffer (the peer's send splits to the ranks
         # before me): receivers know only their own recv splits, so exchange them.
-        starts = torch.tensor([sum(send_splits[:r]) for r in range(self.world_size)],
-                              dtype=torch.int64, device=self.device)
+        starts = torch.tensor(send_starts(send_splits), dtype=torch.int64, device=self.device)
         peer_starts = torch.empty_like(starts)
         with span(f"{name}.issue", kind="comm"):
             flight = current().in_flight(name)
@@ -127,15 +151,11 @@ class SmFreeTransport:
             self.handle.barrier()  # every rank has staged its rows
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self.stream):
-                at = 0
-                for peer, n in enumerate(recv_splits):
-                    if n:
-                        src = self.handle.get_buffer(peer, (self.buffer.numel() // send.element_size(),),
-                                                     send.dtype)
-                        lo = peer_starts[peer] * row
-                        output.view(-1)[at * row:(at + n) * row].copy_(src[lo:lo + n * row],
-                                                                       non_blocking=True)
-                    at += n
+                for peer, src_at, dst_at, count in pull_plan(row, recv_splits, peer_starts):
+                    src = self.handle.get_buffer(peer, (self.buffer.numel() // send.element_size(),),
+                                                 send.dtype)
+                    output.view(-1)[dst_at:dst_at + count].copy_(src[src_at:src_at + count],
+                                                                 non_blocking=True)
             done = torch.cuda.Event()
             done.record(self.stream)
 

@@ -197,6 +197,10 @@ class RunConfig:
         _require(self.workload.global_batch_size >= self.world_size,
                  f"world_size={self.world_size} exceeds global_batch_size="
                  f"{self.workload.global_batch_size}: every rank needs at least one sample")
+        if self.device == "cuda":
+            _require(self.workload.compute != "synthetic",
+                     "compute=synthetic spins a CPU thread for a known time: on --device cuda "
+                     "it would measure the host, not the GPU; use compute=model or emulated")
         if self.eval.on:
             _require(specs.parse_data(self.workload.data).kind != "synthetic",
                      "--eval needs real interaction data to hold items out of: "

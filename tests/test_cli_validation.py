@@ -54,6 +54,25 @@ def test_bad_input_gets_one_line_and_exit_code_2(argv, expected, capsys, tmp_pat
     assert not list(tmp_path.iterdir()), "no run directory may be created for bad input"
 
 
+def test_cuda_runs_that_cannot_mean_anything_are_refused_before_ranks_start(tmp_path, capsys, monkeypatch):
+    """More local ranks than GPUs, or a CPU spin standing in for GPU compute: one line, exit
+    2, nothing started. (The machine's GPU count is stood in for here: this checks input
+    validation, not a measurement.)"""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    code = main(["sweep", "--workload", "tiny", "--device", "cuda", "--world-sizes", "1,2",
+                 "--store", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "world size 2 needs one GPU per local rank and 1 are visible" in err
+    code = main(["run", "--workload", "tiny", "--device", "cuda", "--set", "compute=synthetic",
+                 "--store", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "compute=synthetic spins a CPU thread" in err
+    assert len(err.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+
+
 def test_unreadable_length_csv_is_named(tmp_path, capsys):
     bad = tmp_path / "lengths.csv"
     bad.write_text("this,is\nnot,numbers\n")
@@ -88,7 +107,7 @@ def test_missing_framework_names_the_extra_to_install(trainer, module, tmp_path)
 
 def test_steps_and_warmup_are_checked_together_whatever_the_order(capsys):
     from fsbench.cli.dispatch import build_parser
-    from fsbench.cli.runs import build_workload
+    from fsbench.cli.run_config import build_workload
 
     for argv in (["--steps", "3", "--warmup", "1"], ["--warmup", "1", "--steps", "3"]):
         w = build_workload(build_parser().parse_args(["run", "--workload", "small", *argv]))

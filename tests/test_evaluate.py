@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from fsbench.cli import dispatch as cli
-from fsbench.cli import runs as cli_runs
+from fsbench.cli import run_config
 from fsbench.running import evaluate
 from fsbench.config import ConfigError, EvalConfig, ModelConfig, RunConfig, WorkloadConfig
 from fsbench.running.evaluate import EVAL_FILE, eval_set, hit_ndcg, target_ranks
@@ -186,11 +186,11 @@ def test_eval_needs_real_data_and_the_reference_model(tmp_path):
 def test_cli_eval_flags(tmp_path, capsys):
     spec = write_dataset(tmp_path / "d.txt")
     args = cli.build_parser().parse_args(["run", "--target-hr10", "0.2", "--set", f"data={spec}"])
-    assert cli_runs.eval_config(args) == EvalConfig(on=True, every=cli_runs.DEFAULT_EVAL_EVERY,
+    assert run_config.eval_config(args) == EvalConfig(on=True, every=run_config.DEFAULT_EVAL_EVERY,
                                                target_hr10=0.2)
     args = cli.build_parser().parse_args(["sweep", "--eval-every", "4"])
-    assert cli_runs.eval_config(args) == EvalConfig(on=True, every=4)
-    assert cli_runs.eval_config(cli.build_parser().parse_args(["run"])) == EvalConfig()
+    assert run_config.eval_config(args) == EvalConfig(on=True, every=4)
+    assert run_config.eval_config(cli.build_parser().parse_args(["run"])) == EvalConfig()
     assert cli.main(["run", "--eval", "--store", str(tmp_path / "runs")]) == 2
     assert "--eval needs real interaction data" in capsys.readouterr().err
     assert cli.main(["run", "--eval-every", "0", "--set", f"data={spec}"]) == 2

@@ -54,6 +54,21 @@ def test_busy_is_the_union_of_compute_kernels_without_nccl():
     assert table.loc[1, "comm_ns"] == 0
 
 
+def test_sm_free_transport_activity_is_communication_not_busy_or_copies():
+    """The sm_free transport's symmetric-memory barrier spins on SMs while it waits for
+    peers, and its pulls are peer-to-peer copies: both are communication. (Before, the
+    barrier read as compute busy and the pulls as neither.)"""
+    events = [_step(0, 0.0, 100.0), _kernel("gemm", 0.0, 30.0),
+              _kernel("c10d::symmetric_memory::barrier_kernel(unsigned int**, int, int, int, "
+                      "unsigned long)", 30.0, 20.0, stream=11),
+              _kernel("Memcpy PtoP (Device -> Device)", 50.0, 25.0, cat="gpu_memcpy", stream=11),
+              _kernel("Memcpy HtoD (Pinned -> Device)", 80.0, 5.0, cat="gpu_memcpy")]
+    row = kineto.gpu_step_busy(events, device=0).iloc[0]
+    assert row["busy_ns"] == 30_000, "only the GEMM is compute"
+    assert row["comm_ns"] == 45_000, "barrier and peer pull"
+    assert row["memcpy_ns"] == 5_000, "a host-to-device copy stays a copy"
+
+
 def test_a_trace_without_step_annotations_is_refused():
     with pytest.raises(ValueError, match="no fsbench.step"):
         kineto.gpu_step_busy([_kernel("gemm", 0.0, 1.0)])

@@ -1,129 +1,21 @@
 """`fsbench run | summarize | sweep | validate | overhead | micro`: the commands that start
 runs (or, summarize, complete one), over fsbench.running.runner and friends; fsbench.cli
-dispatches here through `COMMANDS`. Also what other command groups share about building a
-run from flags (`build_workload`, `parse_sets`)."""
+dispatches here through `COMMANDS`. Building runs from flags: fsbench.cli.run_config."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
-from collections import defaultdict
 from pathlib import Path
 from typing import Callable
 
-from fsbench.running import memory
 from fsbench.cli.args import add_format, add_store
+from fsbench.cli.run_config import DEFAULT_EVAL_EVERY, make_run_factory
 from fsbench.columns import EVAL_VIEW, FLAGS, RUN_VIEW
-from fsbench.config import ConfigError, EvalConfig, RunConfig, WorkloadConfig, override_all
+from fsbench.config import ConfigError
 from fsbench.table import dumps, format_table, note, records, warn
-from fsbench.training.trainer import TRAINERS, resolve_trainer_class, trainer_options
+from fsbench.training.trainer import trainer_options
 
 DEFAULT_MICRO_OUT = "runs/micro"
 RUN_COLUMNS = ["trainer", "world_size", *RUN_VIEW, *FLAGS]
-# --target-hr10 without --eval-every: evaluate every this many steps (a few seconds on
-# MovieLens-100K; far more often would make evaluation outweigh training on small runs).
-DEFAULT_EVAL_EVERY = 10
-
-
-def parse_sets(pairs: list[str]) -> tuple[list[tuple[str, str]], dict[str, dict[str, str]]]:
-    """Split `--set k=v` into workload overrides and per-trainer options (`<trainer>.<k>`)."""
-    workload_sets, trainer_sets = [], defaultdict(dict)
-    for pair in pairs:
-        key, eq, value = pair.partition("=")
-        if not eq or not key:
-            raise ConfigError(f"--set {pair!r}: expected key=value, e.g. --set lengths=yelp")
-        head, dot, rest = key.partition(".")
-        if head in TRAINERS and dot:
-            trainer_sets[head][rest] = value
-        else:
-            workload_sets.append((key, value))
-    return workload_sets, dict(trainer_sets)
-
-
-def build_workload(args: argparse.Namespace) -> WorkloadConfig:
-    from fsbench.workloads.presets import get_workload
-
-    workload = get_workload(args.workload)
-    sets, _ = parse_sets(args.set)
-    # Step counts change how long a run is measured, not what a step does: they do not
-    # rename the workload. All changes are applied at once and checked together after
-    # (warmup < steps whatever the order of the flags).
-    counts = [(k, str(v)) for k, v in (("steps", args.steps), ("warmup", args.warmup)) if v is not None]
-    workload = override_all(workload, sets + counts)
-    if sets:
-        # A changed workload is a different workload: its name says how, so that stored
-        # runs of `small` and of `small+lengths=yelp` are never grouped together.
-        name = f"{args.workload}+" + ",".join(f"{k}={v}" for k, v in sets)
-        workload = dataclasses.replace(workload, name=name)
-    return workload
-
-
-def eval_config(args: argparse.Namespace) -> EvalConfig:
-    """--eval / --eval-every / --target-hr10 (either of the last two implies --eval)."""
-    every, target = getattr(args, "eval_every", None), getattr(args, "target_hr10", None)
-    if every is not None and every < 1:
-        raise ConfigError(f"--eval-every={every} must be >= 1")
-    if target is not None and not 0 < target <= 1:
-        raise ConfigError(f"--target-hr10={target} must be in (0, 1]")
-    on = bool(getattr(args, "eval", False)) or every is not None or target is not None
-    if every is None:
-        every = DEFAULT_EVAL_EVERY if target is not None else 0
-    return EvalConfig(on=on, every=every, target_hr10=target)
-
-
-def make_run_factory(args: argparse.Namespace, trainers: list[str]):
-    """Validate everything up front (before any rank starts), then return a factory."""
-    workload = build_workload(args)
-    if args.device == "cuda":
-        import torch
-        if not torch.cuda.is_available():
-            raise ConfigError("--device cuda: no CUDA device is visible "
-                              "(torch.cuda.is_available() is False); use --device cpu")
-    _, trainer_sets = parse_sets(args.set)
-    for name in trainer_sets:
-        if name not in trainers:
-            raise ConfigError(f"--set {name}.*: trainer {name!r} is not part of this run "
-                              f"(trainers: {', '.join(trainers)})")
-    options = {t: trainer_options(t, trainer_sets.get(t, {})) for t in trainers}
-    evaluation = eval_config(args)
-    if workload.compute == "emulated":
-        ensure_cost_fit(workload, args.store, args.device, args.threads)
-
-    def make(trainer: str, world_size: int) -> RunConfig:
-        return RunConfig(workload=workload, trainer=trainer, world_size=world_size,
-                         seed=args.seed, device=args.device, threads_per_rank=args.threads,
-                         trainer_options=options[trainer], input_workers=args.input_workers,
-                         eval=evaluation)
-
-    for t in trainers:  # RunConfig's own checks (world size vs batch, ...) fail here, early
-        check_run = getattr(resolve_trainer_class(t), "check_run", None)
-        for n in args.world_sizes:
-            run = make(t, n)
-            if check_run:
-                check_run(run)
-            if run.eval.on:
-                from fsbench.running.evaluate import check_trainer
-
-                check_trainer(run, resolve_trainer_class(t))
-            memory.check(run, force=args.force)  # refuses a run that cannot fit, in one line
-    return make
-
-
-def ensure_cost_fit(workload: WorkloadConfig, store: str, device: str, threads: int) -> None:
-    """compute=emulated waits for the calibrated cost of the encoder: make sure the store
-    holds a fit for this model on this device (as the ranks will look it up)."""
-    import torch
-
-    from fsbench.running.calibrate import calibrate, load_fit
-    from fsbench.table import progress
-
-    torch.set_num_threads(threads)  # part of the fit's key: the ranks' thread count
-    if load_fit(store, workload, device) is None:
-        note(f"compute=emulated: no cost fit for this model in {store}/calibrations/; "
-             "calibrating it first (fsbench calibrate)")
-        calibrate(dataclasses.replace(workload, compute="model"), store, device=device,
-                  progress=lambda lengths: progress(lengths, "calibrating", "length"))
-
-
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", default="small",
                    help="workload preset (fsbench list shows them; sweep takes a comma-separated "

@@ -75,7 +75,7 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from fsbench.cli.runs import build_workload, parse_sets
+    from fsbench.cli.run_config import build_workload, parse_sets
     from fsbench.columns import FLAGS, RUN_VIEW
     from fsbench.config import RunConfig
     from fsbench.scaling.simulate import CLUSTERS, Costs, scaled_workload, write_simulated
@@ -156,7 +156,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.comm:
         return cmd_calibrate_comm(args)
 
-    from fsbench.cli.runs import build_workload
+    from fsbench.cli.run_config import build_workload
 
     args.steps = args.warmup = None
     workload = build_workload(args)

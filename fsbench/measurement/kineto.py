@@ -8,14 +8,16 @@ had not launched the next kernel yet, so they under-report exactly the bubbles f
 exists to find. The profiler records when each kernel really ran.
 
 - Union, not sum: kernels on several streams overlap in time.
-- Communication kernels (NCCL: "nccl" in the name, any case) are not compute. Their union
+- Communication kernels (NCCL's, and the symmetric-memory kernels and peer-to-peer copies
+  of FreeScale's sm_free transport: `_communication`) are not compute. Their union
   and its overlap with the compute union give the exposed communication (not overlapped
   by compute) and the share hidden under compute, as Holistic Trace Analysis defines
   communication/computation overlap.
 - Memory copies and sets (`gpu_memcpy`, `gpu_memset`) are neither: kept apart.
 - Steps: the worker wraps each measured step in `record_function("fsbench.step.<k>")`,
   a CPU-side `user_annotation` in the trace, and synchronizes the device at the end of
-  every step, so step k's kernels run inside that window; they are clipped to it anyway.
+  every step inside that annotation (`launch.worker.end_of_step_sync`), so step k's
+  kernels run inside that window; they are clipped to it anyway.
 - Clock hazard: Kineto's `ts` (microseconds) is the profiler's own clock. It is never
   compared with fsbench's CLOCK_MONOTONIC timelines; only per-step durations leave here.
 
@@ -39,6 +41,22 @@ GPU_TRACE_GLOB = "kineto-rank-*.json*"
 _STEP = re.compile(r"^fsbench\.step\.(\d+)$")
 _RANK = re.compile(r"kineto-rank-(\d+)\.json(\.gz)?$")
 KINDS = {"kernel": "compute", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+# Kernels that are communication (`_communication`): NCCL's (ncclDevKernel_*, ncclKernel_*)
+# and torch's symmetric memory (c10d::symmetric_memory::barrier_kernel and friends).
+COMM_KERNEL = re.compile(r"nccl|symmetric_memory", re.IGNORECASE)
+PEER_COPY = re.compile(r"\bPtoP\b", re.IGNORECASE)  # CUPTI's peer-to-peer memcpy kind
+
+
+def _communication(kind: str, name: str) -> str:
+    """`comm` for GPU activity that is communication whatever it runs on: NCCL kernels, the
+    symmetric-memory kernels of the sm_free transport (its barriers spin on SMs while they
+    wait for peers: counted as compute they would read as busy), and peer-to-peer copies
+    (the transport's pulls on copy engines); otherwise `kind` unchanged."""
+    if kind == "compute" and COMM_KERNEL.search(name):
+        return "comm"
+    if kind == "memcpy" and PEER_COPY.search(name):
+        return "comm"
+    return kind
 
 
 def load_trace(path: str | Path) -> list[dict]:
@@ -61,8 +79,7 @@ def kernel_intervals(events: list[dict], device: int | None = None) -> pd.DataFr
         args = e.get("args") or {}
         if device is not None and args.get("device") not in (None, device):
             continue
-        if kind == "compute" and "nccl" in e.get("name", "").lower():
-            kind = "comm"
+        kind = _communication(kind, e.get("name", ""))
         ts = float(e["ts"])
         rows.append({"start_us": ts, "end_us": ts + float(e.get("dur", 0.0)),
                      "name": e.get("name", ""), "stream": args.get("stream"),

@@ -93,6 +93,7 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
                         probe.run()
                 with timeline.span("step"), profiler.step(step):
                     stats = trainer.step(inputs)
+                    end_of_step_sync(ctx.device)
                 if stats.step is not None and stats.step != step:
                     raise RuntimeError(f"trainer trained step {stats.step} at harness step {step}")
                 stats_file.write(json.dumps({"rank": ctx.rank, "step": step, "loss": stats.loss,
@@ -128,6 +129,15 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
         monitor.stop()
         inputs.close()
         trainer.close()
+
+
+def end_of_step_sync(device: torch.device) -> None:
+    """CUDA: wait for the step's kernels and collectives inside its span, so that a step's
+    time is the device's as well as the host's and no GPU work of step k runs in step k+1's
+    window (fsbench.measurement.kineto relies on it). On CPU the step is done when the
+    trainer returns. NOT YET RUN ON A GPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def peak_memory(device: torch.device) -> dict:
