@@ -77,6 +77,17 @@ def png(fig) -> bytes:
     return buf.getvalue()
 
 
+def _legend_below(fig, axes, extra: dict | None = None, ncols: int = 3) -> None:
+    """One legend for every panel, below them (never over a bar or a line's points): each
+    label any panel drew, once, then `extra` (label -> handle)."""
+    legend = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    legend.update(extra or {})
+    fig.legend(legend.values(), legend.keys(), fontsize="small", loc="outside lower center", ncols=ncols)
+
+
 def plot_vs_world_size(table: pd.DataFrame, column: str, ylabel: str, scale: float, ideal: float | None = None):
     """One panel per workload, a line per trainer and kind: measured solid with filled
     circles, simulated dashed with hollow squares. Crosses on oversubscribed or contended
@@ -119,7 +130,7 @@ def plot_vs_world_size(table: pd.DataFrame, column: str, ylabel: str, scale: flo
         ax.set(title=workload, xlabel="world size (ranks)", ylabel=ylabel)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
+    _legend_below(fig, axes)
     return fig
 
 
@@ -172,15 +183,12 @@ def plot_bubble_causes(table: pd.DataFrame):
         ax.set_xticks(x, ticks, fontsize="small")
         ax.set(title=workload, ylabel="bubble % (of N x T)")
         ax.grid(axis="y", alpha=0.3)
-    legend = {}  # one legend for every panel, below them: never over a bar
-    for ax in axes:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            legend.setdefault(label, handle)
+    extra = {}
     if bars["simulated"].astype(bool).any():
         from matplotlib.patches import Patch
 
-        legend["simulated (hatched)"] = Patch(facecolor="white", edgecolor="gray", hatch="//")
-    fig.legend(legend.values(), legend.keys(), fontsize="small", loc="outside lower center", ncols=3)
+        extra["simulated (hatched)"] = Patch(facecolor="white", edgecolor="gray", hatch="//")
+    _legend_below(fig, axes, extra)
     return fig
 
 
@@ -240,11 +248,7 @@ def plot_step_timelines(runs: dict[str, tuple[str, pd.DataFrame]]):
         ax.grid(axis="x", alpha=0.3)
     axes[-1].set_xlabel("ms from the step's start (gray outline: each rank's step span; "
                         "blank inside it: no span, other idle)")
-    legend = {}  # every kind any panel drew, once
-    for ax in axes:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            legend.setdefault(label, handle)
-    fig.legend(legend.values(), legend.keys(), fontsize="small", loc="outside lower center", ncols=4)
+    _legend_below(fig, axes, ncols=4)
     return fig
 
 
