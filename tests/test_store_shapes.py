@@ -250,8 +250,8 @@ def test_html_report_of_2_rank_runs_plots_scaling_against_2_ranks(two_rank, tmp_
     assert table["scaling_efficiency"].isna().all()  # n/a: no 1-rank run
     relative = plot_data.relative_scaling(table)
     assert list(relative["base_world_size"]) == [2] and list(relative["relative_efficiency"]) == [1.0]
-    (ax, *_) = plots.plot_scaling(table).axes
-    assert [t.get_text() for t in ax.get_legend().get_texts()][0] == "ddp, relative to 2 ranks"
+    (legend,) = plots.plot_scaling(table).legends  # one, below the panels
+    assert [t.get_text() for t in legend.get_texts()][0] == "ddp, relative to 2 ranks"
 
 
 def test_a_damaged_rank_file_is_refused_naming_its_line_but_a_torn_last_line_is_not(tmp_path):
