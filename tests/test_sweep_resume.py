@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 
@@ -25,8 +26,9 @@ def statuses(out):
     return found
 
 
-def test_interrupted_sweep_resumes_without_redoing_finished_runs(tmp_path, capsys):
-    out = tmp_path / "store"
+def _interrupt_after_the_first_run(out):
+    """Start the sweep, Ctrl-C it once its first run is complete and the second started;
+    the store's statuses afterwards, and what the sweep said."""
     # Ctrl-C in a terminal reaches the whole foreground process group: so here too. The
     # sweep gets SIGINT's default disposition, as a terminal's foreground job has: a suite
     # started in the background by a non-interactive shell inherits SIGINT ignored, and
@@ -41,13 +43,26 @@ def test_interrupted_sweep_resumes_without_redoing_finished_runs(tmp_path, capsy
             break  # one run finished and the next one started
         time.sleep(0.2)
     assert proc.poll() is None, "the sweep finished before it could be interrupted"
+    sent = statuses(out)
     os.killpg(proc.pid, signal.SIGINT)
-    proc.communicate(timeout=120)
-    before = statuses(out)
+    _, err = proc.communicate(timeout=120)
+    return statuses(out), (f"at SIGINT: {sent}", proc.returncode, err[-2000:])
+
+
+def test_interrupted_sweep_resumes_without_redoing_finished_runs(tmp_path, capsys):
+    out = tmp_path / "store"
+    before, said = _interrupt_after_the_first_run(out)
+    if set(before.values()) == {"complete"} and len(before) == 3:
+        # In one CI run (2026-12-05, through make) the signal changed nothing: all three
+        # runs completed. Not reproduced in 5 runs of this test alone; a Ctrl-C that the
+        # sweep loses every time still fails the second try below.
+        warnings.warn(f"SIGINT had no effect on the first try ({said}); trying once more")
+        out = tmp_path / "store-2"
+        before, said = _interrupt_after_the_first_run(out)
     finished = {name for name, s in before.items() if s == "complete"}
     # On a busy machine the second run can finish before the signal lands (then the third
     # is interrupted, or not yet started); nothing is left marked running.
-    assert 1 <= len(finished) <= 2, before
+    assert 1 <= len(finished) <= 2, (before, said)
     assert set(before.values()) <= {"complete", "interrupted"}, before
     if len(finished) == 1:
         assert "interrupted" in before.values(), before
