@@ -132,6 +132,9 @@ def test_the_page_puts_the_answer_first_and_folds_what_every_row_shares():
                                    "step_time_ms_median"]  # ranks: constant, but always shown
     assert list(cells.columns) == ["trainer", "ranks", "throughput vs ddp", "samples/s", "step ms"]
     assert folded == [("workload", "tiny"), ("repeats", "3")]
+    same_speed = table.assign(samples_per_s=[100.0, 100.0])  # a key column can be constant too
+    assert arranged(same_speed, formatted(same_speed))[2] == [
+        ("workload", "tiny"), ("repeats", "3"), ("samples/s", "100.0")], "listed in the table's order"
     one_row = table.iloc[:1]
     assert arranged(one_row, formatted(one_row))[2] == [], "one row: nothing is 'the same in every row'"
 
@@ -146,6 +149,10 @@ def test_the_page_header_says_when_where_and_how_and_flags_a_dirty_tree():
     assert 'class="dirty"' not in _header([{**source, "git_sha": "0123456789abcdef"}], "now", None, [])
     other = {**source, "host": {**source["host"], "hostname": "other"}}
     assert "runs from different machines" in _header([source, other], "now", None, [])
+    projected = _header([{**source, "simulated": True}], "now", None, [])
+    assert "none: every row is projected" in projected and "box: Xeon" not in projected
+    newer = {**source, "packages": {"torch": "2.14.0"}}
+    assert "2.13.0, 2.14.0 <span class=\"dirty\">runs from different torch" in _header([source, newer], "now", None, [])
 
 
 def test_the_ratio_interval_resamples_each_sides_repeats_and_needs_two_a_side():

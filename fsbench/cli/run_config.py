@@ -72,9 +72,9 @@ def make_run_factory(args: argparse.Namespace, trainers: list[str]):
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda: no CUDA device is visible "
                               "(torch.cuda.is_available() is False); use --device cpu")
-        gpus, sizes = torch.cuda.device_count(), getattr(args, "world_sizes", None) or []
-        if max(sizes, default=0) > gpus:
-            raise ConfigError(f"--device cuda: world size {max(sizes)} needs one GPU per local "
+        gpus, largest = torch.cuda.device_count(), max(args.world_sizes)
+        if largest > gpus:
+            raise ConfigError(f"--device cuda: world size {largest} needs one GPU per local "
                               f"rank and {gpus} are visible; use world sizes up to {gpus} "
                               "(more ranks: launch across nodes, docs/multinode.md)")
     _, trainer_sets = parse_sets(args.set)

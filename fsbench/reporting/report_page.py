@@ -134,7 +134,8 @@ def run_sources(runs: pd.DataFrame) -> list[dict]:
                     "workload": m.get("workload"), "world_size": m.get("world_size"),
                     "seed": m.get("seed"), "git_sha": m.get("git_sha"), "created": m.get("created"),
                     "host": m.get("host") or {}, "packages": m.get("packages") or {},
-                    "config": m.get("config") or {}, "command": run_command(m)})
+                    "config": m.get("config") or {}, "command": run_command(m),
+                    "simulated": bool(m.get("simulated", False))})
     return out
 
 
@@ -230,7 +231,8 @@ def arranged(table: pd.DataFrame, cells: pd.DataFrame) -> tuple[pd.DataFrame, pd
         i for i in order if keys[i] not in ALWAYS_SHOWN and cells.iloc[:, i].nunique() == 1]
     kept = [i for i in order if i not in folded]
     # A bookkeeping flag false in every row says nothing (the legend covers the true case).
-    said = [i for i in folded if not (keys[i] in SILENT_WHEN_FALSE and not table.iloc[0, i])]
+    # The header lists the rest in the table's own order (workload first), not the page's.
+    said = sorted(i for i in folded if not (keys[i] in SILENT_WHEN_FALSE and not table.iloc[0, i]))
     return (table.iloc[:, kept], cells.iloc[:, kept],
             [(str(cells.columns[i]), str(cells.iat[0, i])) for i in said])
 
@@ -252,15 +254,22 @@ def _header(sources: list[dict], generated: str, command: str | None,
     """Date, machine(s), commit(s) with uncommitted changes flagged, the command that made
     the page, and the columns that are the same in every row."""
     rows = [("made", escape(generated))]
-    hosts = _grouped(sources, "host") if sources else []
+    # Simulated rows were computed on a machine, not measured on it: only measured runs
+    # name the machine the numbers are of.
+    measured = [s for s in sources if not s.get("simulated")]
+    hosts = _grouped(measured, "host") if measured else []
+    if sources and not measured:
+        rows.append(("machine", "none: every row is projected by the cost model (fsbench "
+                                "simulate), not measured"))
     if hosts:
         lines = [escape(_machine_line(h)) + (f" ({len(ids)} runs)" if len(hosts) > 1 else "")
                  for h, ids in hosts]
         warn = ' <span class="dirty">runs from different machines</span>' if len(hosts) > 1 else ""
         rows.append(("machine", "<br>".join(lines) + warn))
-        packages = (sources[0].get("packages") or {})
-        if packages.get("torch"):
-            rows.append(("torch", escape(str(packages["torch"]))))
+        torches = list(dict.fromkeys(str((s.get("packages") or {}).get("torch") or "unknown")
+                                     for s in measured))
+        rows.append(("torch", escape(", ".join(torches)) + (
+            ' <span class="dirty">runs from different torch versions</span>' if len(torches) > 1 else "")))
     shas = list(dict.fromkeys(str(s.get("git_sha") or "unknown") for s in sources))
     if shas:
         rows.append(("commit", ", ".join(
