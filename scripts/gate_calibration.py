@@ -12,8 +12,8 @@ runs taking turns block by block, fsbench.running.pacing), in a shuffled order:
   A/B   the same DDP with a straggler on rank 0 (about +5 bubble points): bubble_ratio must
         say regressed
 
-A gate of the default size is two rounds (two seeds); disjoint pairs of rounds give
-independent gates, and every round alone is a one-seed gate. A duel in which a run was
+A gate of the default size is three rounds (three seeds), and disjoint triples of rounds
+give independent gates; disjoint pairs of rounds give the CI's two-seed gates. A duel in which a run was
 contended is rerun as the gate reruns it (fsbench.gates.gate.run_pair), and one that stays
 contended is kept: its gates count as what compare calls them (inconclusive). Then the
 all-contended case: A/A duels run beside busy neighbour processes, which the gate must
@@ -21,7 +21,7 @@ call inconclusive (exit 3), never unchanged. Reports every verdict (regressed, u
 improved, inconclusive), the injected changes as measured, and the smallest change the
 default gate detects per metric. Writes results/gate_calibration_cpu.md.
 
-    python scripts/gate_calibration.py [--rounds 20] [--kinds "A/A ddp,A/S"] [--store runs/gate_calibration]
+    python scripts/gate_calibration.py [--rounds 20] [--kinds "A/A ddp:30,A/S:60"] [--store runs/gate_calibration]
 """
 from __future__ import annotations
 
@@ -113,22 +113,24 @@ def contended_case(trials: int, sweep: gate.Sweep, out: Path) -> list[dict]:
     return results
 
 
-def draws(out: Path, kinds: list[str], pairs: int, overlapping: bool = True) -> pd.DataFrame:
-    """Every gate of `pairs` rounds from disjoint rounds (independent), every round alone
-    (a one-seed gate), and every combination of `pairs` rounds: one row per gate and
+def gate_sizes(pairs: int) -> dict[str, int]:
+    """Gate sizes to count, each over disjoint rounds (independent gates): the default and
+    the CI's short gate (`.ci/run`: `--pairs 2`)."""
+    return {"default": pairs, **({"two seeds": 2} if pairs != 2 else {})}
+
+
+def draws(out: Path, kinds: list[str], pairs: int) -> pd.DataFrame:
+    """Every gate of each size in gate_sizes from disjoint rounds: one row per gate and
     metric, with the gate's outcome (what its exit code says)."""
-    # Every run enters many comparisons here: read its steps once (finished runs never change).
+    # Every run enters several comparisons here: read its steps once (finished runs never change).
     compare_sides.step_samples = functools.lru_cache(maxsize=None)(compare_sides.step_samples)
     rows = []
     for kind in kinds:
         (base_side, new_side), _ = duel_sides(kind)
         base, new = load_runs(out / base_side.name), load_runs(out / new_side.name)
         seeds = sorted(set(base["seed"]) | set(new["seed"]))
-        groups = [("gate", seeds[i:i + pairs]) for i in range(0, len(seeds) - pairs + 1, pairs)]
-        groups += [("one seed", [s]) for s in seeds]
-        # Every two rounds: more gates than the disjoint ones, but they share rounds.
-        if overlapping:
-            groups += [("any two", list(c)) for c in itertools.combinations(seeds, pairs)]
+        groups = [(size, seeds[i:i + n]) for size, n in gate_sizes(pairs).items()
+                  for i in range(0, len(seeds) - n + 1, n)]
         for size, group in groups:
             pick = lambda runs: runs[runs["seed"].isin(group)].reset_index(drop=True)  # noqa: E731
             result, notes = compare.compare(pick(base), pick(new))
@@ -216,12 +218,9 @@ def render(df: pd.DataFrame, args, rounds: dict[str, int], sweep: gate.Sweep,
         "A gate's outcome is its exit code: regressed (1), inconclusive (3), unchanged (0). "
         "Inconclusive gates are counted as such: they are neither a catch nor a pass.\n",
         f"## Default gates ({sweep.pairs} seeds; disjoint rounds, so independent)\n",
-        *counts(df, "gate"),
-        "\n## One-seed gates (`fsbench gate --pairs 1`: every round alone, independent, half the "
-        "default's units)\n",
-        *counts(df, "one seed"),
-        *([f"\n## Every {sweep.pairs} rounds as a gate (rounds shared between gates: not independent)\n",
-           *counts(df, "any two")] if (df["size"] == "any two").any() else []),
+        *counts(df, "default"),
+        *(["\n## Two-seed gates (`.ci/run`'s short gate, `--pairs 2`; disjoint rounds)\n",
+           *counts(df, "two seeds")] if "two seeds" in gate_sizes(sweep.pairs) else []),
         f"\nDuels rerun because a run in them was contended (as the gate reruns them; the "
         f"contended runs are kept under {Path(args.store).name}/contended/): "
         f"{sum(1 for _ in (Path(args.store) / 'contended').glob('*_base/*'))}; still contended after "
@@ -239,7 +238,7 @@ def render(df: pd.DataFrame, args, rounds: dict[str, int], sweep: gate.Sweep,
         "| metric | threshold | A/A 95% half-width (median) |",
         "|---|---:|---:|",
     ]
-    gates = df[(df["size"] == "gate") & df["kind"].str.startswith("A/A")]
+    gates = df[(df["size"] == "default") & df["kind"].str.startswith("A/A")]
     for metric, (kind, _) in compare.METRICS.items():
         g = gates[gates["metric"] == metric].dropna(subset=["ci_low", "ci_high"])
         if not len(g):
@@ -249,9 +248,9 @@ def render(df: pd.DataFrame, args, rounds: dict[str, int], sweep: gate.Sweep,
             half = half / g["effect"]
         fmt = (lambda v: f"{100 * v:.1f} pp") if kind == "ratio" else (lambda v: f"{100 * v:.1f}%")
         lines.append(f"| {metric} | {fmt(compare.DEFAULT_THRESHOLDS[kind])} | {fmt(float(half.median()))} |")
-    odd = df[df["kind"].str.startswith("A/A") & (df["verdict"] != "unchanged") & (df["size"] != "any two")]
+    odd = df[df["kind"].str.startswith("A/A") & (df["verdict"] != "unchanged")]
     if len(odd):
-        lines += ["\n## A/A verdicts other than unchanged (default and one-seed gates)\n", "```",
+        lines += ["\n## A/A verdicts other than unchanged (every gate above)\n", "```",
                   odd[["gate", "kind", "metric", "verdict", "effect", "ci_low", "ci_high", "p_adjusted",
                        "reason"]].to_string(index=False, max_colwidth=90), "```"]
     return "\n".join(lines) + "\n"
@@ -271,8 +270,6 @@ def main() -> None:
     ap.add_argument("--store", default="runs/gate_calibration", help="where the duels' runs go")
     rename(ap, "--out", "--store", "store")  # its name before fsbench's one vocabulary
     ap.add_argument("--skip-runs", action="store_true", help="only re-analyse the stored duels")
-    ap.add_argument("--no-overlapping", action="store_true",
-                    help="skip the overlapping gates (every combination of rounds: slow to analyse)")
     ap.add_argument("--table", default="results/gate_calibration_cpu.md")
     ap.add_argument("--block-steps", type=int, default=gate.Sweep.block_steps,
                     help="steps per turn (default: the gate's, %(default)s)")
@@ -293,7 +290,7 @@ def main() -> None:
             stored.write_text(json.dumps(contended_case(args.contended_trials, sweep, out)))
         rounds_run(rounds, sweep, out)
     contended = json.loads(stored.read_text()) if stored.exists() else []
-    df = draws(out, args.kinds, sweep.pairs, not args.no_overlapping)
+    df = draws(out, args.kinds, sweep.pairs)
     df.to_csv(out / "draws.csv", index=False)
     Path(args.table).write_text(render(df, args, rounds, sweep,
                                        None if args.skip_runs else time.time() - start, contended))

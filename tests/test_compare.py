@@ -77,7 +77,8 @@ def test_blocks_cancel_drift_that_runs_cannot():
 
 
 @pytest.mark.parametrize("every, slow, seeds, verdicts", [
-    (8, 2.0, 2, {"regressed"}),                   # the default gate: two seeds
+    (8, 2.0, 3, {"regressed"}),                   # the default gate: three seeds
+    (8, 2.0, 2, {"regressed", "inconclusive"}),  # CI's two seeds: 15 stalls, near alpha/8
     (16, 3.0, 4, {"regressed"}),
     (16, 3.0, 2, {"regressed", "inconclusive"}),  # 7-8 stalls: sign flips cannot reach alpha/8
 ])

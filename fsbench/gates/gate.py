@@ -40,17 +40,19 @@ class Side:
 @dataclass(frozen=True)
 class Sweep:
     """The default gate: `small` at 2 ranks, 64 steps (60 measured), the versions taking
-    turns every step (~0.2 s each: 60 paired steps per run pair), 2 seeds. One step per turn,
+    turns every step (~0.2 s each: 60 paired steps per run pair), 3 seeds. One step per turn,
     not 4: the paired change of one step, its partner 0.2 s away, varied less (sd 0.112 in
     log step time) than a 4-step turn's mean, its partner a second away (0.141), so a seed
-    resolves 2.5x finer (scripts/gate_calibration.py, "Noise of the pairing"). Not `tiny`: its 7 ms
-    steps are half bubble. Calibration: results/gate_calibration_cpu.md."""
+    resolves 2.5x finer (scripts/gate_calibration.py, "Noise of the pairing"). Three seeds,
+    not two: a stall on one step in eight gives two seeds only 15 stalled steps, which a
+    sign-flip test could tell from noise in 18 of 20 gates; three seeds give 22. Not `tiny`:
+    its 7 ms steps are half bubble. Calibration: results/gate_calibration_cpu.md."""
     workload: str = "small"
     trainers: tuple[str, ...] = ("ddp", "freescale")
     world_size: int = 2
     steps: int = 64
     warmup: int = 4
-    pairs: int = 2
+    pairs: int = 3
     seed: int = 0
     block_steps: int = 1
 
