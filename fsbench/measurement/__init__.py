@@ -2,7 +2,7 @@
 
 Owns the clocks (`clock`), the span timeline each rank writes (`timeline`), collectives in
 flight (`flights`), the per-step metrics and their one definition (`metrics`), the machine
-monitors (`monitor`: CPU, schedstat contention, NVML), the Kineto trace reader (`kineto`)
+monitors (`monitor`: CPU, schedstat contention; `nvml`: one GPU through NVML), the Kineto trace reader (`kineto`)
 and the speed probe. Pure functions over tidy frames where it can be.
 
 May import: the shared leaves at fsbench's top level only. Everything else imports it.
