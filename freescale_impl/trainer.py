@@ -40,7 +40,7 @@ from fsbench.config import ConfigError, RunConfig
 from fsbench.training.dist import RankContext
 from fsbench.training.dp import DataParallelTrainer
 from fsbench.running.memory import REPLICATED, TableMemory, sharded
-from fsbench.scaling.simulate import SimProfile, contiguous_plan
+from fsbench.scaling.sim_inputs import SimProfile, contiguous_plan
 from fsbench.options import TrainerOptions
 from fsbench.measurement.timeline import span
 from fsbench.training.trainer import Preparer, StepInput, StepStats, measured_steps

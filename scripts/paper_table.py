@@ -27,7 +27,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from fsbench.config import RunConfig  # noqa: E402
-from fsbench.scaling.simulate import CLUSTERS, scaled_workload, simulate_run  # noqa: E402
+from fsbench.scaling.sim_inputs import CLUSTERS  # noqa: E402
+from fsbench.scaling.simulate import scaled_workload, simulate_run  # noqa: E402
 from fsbench.table import progress  # noqa: E402
 from fsbench.training.trainer import trainer_options  # noqa: E402
 from fsbench.workloads.presets import get_workload  # noqa: E402

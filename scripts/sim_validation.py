@@ -31,7 +31,8 @@ from fsbench.running.store import write_json_atomic
 from fsbench.scaling.commcal import calibrate_comm, load_comm_fits
 from fsbench.config import RunConfig
 from fsbench.running.runner import run_once
-from fsbench.scaling.simulate import CLUSTERS, simulate_run
+from fsbench.scaling.sim_inputs import CLUSTERS
+from fsbench.scaling.simulate import simulate_run
 from fsbench.scaling.step_overhead import store_step_overheads
 from fsbench.training.trainer import trainer_options
 from fsbench.workloads.presets import get_workload

@@ -17,7 +17,7 @@ TOP_LEVEL = {"__init__", "config", "specs", "errors", "options", "columns", "tab
 MAX_LINES = 400
 # Modules over MAX_LINES today, with their length: they may shrink, not grow, and new
 # ones may not join them (each is one concern that has not been split yet).
-OVER_MAX = {"scaling/simulate.py": 453, "gates/compare.py": 413, "measurement/metrics.py": 408}
+OVER_MAX = {"gates/compare.py": 413, "measurement/metrics.py": 408}
 
 
 def group_of(module: str) -> str:

@@ -9,7 +9,8 @@ import pytest
 from fsbench.cli import main
 from fsbench.scaling.commcal import fit as fit_comm
 from fsbench.config import RunConfig
-from fsbench.scaling.simulate import CLUSTERS, Costs, simulate_run
+from fsbench.scaling.sim_inputs import CLUSTERS
+from fsbench.scaling.simulate import Costs, simulate_run
 from fsbench.running.store import load_runs
 from fsbench.workloads.generator import SyntheticBatches
 from fsbench.workloads.presets import get_workload

@@ -15,7 +15,7 @@ SIM_KEYS = ("batch_per_rank",)
 
 
 def add_parsers(sub, csv: Callable, default_store: str) -> None:
-    from fsbench.scaling.simulate import CLUSTERS
+    from fsbench.scaling.sim_inputs import CLUSTERS
 
     p = sub.add_parser(
         "simulate", help="SIMULATED step time and bubbles at 8..1024 GPUs (calibrated model)",
@@ -78,7 +78,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from fsbench.cli.run_config import build_workload, parse_sets
     from fsbench.columns import FLAGS, RUN_VIEW
     from fsbench.config import RunConfig
-    from fsbench.scaling.simulate import CLUSTERS, Costs, scaled_workload, write_simulated
+    from fsbench.scaling.sim_inputs import CLUSTERS
+    from fsbench.scaling.simulate import Costs, scaled_workload, write_simulated
     from fsbench.table import format_table, progress, records
     from fsbench.training.trainer import trainer_options
 

@@ -66,7 +66,8 @@ def trainer_losses() -> dict:
 def simulated_steps() -> dict:
     """Per (trainer, GPUs) and step: the h100 projection's step time and idle parts."""
     from fsbench.config import RunConfig
-    from fsbench.scaling.simulate import CLUSTERS, scaled_workload, simulate_run
+    from fsbench.scaling.sim_inputs import CLUSTERS
+    from fsbench.scaling.simulate import scaled_workload, simulate_run
     from fsbench.workloads.presets import get_workload
 
     out = {}

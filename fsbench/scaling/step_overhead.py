@@ -10,7 +10,8 @@ import numpy as np
 
 from fsbench.config import RunConfig, WorkloadConfig
 from fsbench.errors import ConfigError
-from fsbench.scaling.simulate import CLUSTERS, simulate_run
+from fsbench.scaling.sim_inputs import CLUSTERS
+from fsbench.scaling.simulate import simulate_run
 
 
 def measure_step_overhead(workload: WorkloadConfig, trainer: str, store: str | Path,
