@@ -10,7 +10,7 @@ import pandas as pd
 import torch
 
 from fsbench.measurement import metrics
-from fsbench.running.runner import read_step_stats
+from fsbench.measurement.timeline import read_step_stats
 from fsbench.running.store import load_runs
 from fsbench.measurement.timeline import read_timelines
 

@@ -18,6 +18,7 @@ from fsbench.running.evaluate import EVAL_FILE, eval_set, hit_ndcg, target_ranks
 from fsbench.models import build_model
 from fsbench.models.sparse import ITEM
 from fsbench.training.optim import make_optimizer
+from fsbench.measurement import run_summary
 from fsbench.running.runner import run_once
 from fsbench.running.store import read_json
 from fsbench.workloads import load_histories, make_batch_source
@@ -202,12 +203,12 @@ def test_time_to_target_sums_step_times_through_the_first_evaluation_reaching_it
              {"step": 5, "hr_at_10": 0.31, "ndcg_at_10": 0.2},
              {"step": 3, "hr_at_10": 0.35, "ndcg_at_10": 0.3}]  # any order on file
     step_ms = {s: 100.0 * (s + 1) for s in range(6)}  # 100, 200, ..., 600 ms
-    out = evaluate.summarize({"eval_users": 7, "target_hr10": 0.3, "evaluations": evals}, step_ms)
+    out = run_summary.quality({"eval_users": 7, "target_hr10": 0.3, "evaluations": evals}, step_ms)
     assert out["steps_to_target"] == 4 and out["time_to_target_s"] == pytest.approx(1.0)
     assert (out["hr_at_10"], out["ndcg_at_10"], out["eval_users"]) == (0.31, 0.2, 7)  # final
-    never = evaluate.summarize({"eval_users": 7, "target_hr10": 0.9, "evaluations": evals}, step_ms)
+    never = run_summary.quality({"eval_users": 7, "target_hr10": 0.9, "evaluations": evals}, step_ms)
     assert never["time_to_target_s"] is None and never["steps_to_target"] is None
-    assert set(evaluate.summarize(None, {}).values()) == {None}
+    assert set(run_summary.quality(None, {}).values()) == {None}
 
 
 # ----------------------------------------------- every trainer: the same trained model

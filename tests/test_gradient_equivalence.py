@@ -7,7 +7,8 @@ import torch
 
 from fsbench.config import RunConfig
 from fsbench.models import build_model
-from fsbench.running.runner import read_step_stats, run_once
+from fsbench.measurement.timeline import read_step_stats
+from fsbench.running.runner import run_once
 from fsbench.measurement.timeline import read_timelines
 from fsbench.workloads import make_batch_source
 from fsbench.workloads.presets import tiny

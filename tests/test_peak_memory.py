@@ -5,7 +5,8 @@ import pytest
 
 from fsbench.config import RunConfig
 from fsbench.reporting.report import render, report_table
-from fsbench.running.runner import peak_memory, run_once, summarize_run
+from fsbench.measurement.run_summary import peak_memory
+from fsbench.running.runner import run_once, summarize_run
 from fsbench.running.store import load_runs, write_json_atomic
 from fsbench.workloads.presets import tiny
 
@@ -31,8 +32,8 @@ def test_every_rank_reports_its_peak_and_sharding_saves_memory(tmp_path):
     assert peaks["freescale"] < peaks["ddp"] - 40, peaks
 
 
-def test_runs_without_memory_files_read_as_unknown(tmp_path):
-    assert peak_memory(tmp_path) == {"peak_memory_mb": None, "peak_memory_mb_per_rank": None,
+def test_runs_without_memory_files_read_as_unknown():
+    assert peak_memory([]) == {"peak_memory_mb": None, "peak_memory_mb_per_rank": None,
                                      "peak_memory_kind": None}
 
 

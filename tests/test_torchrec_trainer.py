@@ -37,7 +37,8 @@ from baselines.torchrec_model import (
 from fsbench.config import ConfigError, RunConfig
 from fsbench.models import build_model, initial_table_weight, table_specs
 from fsbench.training.optim import make_optimizer
-from fsbench.running.runner import SUMMARY_KEYS, read_step_stats, run_once
+from fsbench.measurement.timeline import read_step_stats
+from fsbench.running.runner import SUMMARY_KEYS, run_once
 from fsbench.measurement.timeline import read_timelines
 from fsbench.training.trainer import trainer_options
 from fsbench.workloads import make_batch_source

@@ -116,12 +116,13 @@ def _verdict_settings(args: argparse.Namespace) -> tuple[float, dict[str, float]
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from fsbench.gates import compare
+    from fsbench.gates import compare_output
     from fsbench.gates import compare_sides
 
     alpha, thresholds = _verdict_settings(args)
     rows, notes = compare.compare(compare_sides.load_side(args.base), compare_sides.load_side(args.new),
                                   alpha, thresholds, args.allow_cross_machine)
-    text = compare.to_json(rows, notes) if args.format == "json" else compare.markdown(rows, notes)
+    text = compare_output.to_json(rows, notes) if args.format == "json" else compare_output.markdown(rows, notes)
     print(text)
     if args.out:
         Path(args.out).write_text(text)
@@ -132,6 +133,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     import datetime
 
     from fsbench.gates import compare
+    from fsbench.gates import compare_output
     from fsbench.gates import compare_sides
     from fsbench.gates import gate
     from fsbench.running.store import check_writable_dir
@@ -171,9 +173,9 @@ def cmd_gate(args: argparse.Namespace) -> int:
     rows, notes = compare.compare(compare_sides.load_side(out / "base"), compare_sides.load_side(out / "new"),
                                   alpha, thresholds, args.allow_cross_machine)
     rows += gate.contended_rows(sweep, still, args.retries)
-    (out / "compare.md").write_text(compare.markdown(rows, notes))
-    (out / "compare.json").write_text(compare.to_json(rows, notes))
-    print(compare.to_json(rows, notes) if args.format == "json" else compare.markdown(rows, notes))
+    (out / "compare.md").write_text(compare_output.markdown(rows, notes))
+    (out / "compare.json").write_text(compare_output.to_json(rows, notes))
+    print(compare_output.to_json(rows, notes) if args.format == "json" else compare_output.markdown(rows, notes))
     if not paced:
         warn("gate: one version predates turn-taking (fsbench/running/pacing.py), so the versions ran "
              "one after the other: the machine's drift between runs counts as change (the design "

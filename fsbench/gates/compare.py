@@ -33,7 +33,6 @@ regression anywhere wins); bad input is 2, an internal error 4 (fsbench.cli).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 
 import numpy as np
@@ -43,7 +42,6 @@ from fsbench import stats
 from fsbench.gates.compare_sides import (left_out, machine_lines, machines_differ, pace_of,
                                    peak_samples, readable, usable)
 from fsbench.errors import ConfigError
-from fsbench.table import grid
 
 # metric -> (kind, direction that is better). Kinds set how the effect is expressed and
 # which threshold applies.
@@ -334,7 +332,7 @@ def exit_code(rows: list[Row]) -> int:
 
 
 # ---------------------------------------------------------------------------
-# Output
+# Words for a reason (the tables: fsbench.gates.compare_output)
 
 def _fmt_threshold(kind: str, threshold: float) -> str:
     return f"{100 * threshold:.1f} pp" if kind == "ratio" else f"{100 * threshold:.0f}%"
@@ -344,55 +342,6 @@ def _fmt_interval(kind: str, lo: float, hi: float) -> str:
     if kind == "ratio":
         return f"[{100 * lo:+.1f}, {100 * hi:+.1f}] pp"
     return f"[{lo:.3f}, {hi:.3f}]x"
-
-
-def _fmt_effect(row: Row) -> str:
-    if math.isnan(row.effect):
-        return "n/a"
-    kind = METRICS[row.metric][0]
-    if kind == "ratio":
-        return f"{100 * row.effect:+.1f} pp [{100 * row.ci_low:+.1f}, {100 * row.ci_high:+.1f}]"
-    return f"{row.effect:.3f}x [{row.ci_low:.3f}, {row.ci_high:.3f}]"
-
-
-def _fmt(v: float) -> str:
-    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}"
-
-
-def markdown(rows: list[Row], notes: list[str]) -> str:
-    mark = {"regressed": "**regressed**", "improved": "improved", "unchanged": "unchanged",
-            "inconclusive": "*inconclusive*"}
-    cells = [[r.workload, r.trainer, str(r.world_size), r.metric, _fmt(r.base_total),
-              _fmt(r.new_total), _fmt_effect(r), _fmt(r.p_adjusted), mark[r.verdict]]
-             for r in rows if r.metric != "*"]
-    lines = [grid(["workload", "trainer", "ranks", "metric", "base", "new", "change [95% CI]",
-                   "p (Holm)", "verdict"], cells,
-                  align=["left", "left", "right", "left", "right", "right", "left", "right", "left"])]
-    counts = {v: sum(r.verdict == v for r in rows) for v in mark}
-    lines += ["", f"outcome: **{outcome(rows)}** (exit {exit_code(rows)}): {counts['regressed']} "
-              f"regressed, {counts['inconclusive']} inconclusive, {counts['improved']} improved, "
-              f"{counts['unchanged']} unchanged, of {len(rows)}."]
-    for r in rows:
-        if r.metric == "step_time_ms":
-            lines.append(f"- {r.workload} {r.trainer} {r.world_size} ranks: design "
-                         f"{'paired' if r.pairing != 'none' and 'unpaired' not in r.pairing else ''} "
-                         f"{r.pairing}, {r.units} units (randomization test on totals)".replace("  ", " "))
-    for r in rows:
-        if r.verdict == "inconclusive":
-            lines.append(f"- inconclusive: {r.workload} {r.trainer} {r.world_size} ranks "
-                         f"{'(every metric)' if r.metric == '*' else r.metric}: {r.reason}. "
-                         f"To settle it: {r.remedy}.")
-    lines += [f"- note: {n}" for n in notes]
-    return "\n".join(lines) + "\n"
-
-
-def to_json(rows: list[Row], notes: list[str]) -> str:
-    clean = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v  # noqa: E731
-    return json.dumps({"outcome": outcome(rows), "exit_code": exit_code(rows),
-                       "rows": [{k: clean(v) for k, v in dataclasses.asdict(r).items()} for r in rows],
-                       "notes": notes,
-                       "regressions": sum(r.verdict == "regressed" for r in rows),
-                       "inconclusive": sum(r.verdict == "inconclusive" for r in rows)}, indent=1)
 
 
 def parse_thresholds(pairs: list[str]) -> dict[str, float]:

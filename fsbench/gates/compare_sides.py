@@ -44,7 +44,7 @@ def load_side(path: str | Path) -> pd.DataFrame:
 def step_samples(run_dir: str | Path) -> pd.DataFrame:
     """Per measured step: step time, throughput, bubble and its causes, with the sums the
     totals are made of (`TOTALS`)."""
-    from fsbench.running.runner import read_step_stats
+    from fsbench.measurement.timeline import read_step_stats
     from fsbench.measurement.timeline import read_timelines
 
     run_dir = Path(run_dir)

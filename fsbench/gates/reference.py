@@ -41,7 +41,8 @@ def fingerprint() -> dict:
 def trainer_losses() -> dict:
     """Per-step global losses of every installed trainer (a missing framework: None)."""
     from fsbench.config import ConfigError, RunConfig
-    from fsbench.running.runner import read_step_stats, run_once
+    from fsbench.measurement.timeline import read_step_stats
+    from fsbench.running.runner import run_once
     from fsbench.training.trainer import resolve_trainer_class
     from fsbench.workloads.presets import tiny
 

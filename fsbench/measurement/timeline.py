@@ -339,3 +339,17 @@ def read_timelines(run_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
     df["overhead_ns"] = df["overhead_ns"].fillna(0).astype("int64")  # emulated runs only
     df["nested"] = df["nested"].eq(True)  # absent (NaN) in most records
     return df
+
+
+def read_step_stats(run_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
+    """Every rank's per-step stats (steps-rank-R.jsonl); ConfigError naming a damaged file
+    (read_records)."""
+    import pandas as pd
+
+    rows = []
+    for p in sorted(Path(run_dir).glob("steps-rank-*.jsonl")):
+        rows += read_records(p, {"rank": int, "step": int})
+    # Trainers may add their own per-step columns (e.g. a balancer's predictions).
+    base = ["rank", "step", "loss", "num_samples", "num_targets"]
+    df = pd.DataFrame(rows)
+    return df.reindex(columns=base + [c for c in df.columns if c not in base])

@@ -63,21 +63,17 @@ import torch
 from fsbench.config import ConfigError, RunConfig
 from fsbench.models.sparse import ITEM
 from fsbench.running.store import write_json_atomic
+from fsbench.measurement.run_summary import EVAL_FILE
 from fsbench.workloads.batch import JaggedBatch
 from fsbench.workloads.realdata import (Histories, context_ids_for_users, load_histories,
                                         recent_windows)
 
 K = 10
 """Cut-off of the reported metrics (the keys say it: hr_at_10, ndcg_at_10)."""
-EVAL_FILE = "eval.json"
-"""Rank 0's record of a run's evaluations, in the run directory."""
 RANKS_FILE = "eval-ranks.npy"
 """The final evaluation's rank of each evaluated user's held-out item (int32, (2, U): the
 plain then the popularity-corrected score; users in id order): paired comparisons of two
 runs' quality, user by user."""
-SUMMARY_KEYS = ("hr_at_10", "ndcg_at_10", "hr_at_10_logq", "ndcg_at_10_logq", "eval_users",
-                "target_hr10", "time_to_target_s", "steps_to_target")
-"""What the run's summary gets from its evaluations (None for each without --eval)."""
 
 
 def hit_ndcg(ranks: np.ndarray, k: int = K) -> tuple[float, float]:
@@ -234,24 +230,3 @@ class Evaluator:
             "k": K, "eval_users": result.eval_users, "num_items": self.data.num_items,
             "every": self.every, "target_hr10": self.run.eval.target_hr10,
             "seen_items": "kept", "evaluations": self.records})
-
-
-def summarize(record: dict | None, step_time_ms: dict[int, float]) -> dict:
-    """The summary's evaluation keys from `eval.json` (None without one) and the run's
-    step times T per step (ms): the last evaluation's metrics, and time to quality."""
-    out = dict.fromkeys(SUMMARY_KEYS)
-    if not record or not record.get("evaluations"):
-        return out
-    evals = sorted(record["evaluations"], key=lambda e: e["step"])
-    final, target = evals[-1], record.get("target_hr10")
-    out.update(hr_at_10=final["hr_at_10"], ndcg_at_10=final["ndcg_at_10"],
-               hr_at_10_logq=final.get("hr_at_10_logq"),
-               ndcg_at_10_logq=final.get("ndcg_at_10_logq"),
-               eval_users=record["eval_users"], target_hr10=target)
-    reached = next((e for e in evals if target is not None and e["hr_at_10"] >= target), None)
-    if reached is not None:
-        steps = range(reached["step"] + 1)
-        out["steps_to_target"] = len(steps)
-        if all(s in step_time_ms for s in steps):  # else a step's timeline is missing
-            out["time_to_target_s"] = sum(step_time_ms[s] for s in steps) / 1e3
-    return out

@@ -1,0 +1,193 @@
+"""The summary of one run (its summary.json), computed in one pass over what its ranks
+wrote.
+
+`RunFiles` holds the content of every file a run's ranks leave (read once, from a run
+directory, by fsbench.running.runner.read_run_files); `summarize` derives every summary
+key from it, in this order: the run's identity (manifest), the step metrics and their
+causes (fsbench.measurement.metrics), the balancer's plan accuracy, the monitors, peak
+memory, and quality. Nothing here reads a file or a clock.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from fsbench.errors import ConfigError
+from fsbench.measurement import metrics
+
+# Rank 0's evaluations during a run with --eval (fsbench.running.evaluate writes it).
+EVAL_FILE = "eval.json"
+# The evaluation keys of a summary (None for a run without --eval); fsbench.running.evaluate
+# writes the eval.json they come from.
+QUALITY_KEYS = ("hr_at_10", "ndcg_at_10", "hr_at_10_logq", "ndcg_at_10_logq", "eval_users",
+                "target_hr10", "time_to_target_s", "steps_to_target")
+
+
+@dataclasses.dataclass
+class RunFiles:
+    """Everything a run's ranks wrote, as read from its directory."""
+    where: str                       # the run directory, for error messages
+    manifest: dict
+    spans: pd.DataFrame              # every rank's timeline (timeline.read_timelines)
+    stats: pd.DataFrame              # every rank's per-step records (timeline.read_step_stats)
+    inputs: list[tuple[int, dict]]   # (rank, input-rank-R.json): the input stage's CPU time
+    machines: list[dict]             # machine-rank-R.json: steal and run-queue counters
+    monitors: list[dict]             # monitor-rank-R.json summaries (CPU, NVML)
+    memories: list[dict]             # memory-rank-R.json in rank order
+    gpu_busy: pd.DataFrame | None    # CUDA runs: compute kernels from the profiler (kineto)
+    evaluation: dict | None          # eval.json of a run with --eval
+
+
+def summarize(files: RunFiles) -> dict:
+    """The run's summary.json content."""
+    manifest, spans, stats = files.manifest, files.spans, files.stats
+    workload = manifest["config"]["workload"]
+    summary = {
+        "run_id": manifest["run_id"],
+        "trainer": manifest["trainer"],
+        "workload": manifest["workload"],
+        "world_size": manifest["world_size"],
+        "seed": manifest["seed"],
+        "steps": workload["steps"],
+        "warmup": workload["warmup"],
+        "oversubscribed": manifest.get("oversubscribed"),
+        # compute=emulated: busy time is the calibrated model's, not measured (fsbench.models.emulation)
+        "emulated": workload.get("compute") == "emulated",
+    }
+    silent = [r for r in range(manifest["world_size"])
+              if r not in set(spans["rank"]) or r not in set(stats["rank"])]
+    if silent:  # metrics over the other ranks alone would look sound and be wrong
+        raise ConfigError(f"{files.where}: no timeline or step records of rank(s) "
+                          f"{', '.join(map(str, silent))}; copy every rank's files into it")
+    input_cpu = pd.DataFrame([{"rank": r, "step": int(k), "cpu_ns": v} for r, i in files.inputs
+                              for k, v in i.get("worker_cpu_ns", {}).items()],
+                             columns=["rank", "step", "cpu_ns"])
+    summary["busy_source"] = "kineto" if files.gpu_busy is not None else (
+        "cuda_events" if spans["gpu_ns"].notna().any() else "thread_cpu_time")
+    machines = files.machines
+    summary.update(metrics.summarize(spans, stats, files.gpu_busy, input_cpu,
+                                     steal_ticks=max((s["steal_ticks"] for s in machines), default=0),
+                                     total_ticks=max((s["total_ticks"] for s in machines), default=0),
+                                     # absent in runs recorded before the worker measured it
+                                     threads_runq=[(s["threads_runq_ns"], s["helper_cpu_ns"], s["window_ns"])
+                                                   for s in machines if "window_ns" in s] or None))
+    summary.update(plan_accuracy(spans, stats))
+    summary.update(merge_monitors(files.monitors))
+    summary.update(peak_memory(files.memories))
+    summary.update(quality(files.evaluation, step_times_ms(spans, files.gpu_busy) if files.evaluation else {}))
+    if files.inputs:  # 0 on every rank: no trainer generated data in its training process
+        summary["batches_generated_in_rank"] = max(i["batches_generated_in_rank"] for _, i in files.inputs)
+        summary["input_workers"] = files.inputs[0][1]["input_workers"]
+    return summary
+
+
+def step_times_ms(spans: pd.DataFrame, gpu_busy: pd.DataFrame | None) -> dict[int, float]:
+    """T per step (ms), warm-up steps included: what time to quality sums."""
+    steps = metrics.step_metrics(spans, gpu_busy)
+    return dict(zip(steps["step"].astype(int), steps["step_time_ms"]))
+
+
+def merge_monitors(ranks: list[dict]) -> dict:
+    """One run-level view of the ranks' monitor summaries: SM occupancy and utilization
+    averaged over ranks (None, with the first rank's reason, unless every rank measured
+    it), CPU utilization as the median rank, memory peaks as the largest rank."""
+    if not ranks:
+        return {"sm_occupancy": None, "sm_occupancy_reason": "no monitor output"}
+
+    def mean(key):
+        vals = [r.get(key) for r in ranks]
+        return None if any(v is None for v in vals) else sum(vals) / len(vals)
+
+    def peak(key):
+        vals = [r[key] for r in ranks if r.get(key) is not None]
+        return max(vals) if vals else None
+    cpu = sorted(r["cpu_util_percent"] for r in ranks if r.get("cpu_util_percent") is not None)
+    sm = mean("sm_occupancy")
+    return {
+        "sm_occupancy": None if sm is None else sm / 100.0,  # a fraction, like every ratio
+        "sm_util": None if mean("sm_util") is None else mean("sm_util") / 100.0,
+        "sm_occupancy_reason": None if sm is not None else next(
+            (r["sm_occupancy_reason"] for r in ranks if r.get("sm_occupancy_reason")), "not measured"),
+        "gpu_util_percent": mean("gpu_util_percent"),
+        "gpu_mem_used_peak_mib": peak("gpu_mem_used_peak_mib"),
+        "cpu_util_percent": cpu[len(cpu) // 2] if cpu else None,
+        "rss_peak_mib": peak("rss_peak_mib"),
+    }
+
+
+def peak_memory(per_rank: list[dict]) -> dict:
+    """Peak memory per rank (MiB): the GPU allocator's peak on CUDA runs, else the rank
+    process's peak RSS; None for runs written before ranks recorded it."""
+    if not per_rank:
+        return {"peak_memory_mb": None, "peak_memory_mb_per_rank": None, "peak_memory_kind": None}
+    kind = "cuda_allocated_mb" if all("cuda_allocated_mb" in m for m in per_rank) else "cpu_rss_mb"
+    values = [float(m[kind]) for m in per_rank]
+    return {"peak_memory_mb": max(values), "peak_memory_mb_per_rank": values,
+            "peak_memory_kind": kind.removesuffix("_mb")}
+
+
+def quality(record: dict | None, step_time_ms: dict[int, float]) -> dict:
+    """The summary's evaluation keys from `eval.json` (None without one) and the run's
+    step times T per step (ms): the last evaluation's metrics, and time to quality."""
+    out = dict.fromkeys(QUALITY_KEYS)
+    if not record or not record.get("evaluations"):
+        return out
+    evals = sorted(record["evaluations"], key=lambda e: e["step"])
+    final, target = evals[-1], record.get("target_hr10")
+    out.update(hr_at_10=final["hr_at_10"], ndcg_at_10=final["ndcg_at_10"],
+               hr_at_10_logq=final.get("hr_at_10_logq"),
+               ndcg_at_10_logq=final.get("ndcg_at_10_logq"),
+               eval_users=record["eval_users"], target_hr10=target)
+    reached = next((e for e in evals if target is not None and e["hr_at_10"] >= target), None)
+    if reached is not None:
+        steps = range(reached["step"] + 1)
+        out["steps_to_target"] = len(steps)
+        if all(s in step_time_ms for s in steps):  # else a step's timeline is missing
+            out["time_to_target_s"] = sum(step_time_ms[s] for s in steps) / 1e3
+    return out
+
+
+def plan_accuracy(spans: pd.DataFrame, stats: pd.DataFrame) -> dict:
+    """How well a load balancer's predicted per-rank costs matched measured busy time.
+
+    Needs per-step `predicted_cost`, `plan_max`, `plan_lower_bound` and `cost_unit` in the
+    step stats (FreeScale writes them). Returns medians over measured steps of:
+    predicted_imbalance (the plan's own load imbalance), plan_ratio_to_bound (max load
+    over max(total/N, largest sample)), and, when the cost unit is ms,
+    cost_prediction_error (|predicted - busy| / busy per rank and step, busy being the
+    thread CPU time of the forward and backward spans)."""
+    if "predicted_cost" not in stats.columns or stats["predicted_cost"].isna().all():
+        return {}
+    busy = metrics.rank_step_busy(spans)
+    # The plan predicts per-sample work (forward + backward); the optimizer's cost is the
+    # same on every rank and not part of a sample's cost, so it is left out here.
+    fwd_bwd = spans[spans["name"].isin(["forward", "backward"])].groupby(["step", "rank"])["cpu_ns"].sum()
+    busy = busy.drop(columns="busy_ns").join(fwd_bwd.rename("busy_ns"), on=["step", "rank"])
+    joined = stats.merge(busy[["step", "rank", "busy_ns", "warmup"]], on=["step", "rank"])
+    joined = joined[~joined["warmup"]]
+    per_step = joined.groupby("step").agg(
+        plan_max=("plan_max", "first"), bound=("plan_lower_bound", "first"),
+        n=("rank", "size"), total=("predicted_cost", "sum"))
+    predicted_imbalance = (per_step["plan_max"] * per_step["n"] - per_step["total"]) / (
+        per_step["plan_max"] * per_step["n"])
+    out = {
+        "predicted_imbalance": float(predicted_imbalance.median()),
+        "plan_ratio_to_bound": float((per_step["plan_max"] / per_step["bound"]).median()),
+        "cost_unit": str(joined["cost_unit"].iloc[0]),
+    }
+    if out["cost_unit"] == "ms":
+        busy_ms = (joined["busy_ns"] / 1e6).to_numpy()
+        pred = joined["predicted_cost"].to_numpy(dtype=float)
+        out["cost_prediction_error"] = float(np.median(np.abs(pred - busy_ms) / busy_ms))
+        # busy = slope * predicted + intercept over (rank, step): the intercept is per-step
+        # work no per-sample model holds (dense embedding gradients, loss setup), equal on
+        # every rank and so harmless to balance; the slope and R^2 say how well the
+        # per-sample part was predicted.
+        if len(pred) >= 3 and np.ptp(pred) > 0:
+            slope, intercept = np.polyfit(pred, busy_ms, 1)
+            resid = busy_ms - (slope * pred + intercept)
+            out.update(cost_fit_slope=float(slope), cost_fit_intercept_ms=float(intercept),
+                       cost_fit_r2=float(1 - (resid ** 2).sum() / ((busy_ms - busy_ms.mean()) ** 2).sum()))
+    return out
