@@ -33,6 +33,34 @@ def tiny_sweep(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def loss_runs(tmp_path_factory):
+    """The deterministic loss gate's runs (fsbench.gates.reference.loss_runs: every installed
+    trainer on `tiny` at 2 ranks, seed 0, 4 steps), made once per session: the gate checks
+    their losses, other tests read them. Name -> run directory (None: not installed)."""
+    from fsbench.gates import reference
+
+    return reference.loss_runs(tmp_path_factory.mktemp("loss_runs"))
+
+
+@pytest.fixture(scope="session")
+def big_table_runs(tmp_path_factory):
+    """ddp and freescale at 2 ranks on `tiny` with 400k x 64 item rows, 3 steps: tables, their
+    gradients and Adagrad's state dominate a rank's memory (98 MiB per copy of the item
+    table). Trainer -> (run directory, summary); made once, for the memory tests."""
+    import dataclasses
+
+    from fsbench.config import RunConfig
+    from fsbench.running.runner import run_once
+    from fsbench.workloads.presets import tiny
+
+    workload = dataclasses.replace(tiny(), item_vocab=400_000, steps=3, warmup=1,
+                                   model=dataclasses.replace(tiny().model, dim=64))
+    out = tmp_path_factory.mktemp("big_tables")
+    return {trainer: run_once(RunConfig(workload=workload, trainer=trainer, world_size=2), out,
+                              timeout_s=240) for trainer in ("ddp", "freescale")}
+
+
 # Programs that start ranks: the local launcher's worker, the CLI's commands that launch
 # runs, and torchrun. A test that starts them belongs to the dist tier.
 RANK_STARTERS = ("fsbench.running.launch.worker", "torchrun")

@@ -239,11 +239,12 @@ def test_planner_loads_match_the_reference_exactly():
 
 
 @pytest.mark.dist
-def test_trainer_losses_match_the_reference():
-    """The deterministic gate on losses (exact on the reference's torch and CPU ISA)."""
+def test_trainer_losses_match_the_reference(loss_runs):
+    """The deterministic gate on losses (exact on the reference's torch and CPU ISA), on
+    the session's runs of the gate (`fsbench reference check` makes the same runs)."""
     from fsbench.gates import reference
 
-    moved, notes = reference.check(["losses"])
+    moved, notes = reference.check(["losses"], computed={"losses": reference.losses_of(loss_runs)})
     assert moved == [], (moved, notes)
 
 

@@ -2,6 +2,7 @@
 trainer alike; the step's wait for it is measured; no trainer generates data in its step."""
 import dataclasses
 import importlib.util
+import json
 
 import pytest
 from timing import judged_under_contention
@@ -15,7 +16,6 @@ from fsbench.measurement.metrics import CONTENDED_CPU_WAIT
 from fsbench.running.runner import run_once
 from fsbench.measurement.timeline import read_timelines
 from fsbench.training.trainer import StepInput, measured_steps
-from fsbench.workloads.presets import tiny
 
 
 class Square:
@@ -57,10 +57,11 @@ TRAINERS = ["ddp", "freescale"] + [t for t, pkg in (("torchrec", "torchrec"),
 
 @pytest.mark.dist
 @pytest.mark.parametrize("trainer", TRAINERS)
-def test_no_trainer_generates_data_in_its_training_process(trainer, tmp_path):
-    workload = dataclasses.replace(tiny(), steps=5, warmup=1)
-    run_dir, summary = run_once(RunConfig(workload=workload, trainer=trainer, world_size=2),
-                                tmp_path, timeout_s=240)
+def test_no_trainer_generates_data_in_its_training_process(trainer, loss_runs):
+    """On the loss gate's runs (tests/conftest.py: every trainer, `tiny` at 2 ranks)."""
+    run_dir = loss_runs[trainer]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    steps = json.loads((run_dir / "manifest.json").read_text())["config"]["workload"]["steps"]
     assert summary["batches_generated_in_rank"] == 0
     spans = read_timelines(run_dir)
     # `flight`: a collective's issue-to-completion record (DDP's all-reduce, embeddings)
@@ -68,7 +69,7 @@ def test_no_trainer_generates_data_in_its_training_process(trainer, tmp_path):
     pulls = spans[spans["name"] == "input"].groupby("rank").size()
     # Each step's input pulled once; a read-ahead pipeline (TorchRec's) also tries one
     # pull past the last step, which ends its iteration.
-    assert pulls.between(workload.steps, workload.steps + 1).all()
+    assert pulls.between(steps, steps + 1).all()
     causes = sum(summary[k] for k in ("straggler_bubble_ratio", "exposed_comm_ratio",
                                       "input_stall_ratio", "other_idle_ratio"))
     assert causes == pytest.approx(summary["bubble_ratio"], abs=1e-9)

@@ -3,6 +3,7 @@ each, c10d rendezvous on localhost), the second with its clock 7 s off. The run
 completes with one summary, and its step times do not see the offset."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -40,10 +41,22 @@ def the_run(out):
     return dirs[0]
 
 
-def test_two_torchrun_nodes_with_clock_offset(tmp_path):
-    done = launch_two_nodes(tmp_path, {"FSBENCH_CLOCK_SKEW_NS": str(SKEW_NS)})
+@pytest.fixture(scope="module")
+def skewed(tmp_path_factory):
+    """(the torchrun run with node 1's clock SKEW_NS off, the agents' outputs): launched
+    once for the tests below, each of which works on its own copy."""
+    out = tmp_path_factory.mktemp("torchrun")
+    done = launch_two_nodes(out, {"FSBENCH_CLOCK_SKEW_NS": str(SKEW_NS)})
     assert all(d.returncode == 0 for d in done), [d.stderr[-2000:] for d in done]
-    run_dir = the_run(tmp_path)
+    return the_run(out), done
+
+
+def copy_of(run_dir, tmp_path):
+    return shutil.copytree(run_dir, tmp_path / run_dir.name)
+
+
+def test_two_torchrun_nodes_with_clock_offset(tmp_path, skewed):
+    run_dir, done = copy_of(skewed[0], tmp_path), skewed[1]
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "complete" and manifest["world_size"] == 2
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -69,12 +82,11 @@ def test_a_node_that_cannot_see_the_run_directory_sends_its_files(tmp_path):
     assert len(summary["peak_memory_mb_per_rank"]) == 2
 
 
-def test_summarize_completes_a_run_from_its_files(tmp_path, capsys):
+def test_summarize_completes_a_run_from_its_files(tmp_path, skewed, capsys):
+    """From the skewed run: summarize must apply the clock offsets again to agree."""
     from fsbench.cli import main
 
-    done = launch_two_nodes(tmp_path, {}, steps=4)
-    assert all(d.returncode == 0 for d in done), [d.stderr[-2000:] for d in done]
-    run_dir = the_run(tmp_path)
+    run_dir = copy_of(skewed[0], tmp_path)
     before = json.loads((run_dir / "summary.json").read_text())
     (run_dir / "summary.json").unlink()
     assert main(["summarize", str(run_dir)]) == 0

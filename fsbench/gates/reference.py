@@ -38,30 +38,44 @@ def fingerprint() -> dict:
             "machine": platform.machine()}
 
 
-def trainer_losses() -> dict:
-    """Per-step global losses of every installed trainer (a missing framework: None)."""
+def loss_runs(store: Path) -> dict[str, Path | None]:
+    """Run every trainer of LOSS_TRAINERS into `store` (tiny at 2 ranks, seed 0, 4 steps):
+    name -> its run directory, or None where its framework is not installed."""
     from fsbench.config import ConfigError, RunConfig
-    from fsbench.measurement.timeline import read_step_stats
     from fsbench.running.runner import run_once
     from fsbench.training.trainer import resolve_trainer_class
     from fsbench.workloads.presets import tiny
 
     workload = dataclasses.replace(tiny(), steps=4, warmup=1)
+    runs: dict[str, Path | None] = {}
+    for name, options in LOSS_TRAINERS.items():
+        trainer = name.split("_")[0]
+        try:
+            resolve_trainer_class(trainer)
+        except ConfigError:
+            runs[name] = None  # framework not installed here
+            continue
+        run = RunConfig(workload=workload, trainer=trainer, world_size=2, seed=0,
+                        trainer_options=options)
+        runs[name], _ = run_once(run, store, timeout_s=300)
+    return runs
+
+
+def losses_of(runs: dict[str, Path | None]) -> dict:
+    """Per-step global losses of each run of `loss_runs` (None where it did not run)."""
+    from fsbench.measurement.timeline import read_step_stats
+
     out = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, options in LOSS_TRAINERS.items():
-            trainer = name.split("_")[0]
-            try:
-                resolve_trainer_class(trainer)
-            except ConfigError:
-                out[name] = None  # framework not installed here
-                continue
-            run = RunConfig(workload=workload, trainer=trainer, world_size=2, seed=0,
-                            trainer_options=options)
-            run_dir, _ = run_once(run, tmp, timeout_s=300)
-            losses = read_step_stats(run_dir).groupby("step")["loss"].sum().sort_index()
-            out[name] = [float(x) for x in losses]
+    for name, run_dir in runs.items():
+        losses = None if run_dir is None else read_step_stats(run_dir).groupby("step")["loss"].sum().sort_index()
+        out[name] = None if losses is None else [float(x) for x in losses]
     return out
+
+
+def trainer_losses() -> dict:
+    """Per-step global losses of every installed trainer (a missing framework: None)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return losses_of(loss_runs(Path(tmp)))
 
 
 def simulated_steps() -> dict:
@@ -95,8 +109,10 @@ def _resolve(target: str) -> Callable[[], dict]:
     return getattr(importlib.import_module(module), fn)
 
 
-def compute(name: str) -> dict:
-    return {"quantity": name, "fingerprint": fingerprint(), "values": _resolve(QUANTITIES[name])()}
+def compute(name: str, values: dict | None = None) -> dict:
+    """The quantity as stored: its values (computed now unless given) and the fingerprint."""
+    return {"quantity": name, "fingerprint": fingerprint(),
+            "values": _resolve(QUANTITIES[name])() if values is None else values}
 
 
 def refresh(names: list[str], directory: Path = REFERENCE_DIR) -> list[Path]:
@@ -109,8 +125,10 @@ def refresh(names: list[str], directory: Path = REFERENCE_DIR) -> list[Path]:
     return paths
 
 
-def check(names: list[str], directory: Path = REFERENCE_DIR) -> tuple[list[str], list[str]]:
-    """(what moved, notes): one line per value that differs from its reference."""
+def check(names: list[str], directory: Path = REFERENCE_DIR,
+          computed: dict[str, dict] | None = None) -> tuple[list[str], list[str]]:
+    """(what moved, notes): one line per value that differs from its reference. `computed`:
+    name -> values already computed on this machine (e.g. from `loss_runs` a caller keeps)."""
     moved, notes = [], []
     for name in names:
         path = directory / f"{name}.json"
@@ -118,7 +136,7 @@ def check(names: list[str], directory: Path = REFERENCE_DIR) -> tuple[list[str],
             moved.append(f"{name}: no reference at {path}; run `fsbench reference refresh`")
             continue
         ref = json.loads(path.read_text())
-        now = compute(name)
+        now = compute(name, (computed or {}).get(name))
         exact = name == "planner_loads" or ref["fingerprint"] == now["fingerprint"]
         if not exact:
             notes.append(f"{name}: reference made on {ref['fingerprint']}, here {now['fingerprint']}: "
