@@ -2,6 +2,7 @@
 labels, and the alpha-beta fit of `calibrate --comm`."""
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -406,3 +407,85 @@ def test_ddp_buckets_of_a_real_encoder_follow_its_gradients_order(tmp_path, pres
 
     seen = real_ddp_buckets(tmp_path, Encoder(), lambda ddp: ddp(encoder_inputs(model, batch)))
     assert [int(b) for b in ddp_buckets(list(dense_grad_bytes(w)))] == seen
+
+
+# --- assumptions travel with the numbers -------------------------------------------------
+
+def test_every_simulated_output_names_the_clusters_assumed_figures(tmp_path, capsys, monkeypatch):
+    """summary.json, the store's index, the command's text and JSON, and every report
+    format (the notes, the CSV's column, the PNGs' header) say which figures are assumed."""
+    from fsbench.reporting.plots import render_plots
+    from fsbench.reporting.report import render, report_table
+
+    out = tmp_path / "sim"
+    args = ["simulate", "--workload", "small", "--trainers", "ddp,freescale", "--world-sizes", "8",
+            "--steps", "3", "--warmup", "1", "--set", "batch_per_rank=8", "--sim-store", str(out)]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "h100 (preset): ASSUMED gpus_per_node=8, intra_gbs=370 GB/s" in text
+    runs = load_runs(out)
+    assert runs["assumptions"].str.contains("ASSUMED .*sm_slowdown=0.1", regex=True).all()
+    summary = json.loads((Path(runs["run_dir"].iloc[0]) / "summary.json").read_text())
+    assert summary["assumptions"] == runs["assumptions"].iloc[0]
+    assert main([*args, "--format", "json"]) == 0
+    record = json.loads(capsys.readouterr().out)["assumptions"]
+    assert record["assumed"] == list(record["figures"]) and record["figures"]["inter_gbs"] == 50.0
+    table = report_table(runs, "ddp")
+    for fmt, figure in (("md", "intra_gbs=370 GB/s"), ("html", "intra_gbs=370 GB/s"),
+                        ("latex", r"intra\_gbs=370 GB/s")):
+        assert figure in render(table, fmt), fmt
+    assert "ASSUMED" in render(table, "csv").splitlines()[1]
+    from matplotlib.figure import Figure
+
+    titles, real_savefig = [], Figure.savefig
+
+    def recording(fig, *a, **k):  # the header each PNG is drawn with
+        titles.append(fig.get_suptitle())
+        return real_savefig(fig, *a, **k)
+    monkeypatch.setattr(Figure, "savefig", recording)
+    render_plots(table, runs, "ddp")
+    assert len(titles) == 4 and all("SIMULATED points: h100" in t and "ASSUMED" in t for t in titles)
+
+
+def test_a_cluster_file_and_cluster_set_are_loaded_and_named(tmp_path, capsys):
+    from fsbench.scaling.sim_inputs import FIGURES, assumptions, load_cluster
+
+    path = tmp_path / "b200.toml"
+    path.write_text('name = "b200"\ndescription = "8x B200"\ngpus_per_node = 8\nintra_gbs = 900\n'
+                    'inter_gbs = 100\nalpha_s = 8e-6\npeak_tflops = 2250\nmfu = 0.2\n'
+                    'measured = ["intra_gbs"]\n')
+    cluster = load_cluster(str(path), ["inter_gbs=50"])
+    assert (cluster.name, cluster.intra_gbs, cluster.inter_gbs, cluster.gpus_per_node) == ("b200", 900, 50, 8)
+    assert "intra_gbs" not in cluster.assumed and "inter_gbs" in cluster.assumed
+    assert set(cluster.assumed) == set(FIGURES) - {"intra_gbs"}  # unset figures are assumed too
+    line = assumptions(cluster)
+    assert "--cluster-set inter_gbs" in line and "measured intra_gbs=900 GB/s" in line
+    assert main(["simulate", "--cluster", str(path), "--cluster-set", "mfu=0.4", "--workload", "small",
+                 "--world-sizes", "16", "--steps", "3", "--warmup", "1", "--set", "batch_per_rank=8",
+                 "--sim-store", str(tmp_path / "sim")]) == 0
+    assert "b200" in capsys.readouterr().out
+    assert load_runs(tmp_path / "sim")["assumptions"].str.contains("mfu=0.4").all()
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--cluster", "a100"], "not a preset (h100, local) nor a .toml or .json cluster file"),
+    (["--cluster-set", "nvlink=900"], "FIGURE one of: gpus_per_node"),
+    (["--cluster-set", "mfu=1.5"], "mfu='1.5' must be in (0, 1]"),
+    (["--cluster-set", "intra_gbs=fast"], "intra_gbs='fast' is not a number"),
+    (["--cluster", "local", "--cluster-set", "mfu=0.3"], "takes its costs from this machine's fits"),
+])
+def test_bad_clusters_are_refused_in_one_line(tmp_path, capsys, argv, expected):
+    assert main(["simulate", "--world-sizes", "8", "--sim-store", str(tmp_path / "sim"),
+                 "--store", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+
+
+def test_a_cluster_file_with_an_unknown_key_names_the_allowed_ones(tmp_path):
+    from fsbench.errors import ConfigError
+    from fsbench.scaling.sim_inputs import load_cluster
+
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"name": "c", "nvlink_gbs": 900}))
+    with pytest.raises(ConfigError, match=r"unknown keys \['nvlink_gbs'\]; allowed: .*intra_gbs"):
+        load_cluster(str(path))

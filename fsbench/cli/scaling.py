@@ -15,7 +15,7 @@ SIM_KEYS = ("batch_per_rank",)
 
 
 def add_parsers(sub, csv: Callable, default_store: str) -> None:
-    from fsbench.scaling.sim_inputs import CLUSTERS
+    from fsbench.scaling.sim_inputs import CLUSTERS, FIGURES
 
     p = sub.add_parser(
         "simulate", help="SIMULATED step time and bubbles at 8..1024 GPUs (calibrated model)",
@@ -29,7 +29,13 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
     p.add_argument("--workload", default="small", help="workload preset")
     p.add_argument("--trainers", type=csv(str), default=["ddp", "freescale"], help="comma-separated")
     p.add_argument("--world-sizes", type=csv(int), default=[8, 64, 256, 1024], help="comma-separated")
-    p.add_argument("--cluster", default="h100", choices=sorted(CLUSTERS), help="what is simulated")
+    p.add_argument("--cluster", default="h100", metavar="NAME|FILE",
+                   help=f"what is simulated: a preset ({', '.join(sorted(CLUSTERS))}) or a cluster "
+                        "file (.toml or .json: name, description, the figures it sets, and "
+                        "`measured`, the figures it measured; docs/simulation.md)")
+    p.add_argument("--cluster-set", action="append", default=[], metavar="FIGURE=VALUE",
+                   help=f"override one of the cluster's figures ({', '.join(FIGURES)}); it then "
+                        "counts as assumed in every output")
     p.add_argument("--scaling", default="weak", choices=["weak", "strong"],
                    help="weak: batch_per_rank samples per rank at every size; "
                         "strong: the workload's global batch at every size")
@@ -78,7 +84,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from fsbench.cli.run_config import build_workload, parse_sets
     from fsbench.columns import FLAGS, RUN_VIEW
     from fsbench.config import RunConfig
-    from fsbench.scaling.sim_inputs import CLUSTERS
+    from fsbench.scaling.sim_inputs import assumption_record, assumptions, load_cluster
     from fsbench.scaling.simulate import Costs, scaled_workload, write_simulated
     from fsbench.table import format_table, progress, records
     from fsbench.training.trainer import trainer_options
@@ -95,7 +101,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--world-sizes={args.world_sizes}: give world sizes >= 1")
     workload = build_workload(args)
     _, trainer_sets = parse_sets(args.set)
-    cluster = CLUSTERS[args.cluster]
+    cluster = load_cluster(args.cluster, args.cluster_set)
     if cluster.compute == "fit":
         import torch
 
@@ -112,12 +118,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         rows.append({**summary, "run_dir": str(run_dir)})
     if args.format == "json":
         print(dumps({"simulated": True, "cluster": cluster.name,
-                     "cluster_description": cluster.description, "scaling": args.scaling,
+                     "cluster_description": cluster.description,
+                     "assumptions": assumption_record(cluster), "scaling": args.scaling,
                      "batch_per_rank": batch_per_rank if args.scaling == "weak" else None,
                      "table": records(pd.DataFrame(rows)), "store": sim_store}))
     else:
         print(f"SIMULATED ({cluster.name}: {cluster.description}); {args.scaling} scaling"
               + (f", {batch_per_rank} samples per rank" if args.scaling == "weak" else ""))
+        print(assumptions(cluster))
         print(format_table(pd.DataFrame(rows), ["trainer", "world_size", *[
             c for c in RUN_VIEW if c in ("step_time_ms_median", "samples_per_s", "bubble_ratio",
                                          "straggler_bubble_ratio", "exposed_comm_ratio", "load_imbalance")],

@@ -180,3 +180,14 @@ def run_manifest(run_dir: str | os.PathLike) -> dict:
         return store.read_object(Path(run_dir) / "manifest.json")
     except ConfigError:
         return {}
+
+
+# A simulated row made before summaries carried their cluster's assumptions.
+UNRECORDED = "assumptions not recorded (simulated before fsbench recorded them)"
+
+
+def simulated_assumptions(table: pd.DataFrame) -> list[str]:
+    """Each simulated cluster's assumptions line (sim_inputs.assumptions), once."""
+    if "assumptions" not in table:
+        return [UNRECORDED] if table["simulated"].any() else []
+    return list(dict.fromkeys(a for a, sim in zip(table["assumptions"], table["simulated"]) if sim and a))

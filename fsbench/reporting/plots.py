@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import os
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import pandas as pd
 from fsbench.config import ConfigError
 from fsbench.reporting.plot_data import (CAUSES, cause_bars, flag_column, run_manifest,
                                          median_step_busy_idle, relative_scaling, run_spans,
-                                         step_run_candidates, step_timeline)
+                                         simulated_assumptions, step_run_candidates, step_timeline)
 
 CAUSE_LABELS = ("straggler (imbalance)", "exposed communication", "input stall", "other idle")
 CAUSE_COLORS = {"straggler_bubble_ratio": "C3", "exposed_comm_ratio": "C1",
@@ -86,6 +87,16 @@ def _legend_below(fig, axes, extra: dict | None = None, ncols: int = 3) -> None:
             legend.setdefault(label, handle)
     legend.update(extra or {})
     fig.legend(legend.values(), legend.keys(), fontsize="small", loc="outside lower center", ncols=ncols)
+
+
+def _assumptions_on(fig, assumed: list[str]):
+    """A figure with simulated points says, above its panels, what their clusters assume
+    (a PNG travels without the report's notes)."""
+    if assumed:
+        chars = int(fig.get_figwidth() * 17)  # x-small text: about 17 characters per inch
+        text = "SIMULATED points: " + "; ".join(assumed)
+        fig.suptitle("\n".join(textwrap.wrap(text, chars)), fontsize="x-small", color="dimgray")
+    return fig
 
 
 def plot_vs_world_size(table: pd.DataFrame, column: str, ylabel: str, scale: float, ideal: float | None = None):
@@ -277,11 +288,12 @@ def render_plots(table: pd.DataFrame, runs: pd.DataFrame, baseline: str,
     one run per trainer: a run whose timelines are missing or damaged is named on stderr
     and the next candidate drawn; without any drawable run (all simulated, or all damaged)
     those plots are left out. A given `step_run` that cannot be drawn is refused."""
+    assumed = simulated_assumptions(table)
     out = {
-        "bubble": png(plot_vs_world_size(table, "bubble_ratio", "bubble %", 100)),
-        "causes": png(plot_bubble_causes(table)),
-        "throughput": png(plot_vs_world_size(table, "samples_per_s", "samples/s", 1)),
-        "scaling": png(plot_scaling(table)),
+        "bubble": png(_assumptions_on(plot_vs_world_size(table, "bubble_ratio", "bubble %", 100), assumed)),
+        "causes": png(_assumptions_on(plot_bubble_causes(table), assumed)),
+        "throughput": png(_assumptions_on(plot_vs_world_size(table, "samples_per_s", "samples/s", 1), assumed)),
+        "scaling": png(_assumptions_on(plot_scaling(table), assumed)),
     }
     read: dict[str, pd.DataFrame | None] = {}
     if step_run is not None:

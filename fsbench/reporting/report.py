@@ -25,7 +25,7 @@ from fsbench.measurement import metrics
 from fsbench.reporting import report_page
 from fsbench.running import store
 from fsbench.config import ConfigError
-from fsbench.reporting.plot_data import CAUSES
+from fsbench.reporting.plot_data import CAUSES, UNRECORDED, simulated_assumptions
 from fsbench.reporting.plots import PLOTS, render_plots
 from fsbench.table import dumps, formatted, markdown, progress
 
@@ -41,6 +41,9 @@ ROW_MARKS = {"simulated": "§", "emulated": "¶", "oversubscribed": "†", "cont
 # The throughput ratio's interval: numbers in CSV and JSON, "[lo, hi]" beside the ratio
 # in the other renderings.
 CI_COLUMNS = ("ratio_ci_low", "ratio_ci_high")
+# Columns of the table that no rendering shows as a column: the interval is folded into the
+# ratio's cell, the assumptions into the notes.
+FOLDED = (*CI_COLUMNS, "assumptions")
 # The LaTeX table's columns (a paper's width); CSV keeps every column.
 PAPER_COLUMNS = ("workload", "trainer", "world_size", "repeats", "step_time_ms_median",
                  "samples_per_s", "bubble_ratio", *CAUSES, "load_imbalance", "sm_occupancy",
@@ -117,7 +120,12 @@ def report_table(runs: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     table["samples_per_s_spread"] = (g["samples_per_s"].max() - g["samples_per_s"].min()) / table["samples_per_s"]
     for flag in [*columns.FLAGS, "contention_unknown"]:  # a row is flagged when any of its repeats is
         table[flag] = g[flag].any()
+    # A simulated row carries its cluster's assumptions (fsbench.scaling.sim_inputs), into
+    # the notes, the plots and the CSV/JSON; measured rows none.
+    table["assumptions"] = g["assumptions"].first() if "assumptions" in runs else None
     table = table.reset_index()
+    table["assumptions"] = [(a if isinstance(a, str) else UNRECORDED) if sim else None
+                            for a, sim in zip(table["assumptions"], table["simulated"])]
     table["scaling_efficiency"] = table["samples_per_s"] / (
         table["world_size"] * _lookup(table, table["world_size"] == 1, ["workload", "trainer", "simulated"]))
     table[f"throughput_vs_{baseline}"] = table["samples_per_s"] / _lookup(
@@ -130,7 +138,7 @@ def report_table(runs: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     table = table.sort_values(["_w", "simulated", "_t", "world_size"], kind="stable")
     cols = KEYS + ["repeats"] + MEDIANS + ["samples_per_s_spread", "scaling_efficiency",
                                            f"throughput_vs_{baseline}", *CI_COLUMNS, *columns.FLAGS,
-                                           "contention_unknown"]
+                                           "contention_unknown", "assumptions"]
     return table[cols].reset_index(drop=True)
 
 
@@ -163,8 +171,10 @@ def footnotes(table: pd.DataFrame, symbols: bool = False) -> list[str]:
         notes.append("contention unknown for some measured rows (their machine has no "
                      "schedstat): a neighbour taking cores would not have been flagged there.")
     if table["simulated"].any():
+        clusters = " ".join(f"[{a}]" for a in simulated_assumptions(table))
         notes.append(("§ simulated" if symbols else "simulated = yes") + ": projected by the cost "
-                     "model, not measured; kept apart from measured rows.")
+                     "model, not measured; kept apart from measured rows. Clusters simulated, "
+                     f"with the figures they assume: {clusters}")
     if "emulated" in table and table["emulated"].any():
         notes.append(("¶ emulated" if symbols else "emulated = yes") + ": compute=emulated, each "
                      "rank's encoder compute replaced by waiting the calibrated cost model's time; "
@@ -190,13 +200,13 @@ def _cells(table: pd.DataFrame, dagger: str, escape=lambda s: s) -> pd.DataFrame
             for i in flagged:
                 if cells.iat[row, i] != "n/a":
                     cells.iat[row, i] += mark
-    return cells.iloc[:, [i for i, c in enumerate(table.columns) if c not in CI_COLUMNS]]
+    return cells.iloc[:, [i for i, c in enumerate(table.columns) if c not in FOLDED]]
 
 
 def shown(table: pd.DataFrame) -> pd.DataFrame:
     """The columns the md, LaTeX and HTML renderings show (`_cells`' columns): the
     interval columns are folded into the ratio's cell."""
-    return table.drop(columns=[c for c in CI_COLUMNS if c in table])
+    return table.drop(columns=[c for c in FOLDED if c in table])
 
 
 

@@ -8,10 +8,13 @@ profile without importing the simulator, and so that a preset's figures are in o
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from fsbench.errors import ConfigError
 from fsbench.running.memory import REPLICATED, TableMemory
 
 EXCHANGES = ("none", "blocking", "overlapped", "prioritized")
@@ -36,6 +39,21 @@ class SimProfile:
         assert self.exchange in EXCHANGES, self.exchange
 
 
+# A GPU cluster's figures: field -> (unit, what it is). Every simulated output names those
+# that are assumed rather than measured (`assumptions`).
+FIGURES: dict[str, tuple[str, str]] = {
+    "gpus_per_node": ("", "GPUs per node"),
+    "intra_gbs": ("GB/s", "bus bandwidth per GPU inside a node"),
+    "inter_gbs": ("GB/s", "bandwidth per GPU across nodes"),
+    "alpha_s": ("s", "collective latency per log2(N) step"),
+    "peak_tflops": ("TFLOPS", "encoder peak"),
+    "mfu": ("", "share of peak the encoder reaches"),
+    "layer_overhead_ms": ("ms", "launches per encoder layer and step"),
+    "sm_slowdown": ("", "compute slowdown beside SM-based communication"),
+    "table_ns_per_element": ("ns", "optimizer step per table element"),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Cluster:
     name: str
@@ -53,6 +71,43 @@ class Cluster:
     sm_slowdown: float = 0.0
     table_ns_per_element: float = 0.0
     """Optimizer step per table element (GPU presets; `local` takes its fit's)."""
+    assumed: tuple[str, ...] = ()
+    """The FIGURES whose values are assumptions, not measurements (a `fit` cluster measures
+    its costs on this machine and has none)."""
+    source: str = "preset"
+    """Where it came from: "preset", a cluster file's path; "+ --cluster-set K" per override."""
+
+    def __post_init__(self) -> None:
+        if self.compute not in ("fit", "flops"):
+            raise ConfigError(f"cluster {self.name!r}: compute={self.compute!r}; allowed: fit, flops")
+        unknown = sorted(set(self.assumed) - set(FIGURES))
+        if unknown:
+            raise ConfigError(f"cluster {self.name!r}: assumed names unknown figures {unknown}; "
+                              f"figures: {', '.join(FIGURES)}")
+
+
+def _figure(name: str, value: float) -> str:
+    unit = FIGURES[name][0]
+    return f"{name}={value:g}" + (f" {unit}" if unit else "")
+
+
+def assumptions(cluster: Cluster) -> str:
+    """One line that every simulated output carries: the cluster, where its figures came
+    from, and which are ASSUMED (not measured)."""
+    if cluster.compute == "fit":
+        return (f"{cluster.name}: costs measured on this machine (fsbench calibrate fits: encoder, "
+                f"tables, collectives, per-step overhead); nothing assumed")
+    assumed = [_figure(f, getattr(cluster, f)) for f in FIGURES if f in cluster.assumed]
+    given = [_figure(f, getattr(cluster, f)) for f in FIGURES if f not in cluster.assumed]
+    return (f"{cluster.name} ({cluster.source}): ASSUMED " + (", ".join(assumed) or "nothing")
+            + (f"; measured {', '.join(given)}" if given else ""))
+
+
+def assumption_record(cluster: Cluster) -> dict:
+    """The same, structured (JSON outputs): every figure, and which are assumed."""
+    return {"cluster": cluster.name, "source": cluster.source, "compute": cluster.compute,
+            "figures": {f: getattr(cluster, f) for f in FIGURES},
+            "assumed": [f for f in FIGURES if f in cluster.assumed], "line": assumptions(cluster)}
 
 
 CLUSTERS = {
@@ -64,11 +119,86 @@ CLUSTERS = {
         "and `fsbench micro sm-contention` measure them)",
         "flops", gpus_per_node=8, intra_gbs=370.0, inter_gbs=50.0, alpha_s=10e-6,
         peak_tflops=989.0, mfu=0.20, layer_overhead_ms=0.3, sm_slowdown=0.10,
-        table_ns_per_element=28 / 3.35e12 * 1e9),
+        table_ns_per_element=28 / 3.35e12 * 1e9, assumed=tuple(FIGURES)),
     "local": Cluster(
         "local", "this machine: gloo collectives fitted by `fsbench calibrate --comm`, encoder "
         "cost from `fsbench calibrate` (CPU: no SMs to contend for)", "fit"),
 }
+
+
+def _number(field_name: str, value, where: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: {field_name}={value!r} is not a number") from None
+    if field_name == "gpus_per_node":
+        if number < 1 or number != int(number):
+            raise ConfigError(f"{where}: gpus_per_node={value!r} must be an integer >= 1")
+        return int(number)
+    if field_name == "mfu" and not 0 < number <= 1:
+        raise ConfigError(f"{where}: mfu={value!r} must be in (0, 1]")
+    if number < 0:
+        raise ConfigError(f"{where}: {field_name}={value!r} must be >= 0")
+    return number
+
+
+def read_cluster_file(path: str | Path) -> Cluster:
+    """A cluster a user wrote: a .toml or .json file with `name`, `description`, the
+    FIGURES it sets (compute is "flops"), and optionally `measured`: the figures it
+    measured. Every other figure it sets counts as assumed."""
+    path = Path(path)
+    where = f"--cluster {path}"
+    try:
+        if path.suffix == ".toml":
+            import tomllib
+
+            raw = tomllib.loads(path.read_text())
+        else:
+            raw = json.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read it ({e.strerror})") from None
+    except ValueError as e:
+        raise ConfigError(f"{where}: not valid {'TOML' if path.suffix == '.toml' else 'JSON'} ({e})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a table of keys, got {type(raw).__name__}")
+    allowed = {"name", "description", "measured", *FIGURES}
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {unknown}; allowed: {', '.join(sorted(allowed))}")
+    figures = {k: _number(k, v, where) for k, v in raw.items() if k in FIGURES}
+    measured = raw.get("measured", [])
+    if not isinstance(measured, list) or not set(measured) <= set(figures):
+        raise ConfigError(f"{where}: measured={measured!r} must list figures the file sets: "
+                          f"{', '.join(figures) or 'none'}")
+    return Cluster(str(raw.get("name", path.stem)), str(raw.get("description", f"from {path}")),
+                   "flops", **figures, assumed=tuple(f for f in FIGURES if f not in measured),
+                   source=str(path))
+
+
+def load_cluster(spec: str, overrides: list[str] = ()) -> Cluster:
+    """A preset by name (CLUSTERS) or a cluster file (a path), then `--cluster-set
+    FIGURE=VALUE` overrides: a figure set on the command line is an assumption."""
+    if spec in CLUSTERS:
+        cluster = CLUSTERS[spec]
+    elif Path(spec).suffix in (".toml", ".json"):
+        cluster = read_cluster_file(spec)
+    else:
+        raise ConfigError(f"--cluster {spec!r}: not a preset ({', '.join(CLUSTERS)}) nor a "
+                          f".toml or .json cluster file")
+    changed = {}
+    for item in overrides:
+        key, eq, value = item.partition("=")
+        if not eq or key not in FIGURES:
+            raise ConfigError(f"--cluster-set {item!r}: expected FIGURE=VALUE with FIGURE one of: "
+                              f"{', '.join(FIGURES)}")
+        changed[key] = _number(key, value, f"--cluster-set {item}")
+    if changed and cluster.compute == "fit":
+        raise ConfigError(f"--cluster-set: cluster {cluster.name!r} takes its costs from this "
+                          "machine's fits, not from figures; set figures on a GPU preset or file")
+    if not changed:
+        return cluster
+    return dataclasses.replace(cluster, **changed, assumed=tuple(f for f in FIGURES if f in cluster.assumed or f in changed),
+                               source=f"{cluster.source} + --cluster-set {','.join(changed)}")
 
 
 def contiguous_plan(costs: list[np.ndarray], n: int) -> list[list[np.ndarray]]:

@@ -67,7 +67,7 @@ from fsbench.config import RunConfig, WorkloadConfig
 from fsbench.scaling.ddp_buckets import ddp_buckets, dense_grad_bytes
 from fsbench.errors import ConfigError
 from fsbench.measurement.metrics import rank_causes
-from fsbench.scaling.sim_inputs import Cluster, SimProfile, contiguous_plan
+from fsbench.scaling.sim_inputs import Cluster, SimProfile, assumptions, contiguous_plan
 
 OVERHEAD_KEYS = ("wall_ms", "cpu_ms", "busy_ms", "input_ms")
 def encoder_flops(workload: WorkloadConfig, lengths: np.ndarray) -> np.ndarray:
@@ -338,6 +338,7 @@ def summarize_steps(run: RunConfig, rows: list[dict], cluster: Cluster) -> dict:
         "world_size": run.world_size, "seed": run.seed, "steps": run.workload.steps,
         "warmup": run.workload.warmup, "simulated": True, "emulated": False,
         "oversubscribed": False, "contended": False, "cluster": cluster.name,
+        "assumptions": assumptions(cluster),  # which figures are assumed, in every output
         "steps_measured": int(len(m)),
         "step_time_ms_median": float(m["step_time_ms"].median()),
         "step_time_ms_mean": float(m["step_time_ms"].mean()),
