@@ -17,8 +17,6 @@ import pandas as pd
 from fsbench.errors import ConfigError
 from fsbench.measurement import metrics
 
-# Rank 0's evaluations during a run with --eval (fsbench.running.evaluate writes it).
-EVAL_FILE = "eval.json"
 # The evaluation keys of a summary (None for a run without --eval); fsbench.running.evaluate
 # writes the eval.json they come from.
 QUALITY_KEYS = ("hr_at_10", "ndcg_at_10", "hr_at_10_logq", "ndcg_at_10_logq", "eval_users",
@@ -37,7 +35,7 @@ class RunFiles:
     monitors: list[dict]             # monitor-rank-R.json summaries (CPU, NVML)
     memories: list[dict]             # memory-rank-R.json in rank order
     gpu_busy: pd.DataFrame | None    # CUDA runs: compute kernels from the profiler (kineto)
-    evaluation: dict | None          # eval.json of a run with --eval
+    evaluation: dict | None          # eval.json of a run with --eval (fsbench.running.evaluate)
 
 
 def summarize(files: RunFiles) -> dict:

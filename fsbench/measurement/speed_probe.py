@@ -21,7 +21,6 @@ spread of 20-burst medians fell from 29% (wall time) to 4.8% (normalized).
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import torch
 
 PROBE_SPAN = "speed_probe"
@@ -41,10 +40,12 @@ class SpeedProbe:
         torch.mm(self.tmp, self.a, out=self.out)
 
 
-def probe_ns_per_step(spans: pd.DataFrame) -> pd.Series | None:
+def probe_ns_per_step(spans: "pd.DataFrame") -> "pd.Series | None":  # noqa: F821
     """The probe's thread CPU time (ns) around each step: the median of every rank's
     probes in a window of WINDOW_STEPS steps centred on it. None when the run has no probes
     (CUDA runs, or runs recorded before the probe existed)."""
+    import pandas as pd  # analysis only: ranks import this module to probe, without pandas
+
     probes = spans[spans["name"] == PROBE_SPAN] if "name" in spans else spans.iloc[:0]
     if not len(probes):
         return None

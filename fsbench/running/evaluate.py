@@ -63,13 +63,15 @@ import torch
 from fsbench.config import ConfigError, RunConfig
 from fsbench.models.sparse import ITEM
 from fsbench.running.store import write_json_atomic
-from fsbench.measurement.run_summary import EVAL_FILE
 from fsbench.workloads.batch import JaggedBatch
 from fsbench.workloads.realdata import (Histories, context_ids_for_users, load_histories,
                                         recent_windows)
 
 K = 10
 """Cut-off of the reported metrics (the keys say it: hr_at_10, ndcg_at_10)."""
+EVAL_FILE = "eval.json"
+"""Rank 0's record of a run's evaluations, in the run directory (fsbench.measurement.run_summary
+turns it into the summary's quality keys)."""
 RANKS_FILE = "eval-ranks.npy"
 """The final evaluation's rank of each evaluated user's held-out item (int32, (2, U): the
 plain then the popularity-corrected score; users in id order): paired comparisons of two

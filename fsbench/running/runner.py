@@ -28,7 +28,9 @@ def read_run_files(run_dir: Path) -> run_summary.RunFiles:
         paths = sorted(run_dir.glob(pattern), key=lambda p: int(p.stem.split("-")[-1]))
         return [(int(p.stem.split("-")[-1]), store.read_object(p)) for p in paths]
 
-    evaluation = run_dir / run_summary.EVAL_FILE
+    from fsbench.running.evaluate import EVAL_FILE  # torch: only the summarizing process pays it
+
+    evaluation = run_dir / EVAL_FILE
     return run_summary.RunFiles(
         where=str(run_dir),
         manifest=store.read_manifest(run_dir),
