@@ -18,8 +18,8 @@ from fsbench.cli.dispatch import build_parser, main
 TEXT_JSON = ("text", "json")
 # Every leaf command and the formats it prints; a new command must be added here.
 FORMATS = {"run": TEXT_JSON, "summarize": TEXT_JSON, "sweep": TEXT_JSON, "list": TEXT_JSON,
-           "report": ("md", "latex", "csv", "html", "json"), "compare": ("md", "json"),
-           "gate": ("md", "json"), "simulate": TEXT_JSON, "calibrate": TEXT_JSON,
+           "report": ("md", "latex", "csv", "html", "json"), "compare": ("md", "json", "junit"),
+           "gate": ("md", "json", "junit"), "simulate": TEXT_JSON, "calibrate": TEXT_JSON,
            "validate": TEXT_JSON, "overhead": TEXT_JSON, "history": TEXT_JSON,
            "reference": TEXT_JSON, "micro sm-contention": TEXT_JSON,
            "trace": None}  # trace writes a file and prints where: no table to format

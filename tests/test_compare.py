@@ -321,7 +321,7 @@ def test_all_contended_sides_are_inconclusive_with_the_reason(tmp_path, capsys):
     assert "contended" in result["rows"][0]["reason"] and "quiet machine" in result["rows"][0]["remedy"]
     assert sum("contended" in n for n in result["notes"]) == 4
     main(["compare", str(tmp_path / "a"), str(tmp_path / "b")])  # the markdown says it too
-    assert "outcome: **inconclusive** (exit 3)" in capsys.readouterr().out
+    assert capsys.readouterr().out.startswith("fsbench: **inconclusive** (exit 3) | 0 regressed, 1 inconclusive")
 
 
 def test_a_key_on_one_side_only_is_inconclusive(tmp_path, capsys):
@@ -400,3 +400,55 @@ def test_an_internal_error_exits_4_in_one_line(monkeypatch, tmp_path, capsys):
     assert len(err) == 1 and "internal error: RuntimeError: a bug" in err[0] and "fsbench-error-" in err[0]
     assert main(["--debug", "compare", str(tmp_path / "a"), str(tmp_path / "a")]) == 4
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_a_regression_reads_as_a_failing_junit_case_and_heads_the_comment(tmp_path, capsys):
+    """One stalled side: the JUnit (parsed by a real XML parser) fails its step-time case;
+    the Markdown's first line names the regression; --only-changed leaves unchanged rows
+    out of the table but not out of the counts."""
+    import xml.etree.ElementTree as ET
+
+    from written_runs import write_run
+
+    rng = np.random.default_rng(8)
+    for seed in (0, 1, 2):
+        data = rng.uniform(150, 250, 64)
+        write_run(tmp_path / "a", f"s{seed}", data * np.exp(rng.normal(0, 0.05, 64)), seed=seed, block_steps=1)
+        write_run(tmp_path / "b", f"s{seed}", 1.3 * data * np.exp(rng.normal(0, 0.05, 64)), seed=seed,
+                  block_steps=1)
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    assert main(["compare", a, b, "--format", "junit"]) == 1
+    root = ET.fromstring(capsys.readouterr().out)
+    cases = {c.get("name"): c for c in root.iter("testcase")}
+    assert root.tag == "testsuites" and int(root.get("failures")) >= 1
+    assert cases["step_time_ms"].find("failure").get("message").startswith("regressed: +3")
+    assert int(root.get("tests")) == len(cases) == len(compare.METRICS)
+    for c in cases.values():  # every case passes, fails or is skipped with its reason
+        skipped = c.find("skipped")
+        assert skipped is None or "To settle it:" in skipped.get("message")
+    assert main(["compare", a, b]) == 1
+    md = capsys.readouterr().out
+    first = md.splitlines()[0]
+    assert first.startswith("fsbench: **regressed** (exit 1): tiny ddp 2 ranks step_time_ms +3"), first
+    assert main(["compare", a, b, "--only-changed"]) == 1
+    short = capsys.readouterr().out
+    unchanged = sum(1 for line in md.splitlines() if line.rstrip().endswith("| unchanged |"))
+    assert short.splitlines()[0] == first
+    assert not any(line.rstrip().endswith("| unchanged |") for line in short.splitlines())
+    assert (f"{unchanged} unchanged row(s) left out" in short) == (unchanged > 0)
+
+
+def test_junit_of_an_inconclusive_key_skips_with_the_reason():
+    import xml.etree.ElementTree as ET
+
+    from fsbench.gates import compare_output
+
+    rows = [compare._nan_row(("small", "v1", "ddp", 2), "*", "every BASE run of this key is contended",
+                             "rerun on a quiet machine")]
+    root = ET.fromstring(compare_output.junit(rows, ["BASE run r1: contended"]))
+    (case,) = root.iter("testcase")
+    assert case.get("name") == "every metric" and root.get("skipped") == "1" and root.get("failures") == "0"
+    assert case.find("skipped").get("message") == ("inconclusive: every BASE run of this key is contended. "
+                                                   "To settle it: rerun on a quiet machine.")
+    assert "contended" in root.find("testsuite/system-out").text
+    assert compare_output.summary_line(rows).startswith("fsbench: **inconclusive** (exit 3) | 0 regressed, 1 inconclusive")

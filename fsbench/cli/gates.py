@@ -94,8 +94,13 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
 
 def _verdict_args(p: argparse.ArgumentParser) -> None:
     """What `compare` and `gate` share: output format and the verdict's settings."""
-    add_format(p, ("md", "json"), help="md: the verdict table (markdown, for a review "
-                                       "comment); json: one JSON document")
+    add_format(p, ("md", "json", "junit"),
+               help="md: a summary line, then the verdict table (markdown, for a review comment); "
+                    "json: one JSON document; junit: JUnit XML (a test case per key and metric: "
+                    "regressed fails, inconclusive is skipped with its reason)")
+    p.add_argument("--only-changed", action="store_true",
+                   help="md: leave unchanged rows out of the table (the summary line still counts "
+                        "them; json and junit keep every row)")
     p.add_argument("--alpha", type=float, default=None, help="significance level; default: 0.01")
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                    help="per kind (time, memory: relative; ratio: absolute) or per metric, "
@@ -122,7 +127,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     alpha, thresholds = _verdict_settings(args)
     rows, notes = compare.compare(compare_sides.load_side(args.base), compare_sides.load_side(args.new),
                                   alpha, thresholds, args.allow_cross_machine)
-    text = compare_output.to_json(rows, notes) if args.format == "json" else compare_output.markdown(rows, notes)
+    text = compare_output.render(rows, notes, args.format, args.only_changed)
     print(text)
     if args.out:
         Path(args.out).write_text(text)
@@ -175,7 +180,8 @@ def cmd_gate(args: argparse.Namespace) -> int:
     rows += gate.contended_rows(sweep, still, args.retries)
     (out / "compare.md").write_text(compare_output.markdown(rows, notes))
     (out / "compare.json").write_text(compare_output.to_json(rows, notes))
-    print(compare_output.to_json(rows, notes) if args.format == "json" else compare_output.markdown(rows, notes))
+    (out / "compare.junit.xml").write_text(compare_output.junit(rows, notes, "fsbench gate"))
+    print(compare_output.render(rows, notes, args.format, args.only_changed, "fsbench gate"))
     if not paced:
         warn("gate: one version predates turn-taking (fsbench/running/pacing.py), so the versions ran "
              "one after the other: the machine's drift between runs counts as change (the design "
