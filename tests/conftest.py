@@ -1,4 +1,5 @@
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -74,23 +75,32 @@ def _starts_ranks(argv) -> bool:
     return "fsbench.cli" in words and bool(LAUNCHING_COMMANDS & set(words))
 
 
-@pytest.fixture(autouse=True)
-def _ranks_only_in_the_dist_tier(request, monkeypatch):
-    """The fast tier (`make test`, `-m "not dist"`) must stay fast: a test that starts
-    ranks without the `dist` mark fails here, naming what it started."""
-    if request.node.get_closest_marker("dist"):
-        yield
-        return
-    import subprocess
+# The test being set up, run or torn down (its fixtures of every scope included): a
+# fixture of a wider scope is set up inside its first user's setup.
+_CURRENT: list = [None]
 
-    real = subprocess.Popen
 
-    class Guarded(real):
-        def __init__(self, args, *rest, **kwargs):
-            if _starts_ranks(args):
-                raise RuntimeError(f"{request.node.nodeid} starts ranks ({' '.join(map(str, args))[:120]}) "
-                                   "but is not marked dist: add @pytest.mark.dist (make test-all runs it)")
-            super().__init__(args, *rest, **kwargs)
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _CURRENT[0] = item
 
-    monkeypatch.setattr(subprocess, "Popen", Guarded)
-    yield
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    _CURRENT[0] = None
+
+
+class _RankGuard(subprocess.Popen):
+    """The fast tier (`make test`, `-m "not dist"`) must stay fast: a process that starts
+    ranks while an unmarked test (or a fixture set up for it, whatever its scope) runs
+    fails here, naming what it started."""
+
+    def __init__(self, args, *rest, **kwargs):
+        item = _CURRENT[0]
+        if item is not None and not item.get_closest_marker("dist") and _starts_ranks(args):
+            raise RuntimeError(f"{item.nodeid} starts ranks ({' '.join(map(str, args))[:120]}) "
+                               "but is not marked dist: add @pytest.mark.dist (make test-all runs it)")
+        super().__init__(args, *rest, **kwargs)
+
+
+subprocess.Popen = _RankGuard  # the whole session: every caller of subprocess.Popen goes through it

@@ -37,6 +37,7 @@ def _bad_store(tmp_path, good_run):
     return tmp_path
 
 
+@pytest.mark.dist  # good_run is a real run
 def test_scan_skips_bad_files_with_one_warning_each(tmp_path, good_run, capsys):
     root = _bad_store(tmp_path, good_run)
     table = store.refresh_table(root)
