@@ -31,6 +31,16 @@ step k's backward; fresh rows are sent right after step k's update, first in lin
 by chunk. Nothing is stale: every row the model reads at step k+1 holds the value after
 step k's update, so the losses equal the blocking version's (tested to 1e-6).
 
+Host plans, no host syncs in forward and backward. On a GPU, every read of a device
+tensor's values by the host (`.tolist()`, a boolean mask, `torch.unique`, `bincount`)
+waits for the device to drain: inside forward or backward it would undo the overlap. So
+every decision the host makes (split sizes, which chunks a use reads, which pending
+message carries which chunk) is planned from host-side values before the step, in the
+input stage when the routing is computed there (`freescale_impl.routing`), and the step
+itself only launches gathers with index tensors planned ahead (`Fetch`, `Request.use_index`,
+`Request.chunk_entries`). tests/test_sync_free_exchange.py records every such read the
+exchange makes inside forward and backward: none.
+
 Switches: `overlap=off` is the blocking version (one fetch, waited before the forward;
 one gradient send after backward); `priority` needs `overlap`.
 """
@@ -49,8 +59,24 @@ from freescale_impl.transport import CollectiveTransport, Pending
 USES = ("users", "contexts", "items", "targets", "negatives")  # the model's reading order
 
 
-def _splits(peers: torch.Tensor, world_size: int) -> list[int]:
-    return torch.bincount(peers, minlength=world_size).tolist()
+def _counts(index: torch.Tensor, n: int) -> list[int]:
+    """Entries per peer, on the host: for planning only, never inside forward or backward."""
+    return torch.bincount(index.cpu(), minlength=n).tolist()
+
+
+@dataclass
+class Fetch:
+    """One message of rows, planned on the host: the owner looks up its service entries
+    `svc_entries` and sends `send_splits[r]` rows to each rank r; the requester receives
+    `recv_splits[o]` from each owner o into its entries `req_entries`, which belong to
+    `chunks`."""
+
+    name: str
+    req_entries: torch.Tensor
+    svc_entries: torch.Tensor
+    send_splits: list[int]
+    recv_splits: list[int]
+    chunks: set[int]
 
 
 @dataclass
@@ -62,15 +88,21 @@ class Request:
     owner: torch.Tensor      # (E,)
     chunk: torch.Tensor      # (E,)
     counts: torch.Tensor     # (N, chunks) entries per (owner, chunk)
-    use_entry: dict[str, torch.Tensor]  # per use: the entry of each id it reads
-    pos_in_chunk: torch.Tensor  # (E,) row of entry e in its chunk's leaf
-    chunk_sizes: list[int]
-    # filled as the protocol runs
+    send_counts: list[int]   # host: entries per owner (the ids' splits)
+    grad_splits: list[list[int]]  # host: per chunk, its entries per owner (the gradients' splits)
+    chunk_sizes: list[int]   # host: entries per chunk
+    chunk_entries: list[torch.Tensor]  # per chunk, its entries in entry order (its leaf's rows)
+    use_chunks: dict[str, list[int]]   # host: per use, the chunks it reads (ascending)
+    use_index: dict[str, torch.Tensor]  # per use: each id's row in its chunks' concatenated leaves
+    # planned once the fresh rows are known (`plan_fetches`)
     fresh: torch.Tensor | None = None  # (E,) rows that must wait for the previous update
+    final_fetch: Fetch | None = None   # priority: rows the previous step cannot change
+    fresh_fetches: list[Fetch] = field(default_factory=list)  # per chunk, in reading order
+    # filled as the protocol runs
     pending: list[tuple[Pending, torch.Tensor, set[int]]] = field(default_factory=list)
     buffer: torch.Tensor | None = None  # (E, D) fetched rows
     leaves: list[torch.Tensor | None] = field(default_factory=list)
-    tables: dict = field(default_factory=dict)  # chunks read together -> (rows, offsets)
+    tables: dict = field(default_factory=dict)  # chunks read together -> their leaves concatenated
 
 
 @dataclass
@@ -82,6 +114,9 @@ class Service:
     src: torch.Tensor
     chunk: torch.Tensor
     fresh: torch.Tensor | None = None
+    # planned with the fetches: per chunk, its entries and the gradients' splits per rank
+    grad_entries: list[torch.Tensor] = field(default_factory=list)
+    grad_splits: list[list[int]] = field(default_factory=list)
 
 
 def rows_by_use(batch: JaggedBatch, layout: RowLayout) -> dict[str, torch.Tensor]:
@@ -100,6 +135,7 @@ def all_rows(batch: JaggedBatch, layout: RowLayout) -> torch.Tensor:
 
 
 def build_request(batch: JaggedBatch, layout: RowLayout, chunks: int) -> Request:
+    """The step's request and its host plan (ahead of the step: reads values to the host)."""
     ids = rows_by_use(batch, layout)
     flat = torch.cat([ids[u] for u in USES])
     uniq, inverse = torch.unique(flat, return_inverse=True)
@@ -124,9 +160,45 @@ def build_request(batch: JaggedBatch, layout: RowLayout, chunks: int) -> Request
     starts = torch.cumsum(sizes, 0) - sizes
     pos_in_chunk = torch.empty_like(chunk)
     pos_in_chunk[by_chunk] = torch.arange(n_uniq, device=flat.device) - starts[chunk[by_chunk]]
+    sizes_h, counts_h = sizes.tolist(), counts.view(layout.world_size, chunks).tolist()
+    # Each use reads the concatenation of the leaves of the chunks it touches, ascending.
+    use_chunks, use_index = {}, {}
+    for u in USES:
+        needed = torch.unique(chunk[use_entry[u]]).tolist()
+        offset = torch.zeros(chunks, dtype=torch.int64, device=flat.device)
+        at = 0
+        for c in needed:
+            offset[c] = at
+            at += sizes_h[c]
+        use_chunks[u] = needed
+        use_index[u] = offset[chunk[use_entry[u]]] + pos_in_chunk[use_entry[u]]
     return Request(batch, uniq[send_order], owner[send_order], chunk,
-                   counts.view(layout.world_size, chunks), use_entry, pos_in_chunk,
-                   sizes.tolist())
+                   counts.view(layout.world_size, chunks), [sum(row) for row in counts_h],
+                   [[row[c] for row in counts_h] for c in range(chunks)], sizes_h,
+                   list(by_chunk.split(sizes_h)), use_chunks, use_index)
+
+
+def _fetch(name: str, req: Request, svc: Service, sel_req: torch.Tensor, sel_srv: torch.Tensor,
+           n: int) -> Fetch:
+    sel_req, sel_srv = sel_req.cpu(), sel_srv.cpu()
+    req_entries, svc_entries = sel_req.nonzero().flatten(), sel_srv.nonzero().flatten()
+    return Fetch(name, req_entries, svc_entries, _counts(svc.src.cpu()[svc_entries], n),
+                 _counts(req.owner.cpu()[req_entries], n),
+                 set(torch.unique(req.chunk.cpu()[req_entries]).tolist()))
+
+
+def plan_fetches(req: Request, svc: Service, n: int, chunks: int, final: bool) -> None:
+    """The step's messages from its fresh masks, on the host: with `final` one message of
+    the rows the previous step cannot change, then (always) the fresh rows chunk by chunk;
+    and the gradients' receive plan per chunk. Index tensors are on the CPU: the input
+    stage moves them to the device with the step's input (else `ShardedEmbeddings`)."""
+    req_chunk, svc_chunk, svc_src = req.chunk.cpu(), svc.chunk.cpu(), svc.src.cpu()
+    req_fresh, svc_fresh = req.fresh.cpu(), svc.fresh.cpu()
+    req.final_fetch = _fetch("emb.fetch_final", req, svc, ~req_fresh, ~svc_fresh, n) if final else None
+    req.fresh_fetches = [_fetch(f"emb.fetch_c{c}", req, svc, req_fresh & (req_chunk == c),
+                                svc_fresh & (svc_chunk == c), n) for c in range(chunks)]
+    svc.grad_entries = [(svc_chunk == c).nonzero().flatten() for c in range(chunks)]
+    svc.grad_splits = [_counts(svc_src[e], n) for e in svc.grad_entries]
 
 
 class ShardedEmbeddings:
@@ -143,27 +215,26 @@ class ShardedEmbeddings:
         self.chunks = chunks if overlap else 1
         self.overlap, self.priority = overlap, priority
         self.dim = layout.dim
+        self.device = shard.weight.device
         self._grad_sends: list[tuple[Pending, int]] = []  # (exchange, chunk) this step
         self._sent = 0
         self._ready: list[bool] = []
 
     # -- requests -----------------------------------------------------------------
     def request(self, batch: JaggedBatch) -> tuple[Request, Service, Pending]:
-        """Send a step's requests: counts (waited: the ids' splits need them), then the
-        ids (returned pending; `serve` waits)."""
+        """Send a step's requests (before its forward): counts (waited: the ids' splits
+        need them), then the ids (returned pending; `serve` waits)."""
         with span("emb.route", kind="compute"):
             req = build_request(batch, self.layout, self.chunks)
         counts_in = self.control.all_to_all(req.counts, [1] * self.n, [1] * self.n,
-                                            "emb.counts").wait()  # (N sources, chunks)
-        ids = self.control.all_to_all(req.rows, req.counts.sum(1).tolist(),
-                                      counts_in.sum(1).tolist(), "emb.ids")
-        flat = counts_in.reshape(-1)
-        peers = torch.arange(self.n, device=flat.device).repeat_interleave(self.chunks)
-        chunks = torch.arange(self.chunks, device=flat.device).repeat(self.n)
-        svc = Service(local=torch.empty(0, dtype=torch.int64),
-                      src=peers.repeat_interleave(flat), chunk=chunks.repeat_interleave(flat))
-        req.buffer = torch.empty(req.rows.numel(), self.dim, dtype=self.shard.weight.dtype,
-                                 device=self.shard.weight.device)
+                                            "emb.counts").wait().tolist()  # (N sources, chunks)
+        ids = self.control.all_to_all(req.rows, req.send_counts, [sum(row) for row in counts_in],
+                                      "emb.ids")
+        src = [r for r in range(self.n) for c in range(self.chunks) for _ in range(counts_in[r][c])]
+        chunk = [c for r in range(self.n) for c in range(self.chunks) for _ in range(counts_in[r][c])]
+        svc = Service(local=torch.empty(0, dtype=torch.int64), src=torch.tensor(src, dtype=torch.int64),
+                      chunk=torch.tensor(chunk, dtype=torch.int64))
+        self._new_buffer(req)
         return req, svc, ids
 
     def serve(self, svc: Service, ids: Pending) -> None:
@@ -171,58 +242,70 @@ class ShardedEmbeddings:
         with span("emb.route", kind="compute"):
             svc.local = self.layout.local_index(ids)
 
+    def _new_buffer(self, req: Request) -> None:
+        req.buffer = torch.empty(req.rows.numel(), self.dim, dtype=self.shard.weight.dtype,
+                                 device=self.device)
+
+    def _plan(self, req: Request, svc: Service, final: bool) -> None:
+        """Requests exchanged inside the step: plan its messages now (before the forward,
+        or between forward and backward), and move the plan's indices to the device."""
+        plan_fetches(req, svc, self.n, self.chunks, final)
+        to = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
+        for f in [req.final_fetch, *req.fresh_fetches]:
+            if f is not None:
+                f.req_entries, f.svc_entries = to(f.req_entries), to(f.svc_entries)
+        svc.grad_entries = [to(e) for e in svc.grad_entries]
+
     # -- fetch --------------------------------------------------------------------
-    def _fetch(self, req: Request, svc: Service, sel_req: torch.Tensor, sel_srv: torch.Tensor,
-               name: str) -> None:
+    def _send(self, req: Request, svc: Service, f: Fetch) -> None:
         with span("emb.lookup", kind="compute"):
-            rows = self.shard.lookup(svc.local[sel_srv])
-        p = self.transport.all_to_all(rows, _splits(svc.src[sel_srv], self.n),
-                                      _splits(req.owner[sel_req], self.n), name)
-        req.pending.append((p, sel_req, set(torch.unique(req.chunk[sel_req]).tolist())))
+            rows = self.shard.lookup(svc.local.index_select(0, f.svc_entries))
+        p = self.transport.all_to_all(rows, f.send_splits, f.recv_splits, f.name)
+        req.pending.append((p, f.req_entries, f.chunks))
 
     def fetch_all(self, req: Request, svc: Service) -> None:
         """Every row of this step now (no rows prepared ahead): chunk by chunk."""
-        req.fresh = torch.ones(req.rows.numel(), dtype=torch.bool, device=req.rows.device)
-        svc.fresh = torch.ones(svc.local.numel(), dtype=torch.bool, device=svc.local.device)
+        req.fresh = torch.ones(req.rows.numel(), dtype=torch.bool)
+        svc.fresh = torch.ones(svc.chunk.numel(), dtype=torch.bool)
+        self._plan(req, svc, final=False)
         self.send_fresh(req, svc)
 
     def adopt(self, batch: JaggedBatch, routing: dict) -> tuple[Request, Service]:
-        """A step whose routing the input stage computed (`freescale_impl.routing`)."""
+        """A step whose routing and plan the input stage computed (`freescale_impl.routing`)."""
         req, svc = routing["request"], routing["service"]
         req.batch = batch
-        req.buffer = torch.empty(req.rows.numel(), self.dim, dtype=self.shard.weight.dtype,
-                                 device=self.shard.weight.device)
+        self._new_buffer(req)
         return req, svc
 
     def split_and_send_final(self, req: Request, svc: Service, touched: torch.Tensor) -> None:
         """Priority, requests exchanged: rows the current step touches (`touched`: this
         owner's local rows asked for at the current step) are fresh; tell the requesters
-        which, and send the others now."""
+        which, plan, and send the others now (between the current forward and backward)."""
         with span("emb.route", kind="compute"):
             svc.fresh = torch.isin(svc.local, touched)
-        mask = self.control.all_to_all(svc.fresh.to(torch.uint8), _splits(svc.src, self.n),
-                                       req.counts.sum(1).tolist(), "emb.fresh_mask").wait()
+        mask = self.control.all_to_all(svc.fresh.to(torch.uint8), _counts(svc.src, self.n),
+                                       req.send_counts, "emb.fresh_mask").wait()
         req.fresh = mask.bool()
+        self._plan(req, svc, final=True)
         self.send_final(req, svc)
 
     def send_final(self, req: Request, svc: Service) -> None:
         """Priority: rows the current step cannot change, now (they are final)."""
-        self._fetch(req, svc, ~req.fresh, ~svc.fresh, "emb.fetch_final")
+        self._send(req, svc, req.final_fetch)
 
     def send_fresh(self, req: Request, svc: Service) -> None:
         """Fresh rows, chunk by chunk in reading order (after the update that made them)."""
-        for c in range(self.chunks):
-            self._fetch(req, svc, req.fresh & (req.chunk == c), svc.fresh & (svc.chunk == c),
-                        f"emb.fetch_c{c}")
+        for f in req.fresh_fetches:
+            self._send(req, svc, f)
 
     def _rows_ready(self, req: Request, chunks: set[int]) -> None:
         """Wait for every pending fetch that carries rows of these chunks."""
         still = []
-        for p, sel, carries in req.pending:
+        for p, entries, carries in req.pending:
             if carries & chunks:
-                req.buffer[sel] = p.wait()
+                req.buffer.index_copy_(0, entries, p.wait())
             else:
-                still.append((p, sel, carries))
+                still.append((p, entries, carries))
         req.pending = still
 
     def wait_all(self, req: Request) -> None:
@@ -236,15 +319,14 @@ class ShardedEmbeddings:
     def _leaf(self, req: Request, c: int) -> torch.Tensor:
         if req.leaves[c] is None:
             self._rows_ready(req, {c})
-            leaf = req.buffer[req.chunk == c].detach().requires_grad_(True)
+            leaf = req.buffer.index_select(0, req.chunk_entries[c]).detach().requires_grad_(True)
             if self.overlap:
                 leaf.register_post_accumulate_grad_hook(lambda _t, c=c: self._grad_ready(req, c))
             req.leaves[c] = leaf
         return req.leaves[c]
 
     def rows_for(self, req: Request, use: str) -> torch.Tensor:
-        entries = req.use_entry[use]
-        needed = torch.unique(req.chunk[entries]).tolist()
+        needed = req.use_chunks[use]
         if not needed:
             return req.buffer.new_zeros(0, self.dim)
         # Only the chunks this use reads: a chunk read by the targets alone then gets its
@@ -252,23 +334,17 @@ class ShardedEmbeddings:
         # the same chunks share one concatenation.
         key = tuple(needed)
         if key not in req.tables:
-            offset = torch.zeros(self.chunks, dtype=torch.int64, device=entries.device)
-            at = 0
-            for c in needed:
-                offset[c] = at
-                at += req.chunk_sizes[c]
             leaves = [self._leaf(req, c) for c in needed]
-            req.tables[key] = (leaves[0] if len(leaves) == 1 else torch.cat(leaves), offset)
-        table, offset = req.tables[key]
-        return table.index_select(0, offset[req.chunk[entries]] + req.pos_in_chunk[entries])
+            req.tables[key] = leaves[0] if len(leaves) == 1 else torch.cat(leaves)
+        return req.tables[key].index_select(0, req.use_index[use])
 
     # -- gradients ------------------------------------------------------------------
     def prepare_gradients(self, req: Request, svc: Service) -> None:
-        """Before backward: what each owner receives per chunk, and which chunks have no
-        gradient to wait for (none of their rows was read, or the chunk is empty)."""
-        self._svc_splits = [_splits(svc.src[svc.chunk == c], self.n) for c in range(self.chunks)]
+        """Before backward: which chunks have no gradient to wait for (none of their rows
+        was read, or the chunk is empty)."""
         self._ready = [req.leaves[c] is None for c in range(self.chunks)]
         self._grad_sends, self._sent = [], 0
+        self._svc = svc
 
     def _grad_ready(self, req: Request, c: int) -> None:
         self._ready[c] = True
@@ -281,11 +357,11 @@ class ShardedEmbeddings:
             c = self.chunks - 1 - self._sent
             if not (self._ready[c] or everything):
                 return
-            leaf, sel = req.leaves[c], req.chunk == c
+            leaf = req.leaves[c]
             grads = (leaf.grad if leaf is not None and leaf.grad is not None
                      else req.buffer.new_zeros(req.chunk_sizes[c], self.dim))
-            p = self.transport.all_to_all(grads, _splits(req.owner[sel], self.n),
-                                          self._svc_splits[c], f"emb.grad_c{c}")
+            p = self.transport.all_to_all(grads, req.grad_splits[c], self._svc.grad_splits[c],
+                                          f"emb.grad_c{c}")
             self._grad_sends.append((p, c))
             self._sent += 1
 
@@ -295,7 +371,7 @@ class ShardedEmbeddings:
         locals_, grads = [], []
         for p, c in self._grad_sends:
             grads.append(p.wait())
-            locals_.append(svc.local[svc.chunk == c])
+            locals_.append(svc.local.index_select(0, svc.grad_entries[c]))
         with span("sparse_optimizer", kind="compute"):
             self.shard.apply_gradients(torch.cat(locals_), torch.cat(grads))
 

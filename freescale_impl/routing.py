@@ -15,8 +15,33 @@ import torch
 
 from fsbench.training.trainer import StepInput
 from fsbench.workloads.batch import JaggedBatch
-from freescale_impl.embedding_exchange import Request, Service, all_rows, build_request
+from freescale_impl.embedding_exchange import Request, Service, all_rows, build_request, plan_fetches
 from freescale_impl.sharded_tables import RowLayout
+
+
+def route(batches: list[JaggedBatch], rank: int, layout: RowLayout, chunks: int,
+          before: torch.Tensor | None, final: bool) -> tuple[Request, Service, torch.Tensor]:
+    """Rank `rank`'s Request and Service for a step whose per-rank batches are `batches`,
+    planned on the host (`plan_fetches`), and the global rows the step reads. `before`:
+    the rows the previous step read (they are fresh: its update may change them), or None
+    (every row fresh); `final`: send the other rows ahead (priority)."""
+    n = len(batches)
+    reqs = [build_request(b, layout, chunks) for b in batches]
+    req = reqs[rank]
+    mine = [q.owner == rank for q in reqs]
+    rows_in = torch.cat([q.rows[m] for q, m in zip(reqs, mine)])
+    svc = Service(local=layout.local_index(rows_in),
+                  src=torch.cat([torch.full((int(m.sum()),), r, dtype=torch.int64)
+                                 for r, m in enumerate(mine)]),
+                  chunk=torch.cat([q.chunk[m] for q, m in zip(reqs, mine)]))
+    req.fresh = (torch.isin(req.rows, before) if before is not None
+                 else torch.ones(req.rows.numel(), dtype=torch.bool))
+    svc.fresh = (torch.isin(rows_in, before) if before is not None
+                 else torch.ones(rows_in.numel(), dtype=torch.bool))
+    # The step's messages planned here, on the host: the step launches them with index
+    # tensors and host splits alone (no host sync in its forward and backward).
+    plan_fetches(req, svc, n, chunks, final=final)
+    return req, svc, torch.unique(torch.cat([q.rows for q in reqs]))
 
 
 class RoutedShare:
@@ -29,23 +54,12 @@ class RoutedShare:
 
     def __call__(self, step: int) -> StepInput:
         shares = [self.balanced.share(step, r) for r in range(self.n)]
-        batches = [b for b, _ in shares]
-        reqs = [build_request(b, self.layout, self.chunks) for b in batches]
-        req = reqs[self.rank]
-        mine = [q.owner == self.rank for q in reqs]
-        rows_in = torch.cat([q.rows[m] for q, m in zip(reqs, mine)])
-        svc = Service(local=self.layout.local_index(rows_in),
-                      src=torch.cat([torch.full((int(m.sum()),), r, dtype=torch.int64)
-                                     for r, m in enumerate(mine)]),
-                      chunk=torch.cat([q.chunk[m] for q, m in zip(reqs, mine)]))
         # Fresh: rows the previous step reads, so its update may change them. Without
         # priority every row is fetched after the previous update anyway.
         before = self.touched(step - 1) if self.priority and step > 0 else None
-        req.fresh = (torch.isin(req.rows, before) if before is not None
-                     else torch.ones(req.rows.numel(), dtype=torch.bool))
-        svc.fresh = (torch.isin(rows_in, before) if before is not None
-                     else torch.ones(rows_in.numel(), dtype=torch.bool))
-        self._touched = (step, torch.unique(torch.cat([q.rows for q in reqs])))
+        req, svc, touched = route([b for b, _ in shares], self.rank, self.layout, self.chunks,
+                                  before, final=self.priority)
+        self._touched = (step, touched)
         local, plan = shares[self.rank]
         req.batch = None  # travels as the step's batch; the trainer puts it back
         return StepInput(step, [local], local.batch_size, local.num_targets,
