@@ -61,6 +61,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("input_worker_cpu_ratio", "loader cpu %", _pct, True, True),
     Column("cpu_steal_ratio", "cpu steal %", _pct, True, True),
     Column("sm_occupancy", "SM occ %", _pct, True, True),
+    # CUDA: device-to-host syncs per step (busiest rank), and those inside forward and
+    # backward (fsbench.measurement.host_syncs); None on CPU.
+    Column("host_syncs_per_step", "host syncs/step", lambda v: f"{v:.1f}", summary=True),
+    Column("host_syncs_fwd_bwd_per_step", "syncs in fwd+bwd/step", lambda v: f"{v:.1f}", summary=True),
     # The largest rank's peak (process RSS on CPU, allocated tensors on CUDA).
     Column("peak_memory_mb", "peak MiB", lambda v: f"{v:.0f}", True, True),
     # Quality beside speed (fsbench.running.evaluate): None in runs without --eval. Not yet in

@@ -17,7 +17,8 @@ from fsbench.running.store import load_runs
 # What a reader of the check needs from each run's summary, in this order.
 RUN_KEYS = ("run_id", "trainer", "workload", "device", "status", "step_time_ms_median",
             "samples_per_s", "bubble_ratio", "exposed_comm_ratio", "comm_overlap_ratio",
-            "sm_occupancy", "peak_memory_mb")
+            "sm_occupancy", "peak_memory_mb", "gpu_mem_used_peak_mib", "host_syncs_per_step",
+            "host_syncs_fwd_bwd_per_step")
 
 
 def read_steps(path: Path) -> list[dict]:

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from fsbench.errors import ConfigError
-from fsbench.measurement import metrics
+from fsbench.measurement import host_syncs, metrics
 
 # The evaluation keys of a summary (None for a run without --eval); fsbench.running.evaluate
 # writes the eval.json they come from.
@@ -72,6 +72,7 @@ def summarize(files: RunFiles) -> dict:
                                      threads_runq=[(s["threads_runq_ns"], s["helper_cpu_ns"], s["window_ns"])
                                                    for s in machines if "window_ns" in s] or None))
     summary.update(plan_accuracy(spans, stats))
+    summary.update(host_syncs.per_step(stats[~stats["step"].isin(warmup_steps(spans))]))
     summary.update(merge_monitors(files.monitors))
     summary.update(peak_memory(files.memories))
     summary.update(quality(files.evaluation, step_times_ms(spans, files.gpu_busy) if files.evaluation else {}))
@@ -189,3 +190,8 @@ def plan_accuracy(spans: pd.DataFrame, stats: pd.DataFrame) -> dict:
             out.update(cost_fit_slope=float(slope), cost_fit_intercept_ms=float(intercept),
                        cost_fit_r2=float(1 - (resid ** 2).sum() / ((busy_ms - busy_ms.mean()) ** 2).sum()))
     return out
+
+
+def warmup_steps(spans: pd.DataFrame) -> set[int]:
+    """The steps the timelines mark warm-up."""
+    return set(spans.loc[spans["warmup"].astype(bool), "step"].astype(int))

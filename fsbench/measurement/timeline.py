@@ -87,6 +87,11 @@ class Timeline:
         # an autograd hook inside `backward`) is recorded `nested` and left out of the
         # step's partition (its time is already in the enclosing span), kept for traces.
         self._open = 0
+        self._names: list[str] = []  # the open spans, outermost first (open_spans)
+
+    def open_spans(self) -> list[str]:
+        """The names of the spans open now on this rank's training thread, outermost first."""
+        return list(self._names)
 
     def begin_step(self, step: int, warmup: bool) -> None:
         self.step, self.warmup = step, warmup
@@ -106,10 +111,14 @@ class Timeline:
         # The wall interval encloses the CPU-time one (read first, read last), so a span's
         # cpu_ns never exceeds its dur_ns by the cost of the clock reads themselves.
         q0, t0, cpu0 = runqueue_wait_ns(), now_ns(), time.thread_time_ns()
+        self._names.append(name)
         try:
             yield
         finally:
             cpu1, t1, q1 = time.thread_time_ns(), now_ns(), runqueue_wait_ns()
+            # The last one of this name: spans opened from autograd's threads (CUDA) may
+            # close in another order than this thread's.
+            del self._names[len(self._names) - 1 - self._names[::-1].index(name)]
             self._open -= kind != "step"
             rec = {
                 "rank": self.rank, "step": self.step, "warmup": self.warmup,

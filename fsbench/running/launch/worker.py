@@ -21,6 +21,7 @@ from fsbench.training import dist as fsdist
 from fsbench.measurement.clock import measure_offset, now_ns
 from fsbench.config import run_from_dict
 from fsbench.running.evaluate import Evaluator
+from fsbench.measurement.host_syncs import HostSyncCounter
 from fsbench.measurement.monitor import RankMonitor
 from fsbench.running.pacing import Pacer
 from fsbench.measurement.speed_probe import PROBE_SPAN, SpeedProbe
@@ -62,6 +63,7 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
     # Samples SM occupancy (GPU) or CPU utilization and RSS during measured steps only.
     monitor = RankMonitor(ctx.device)
     profiler = GpuKernelRecord(ctx, run_dir)
+    syncs = HostSyncCounter(ctx.device.type == "cuda", timeline.open_spans)
     # The machine over the measured window: CPU steal, and the run-queue wait of every
     # thread of this rank and of its loader workers (what decides `contended`).
     steal0 = steal1 = threads0 = threads1 = None
@@ -92,14 +94,15 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
                     with timeline.span(PROBE_SPAN, kind="probe"):
                         probe.run()
                 with timeline.span("step"), profiler.step(step):
-                    stats = trainer.step(inputs)
+                    with syncs.step() as counted:  # CUDA: host syncs, ours below left out
+                        stats = trainer.step(inputs)
                     end_of_step_sync(ctx.device)
                 if stats.step is not None and stats.step != step:
                     raise RuntimeError(f"trainer trained step {stats.step} at harness step {step}")
                 stats_file.write(json.dumps({"rank": ctx.rank, "step": step, "loss": stats.loss,
                                              "num_samples": stats.num_samples,
                                              "num_targets": stats.num_targets,
-                                             **(stats.extra or {})}) + "\n")
+                                             **(counted or {}), **(stats.extra or {})}) + "\n")
                 stats_file.flush()
                 timeline.flush()
                 if evaluator is not None:  # between steps: in no step's span, before the barrier
