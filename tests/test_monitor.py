@@ -9,7 +9,7 @@ import torch
 from fsbench.measurement.monitor import GPM_MIN_WINDOW_NS, SAMPLE_KEYS, RankMonitor
 
 SUMMARY_KEYS = {"sm_occupancy", "sm_util", "sm_occupancy_reason", "gpu_util_percent",
-                "gpu_mem_used_peak_mib", "cpu_util_percent", "rss_peak_mib",
+                "gpu_mem_used_peak_mib", "gpu_proc_mem_peak_mib", "cpu_util_percent", "rss_peak_mib",
                 "monitor_samples", "monitor_interval_s"}
 
 

@@ -35,6 +35,7 @@ def test_gpm_metrics_are_the_time_averages_between_the_older_and_the_newer_sampl
     row = at(fake, s, 60)  # 60 ms: too short a window for GPM; memory still sampled
     assert row["sm_occupancy"] is None and row["sm_util"] is None
     assert row["gpu_mem_used_mib"] == 40 * 1024 and row["gpu_util_percent"] == 97.0
+    assert row["gpu_proc_mem_mib"] == 3 * 1024  # the driver's view of this process alone
     row = at(fake, s, 200)  # [0, 200] ms: all in the first piece
     assert (row["sm_occupancy"], row["sm_util"]) == pytest.approx((50.0, 80.0))
     row = at(fake, s, 450)  # [200, 450]: 100 ms at 50%, 150 ms at 25% -> 35%
@@ -110,4 +111,16 @@ def test_a_cuda_ranks_monitor_summarizes_gpm_windows(monkeypatch):
     s = mon.summary()
     assert s["sm_occupancy"] == pytest.approx(40.0) and s["sm_util"] == pytest.approx(70.0)
     assert s["sm_occupancy_reason"] is None and s["gpu_mem_used_peak_mib"] == 40 * 1024
+    assert s["gpu_proc_mem_peak_mib"] == 3 * 1024
     assert mon.errors == [] and not lib.live and lib.inits == 0
+
+
+def test_a_process_the_driver_does_not_list_reads_as_unknown(fake):
+    """In a container NVML may list the host's process ids: then this process's memory is
+    not known (None), never another process's."""
+    from types import SimpleNamespace
+
+    fake.pids = [SimpleNamespace(pid=1, usedGpuMemory=30 * 2**30)]
+    s = nvml.NvmlSampler(0)
+    assert at(fake, s, 10)["gpu_proc_mem_mib"] is None
+    s.close()

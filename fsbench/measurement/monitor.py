@@ -42,7 +42,7 @@ from fsbench.measurement.clock import now_ns
 from fsbench.measurement.nvml import GPM_MIN_WINDOW_NS, MIB, NvmlSampler
 
 SAMPLE_KEYS = ("time_ns", "cpu_util_percent", "rss_mib", "gpu_util_percent",
-               "gpu_mem_used_mib", "sm_occupancy", "sm_util")
+               "gpu_mem_used_mib", "gpu_proc_mem_mib", "sm_occupancy", "sm_util")
 
 
 def _median(values: list) -> float | None:
@@ -229,6 +229,7 @@ class RankMonitor:
             "sm_occupancy_reason": reason,
             "gpu_util_percent": _median(col("gpu_util_percent")),
             "gpu_mem_used_peak_mib": _peak(col("gpu_mem_used_mib")),
+            "gpu_proc_mem_peak_mib": _peak(col("gpu_proc_mem_mib")),
             "cpu_util_percent": _median(col("cpu_util_percent")),
             "rss_peak_mib": _peak(col("rss_mib")),
             "monitor_samples": len(rows),

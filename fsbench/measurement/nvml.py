@@ -179,8 +179,20 @@ class NvmlSampler:
             row["gpu_util_percent"] = float(pynvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
         except pynvml.NVMLError:
             pass  # a missed reading stays None in this row
+        row["gpu_proc_mem_mib"] = self._process_memory()
         row["sm_occupancy"], row["sm_util"] = self._gpm_metrics(t_ns)
         return row
+
+    def _process_memory(self) -> float | None:
+        """This process's memory on the GPU as the driver sees it (the CUDA context, the
+        caching allocator's reserve, NCCL's and symmetric memory's buffers), or None: not
+        listed (in a container NVML may report the host's process ids) or not readable."""
+        try:
+            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
+        except pynvml.NVMLError:
+            return None
+        used = [p.usedGpuMemory for p in procs if p.pid == os.getpid() and p.usedGpuMemory is not None]
+        return used[0] / MIB if used else None
 
     def close(self) -> None:
         self._free_gpm()

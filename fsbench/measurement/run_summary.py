@@ -111,6 +111,9 @@ def merge_monitors(ranks: list[dict]) -> dict:
             (r["sm_occupancy_reason"] for r in ranks if r.get("sm_occupancy_reason")), "not measured"),
         "gpu_util_percent": mean("gpu_util_percent"),
         "gpu_mem_used_peak_mib": peak("gpu_mem_used_peak_mib"),
+        # The driver's view of the rank's own memory (NVML, sampled): beside the allocator's
+        # peak_memory_mb it holds NCCL's and symmetric memory's buffers and the context.
+        "gpu_proc_mem_peak_mib": peak("gpu_proc_mem_peak_mib"),
         "cpu_util_percent": cpu[len(cpu) // 2] if cpu else None,
         "rss_peak_mib": peak("rss_peak_mib"),
     }

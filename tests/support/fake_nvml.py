@@ -69,6 +69,7 @@ class FakeNvml:
         self.trace, self.name, self.mig, self.gpm_supported = trace, name, mig, gpm_supported
         self.fail_metrics_after = fail_metrics_after
         self.now_ns = 0
+        self.pids = None
         self.inits = 0
         self.live: set[int] = set()  # sample buffers allocated and not freed
         self.calls: list[tuple] = []
@@ -108,6 +109,16 @@ class FakeNvml:
 
     def nvmlDeviceGetUtilizationRates(self, handle):
         return SimpleNamespace(gpu=97, memory=40)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        """This process (3 GiB: context, allocator reserve, communication buffers) and a
+        neighbour's; `pids` replaces the list when set."""
+        import os
+
+        if self.pids is not None:
+            return self.pids
+        return [SimpleNamespace(pid=os.getpid(), usedGpuMemory=3 * 2**30),
+                SimpleNamespace(pid=1, usedGpuMemory=30 * 2**30)]
 
     # -- GPM ------------------------------------------------------------------------
     def nvmlGpmSampleAlloc(self) -> Sample:
