@@ -65,7 +65,7 @@ def big_table_runs(tmp_path_factory):
 # Programs that start ranks: the local launcher's worker, the CLI's commands that launch
 # runs, and torchrun. A test that starts them belongs to the dist tier.
 RANK_STARTERS = ("fsbench.running.launch.worker", "torchrun")
-LAUNCHING_COMMANDS = {"run", "sweep", "gate", "validate", "overhead", "calibrate"}
+LAUNCHING_COMMANDS = {"run", "sweep", "gate", "bisect", "validate", "overhead", "calibrate"}
 
 
 def _starts_ranks(argv) -> bool:

@@ -19,16 +19,16 @@ TEXT_JSON = ("text", "json")
 # Every leaf command and the formats it prints; a new command must be added here.
 FORMATS = {"run": TEXT_JSON, "summarize": TEXT_JSON, "sweep": TEXT_JSON, "list": TEXT_JSON,
            "report": ("md", "latex", "csv", "html", "json"), "compare": ("md", "json", "junit"),
-           "gate": ("md", "json", "junit"), "simulate": TEXT_JSON, "calibrate": TEXT_JSON,
+           "gate": ("md", "json", "junit"), "bisect": ("md", "json"), "simulate": TEXT_JSON, "calibrate": TEXT_JSON,
            "validate": TEXT_JSON, "overhead": TEXT_JSON, "history": TEXT_JSON,
            "reference": TEXT_JSON, "micro sm-contention": TEXT_JSON,
            "trace": None}  # trace writes a file and prints where: no table to format
 # Commands that read or write a store of runs (`--store`).
-STORES = {"run", "sweep", "calibrate", "validate", "report", "history", "simulate", "gate"}
+STORES = {"run", "sweep", "calibrate", "validate", "report", "history", "simulate", "gate", "bisect"}
 # Commands whose `--out` is an artifact (a folder or file that is not a store of runs).
 ARTIFACTS = {"report", "history", "trace", "compare", "micro sm-contention"}
 # Positional or required arguments, to parse a command line of each command.
-REQUIRED = {"summarize": ["RUN"], "trace": ["RUN"], "compare": ["A", "B"], "gate": ["--base", "HEAD"],
+REQUIRED = {"summarize": ["RUN"], "trace": ["RUN"], "compare": ["A", "B"], "gate": ["--base", "HEAD"], "bisect": ["HEAD~1", "HEAD"],
             "reference": ["check"]}
 # Old name -> (command, new flag's dest) for every flag renamed to the vocabulary.
 RENAMED = [("run", "--out", "store"), ("sweep", "--out", "store"), ("calibrate", "--out", "store"),

@@ -13,17 +13,16 @@ from fsbench.table import dumps, note, warn
 
 def add_parsers(sub, csv: Callable, default_store: str) -> None:
     """The gates' sub-commands; `csv` parses a comma-separated flag (fsbench.cli's)."""
-    from fsbench.gates import gate
-    from fsbench.gates.gate import Sweep
-
     p = sub.add_parser(
         "compare", help="BASE vs NEW runs: per metric change, interval, p, verdict (exit 1 regressed, 3 inconclusive)",
         description="Compare two sets of runs (each a run directory or a store of runs) per "
                     "workload, trainer and world size, on per-step samples: step time, "
-                    "throughput, the bubble and its four causes, peak memory. Runs with one seed "
-                    "each on both sides are paired (by block where they took turns under "
-                    "`fsbench gate`, else by run) and tested with Wilcoxon's signed rank; other "
-                    "runs with Mann-Whitney U on their steps. A regression needs the p "
+                    "throughput, the bubble and its four causes, peak memory. Each effect is a "
+                    "ratio of totals, as the summaries state them. Runs with one seed each on "
+                    "both sides are paired (by block where they took turns under `fsbench gate`, "
+                    "else by run, else by batches of steps) and tested by sign-flip "
+                    "randomization over the paired units; other runs by relabelling units "
+                    "between the sides; peak memory by a t-test on log values. A regression needs the p "
                     "(Holm-adjusted over metrics) below --alpha AND a change beyond the "
                     "threshold (relative for times and memory, percentage points for ratios) "
                     "AND an interval that excludes no change; unchanged needs the whole "
@@ -50,22 +49,23 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
                     "internal error.")
     p.add_argument("--base", required=True, metavar="REV", help="the version to compare against")
     p.add_argument("--new", metavar="REV", help="default: this checkout, uncommitted changes included")
-    defaults = Sweep()
-    p.add_argument("--workload", default=defaults.workload, help="workload preset")
-    p.add_argument("--trainers", type=csv(str), default=list(defaults.trainers), help="comma-separated")
-    p.add_argument("--world-size", type=int, default=defaults.world_size, help="ranks per run")
-    p.add_argument("--pairs", type=int, default=defaults.pairs,
-                   help="A/B run pairs (seeds) per trainer")
-    p.add_argument("--retries", type=int, default=gate.DEFAULT_RETRIES,
-                   help="reruns of a pair with a contended run")
-    p.add_argument("--block-steps", type=int, default=defaults.block_steps,
-                   help="steps per turn when the versions take turns")
-    p.add_argument("--steps", type=int, default=defaults.steps, help="steps per run")
-    p.add_argument("--warmup", type=int, default=defaults.warmup, help="leading steps not measured")
-    p.add_argument("--seed", type=int, default=0, help="order of each pair and data seeds")
-    add_store(p, "where both sides' runs go (DIR/base, DIR/new), beside compare.md and "
-                 "compare.json; default: runs/gate/<time>", default=None, old="--out")
+    _sweep_args(p, csv, "where both sides' runs go (DIR/base, DIR/new), beside compare.md, "
+                        "compare.json and compare.junit.xml; default: runs/gate/<time>", old="--out")
     _verdict_args(p)
+
+    p = sub.add_parser(
+        "bisect", help="the first commit between GOOD and BAD that regressed, gate by gate",
+        description="Gate BAD against GOOD; if it regressed, binary-search the commits between "
+                    "them (git rev-list --ancestry-path GOOD..BAD), gating each against GOOD "
+                    "with `fsbench gate`'s paired design, for the first one that regressed. An "
+                    "inconclusive gate is run again with twice the pairs; if it stays "
+                    "inconclusive the search stops and names the commits the first bad one "
+                    "lies among. Every gate's runs stay in STORE/<n>-<sha>/. Exit codes: 0 "
+                    "nothing regressed, 1 first bad commit found, 2 bad input, 3 inconclusive.")
+    p.add_argument("good", metavar="GOOD", help="a commit known to be fast")
+    p.add_argument("bad", metavar="BAD", help="a later commit known (or suspected) to be slow")
+    _sweep_args(p, csv, "where every gate's runs go (STORE/<n>-<sha>/); default: runs/bisect/<time>")
+    _verdict_args(p, table=False)
 
     p = sub.add_parser(
         "reference", help="deterministic gates: check (or refresh) results/reference/",
@@ -92,15 +92,40 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
                        "change points, one JSON document")
 
 
-def _verdict_args(p: argparse.ArgumentParser) -> None:
-    """What `compare` and `gate` share: output format and the verdict's settings."""
-    add_format(p, ("md", "json", "junit"),
-               help="md: a summary line, then the verdict table (markdown, for a review comment); "
-                    "json: one JSON document; junit: JUnit XML (a test case per key and metric: "
-                    "regressed fails, inconclusive is skipped with its reason)")
-    p.add_argument("--only-changed", action="store_true",
-                   help="md: leave unchanged rows out of the table (the summary line still counts "
-                        "them; json and junit keep every row)")
+def _sweep_args(p: argparse.ArgumentParser, csv: Callable, store_help: str, old: str | None = None) -> None:
+    """The gate's sweep: what `gate` and `bisect` run on each side."""
+    from fsbench.gates import gate
+
+    defaults = gate.Sweep()
+    p.add_argument("--workload", default=defaults.workload, help="workload preset")
+    p.add_argument("--trainers", type=csv(str), default=list(defaults.trainers), help="comma-separated")
+    p.add_argument("--world-size", type=int, default=defaults.world_size, help="ranks per run")
+    p.add_argument("--pairs", type=int, default=defaults.pairs,
+                   help="A/B run pairs (seeds) per trainer")
+    p.add_argument("--retries", type=int, default=gate.DEFAULT_RETRIES,
+                   help="reruns of a pair with a contended run")
+    p.add_argument("--block-steps", type=int, default=defaults.block_steps,
+                   help="steps per turn when the versions take turns")
+    p.add_argument("--steps", type=int, default=defaults.steps, help="steps per run")
+    p.add_argument("--warmup", type=int, default=defaults.warmup, help="leading steps not measured")
+    p.add_argument("--seed", type=int, default=0, help="order of each pair and data seeds")
+    add_store(p, store_help, default=None, old=old)
+
+
+def _verdict_args(p: argparse.ArgumentParser, table: bool = True) -> None:
+    """What `compare`, `gate` and `bisect` share: output format and the verdict's settings
+    (`table`: the command prints compare's table, in md, json or junit)."""
+    if table:
+        add_format(p, ("md", "json", "junit"),
+                   help="md: a summary line, then the verdict table (markdown, for a review "
+                        "comment); json: one JSON document; junit: JUnit XML (a test case per key "
+                        "and metric: regressed fails, inconclusive is skipped with its reason)")
+        p.add_argument("--only-changed", action="store_true",
+                       help="md: leave unchanged rows out of the table (the summary line still "
+                            "counts them; json and junit keep every row)")
+    else:
+        add_format(p, ("md", "json"), help="md: the verdict and every gate, as markdown; json: "
+                                           "one JSON document")
     p.add_argument("--alpha", type=float, default=None, help="significance level; default: 0.01")
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                    help="per kind (time, memory: relative; ratio: absolute) or per metric, "
@@ -134,17 +159,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return compare.exit_code(rows)
 
 
-def cmd_gate(args: argparse.Namespace) -> int:
-    import datetime
-
-    from fsbench.gates import compare
-    from fsbench.gates import compare_output
-    from fsbench.gates import compare_sides
+def _sweep_of(args: argparse.Namespace):
+    """The gate's sweep from `gate`'s and `bisect`'s shared flags, checked."""
     from fsbench.gates import gate
-    from fsbench.running.store import check_writable_dir
-    from fsbench.table import progress
+    from fsbench.training.trainer import TRAINERS
 
-    alpha, thresholds = _verdict_settings(args)
     # One pair is a valid gate (its steps, paired block by block, are the units); whether
     # a design can reach alpha is compare's to say (inconclusive when it cannot).
     if args.pairs < 1:
@@ -155,39 +174,89 @@ def cmd_gate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--block-steps={args.block_steps} must be >= 1")
     if not 0 <= args.warmup < args.steps:
         raise ConfigError(f"--warmup={args.warmup} must be >= 0 and < --steps={args.steps}")
-    from fsbench.training.trainer import TRAINERS
-
     for t in args.trainers:
         if ":" not in t and t not in TRAINERS:
             raise ConfigError(f"--trainers: {t!r} is unknown; choose from: {', '.join(TRAINERS)}")
+    return gate.Sweep(args.workload, tuple(args.trainers), args.world_size, args.steps,
+                      args.warmup, args.pairs, args.seed, args.block_steps)
+
+
+def _store_of(args: argparse.Namespace, command: str) -> Path:
+    import datetime
+
+    from fsbench.running.store import check_writable_dir
+
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return check_writable_dir(Path(args.store or f"runs/{command}/{stamp}").resolve(), "--store")
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    from fsbench.gates import compare
+    from fsbench.gates import compare_output
+    from fsbench.gates import gate
+    from fsbench.table import progress
+
+    alpha, thresholds = _verdict_settings(args)
+    sweep = _sweep_of(args)
     root = gate.repo_root()
     base_sha = gate.resolve_rev(root, args.base, "--base")
     new_sha = gate.resolve_rev(root, args.new, "--new") if args.new else None
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = check_writable_dir(Path(args.store or f"runs/gate/{stamp}").resolve(), "--store")
-    sweep = gate.Sweep(args.workload, tuple(args.trainers), args.world_size, args.steps,
-                       args.warmup, args.pairs, args.seed, args.block_steps)
-    with gate.Worktrees(root) as trees:
-        sides = (gate.Side("base", trees.add(base_sha)),
-                 gate.Side("new", trees.add(new_sha) if new_sha else root))
-        try:
-            paced, still = gate.run_pairs(sides, sweep, out, retries=args.retries,
-                                          progress=lambda it: progress(it, "gate run pairs", "pair"))
-        except RuntimeError as e:
-            raise ConfigError(f"gate: a run failed ({e}); runs so far are in {out}") from None
-    rows, notes = compare.compare(compare_sides.load_side(out / "base"), compare_sides.load_side(out / "new"),
-                                  alpha, thresholds, args.allow_cross_machine)
-    rows += gate.contended_rows(sweep, still, args.retries)
-    (out / "compare.md").write_text(compare_output.markdown(rows, notes))
-    (out / "compare.json").write_text(compare_output.to_json(rows, notes))
-    (out / "compare.junit.xml").write_text(compare_output.junit(rows, notes, "fsbench gate"))
-    print(compare_output.render(rows, notes, args.format, args.only_changed, "fsbench gate"))
-    if not paced:
+    out = _store_of(args, "gate")
+    verdict = gate.run_gate(root, base_sha, new_sha, sweep, out, args.retries, alpha, thresholds,
+                            args.allow_cross_machine,
+                            progress=lambda it: progress(it, "gate run pairs", "pair"))
+    print(compare_output.render(verdict.rows, verdict.notes, args.format, args.only_changed, "fsbench gate"))
+    if not verdict.paced:
         warn("gate: one version predates turn-taking (fsbench/running/pacing.py), so the versions ran "
              "one after the other: the machine's drift between runs counts as change (the design "
              "line says how the steps were paired)")
     note(f"gate runs and comparison in {out}")
-    return compare.exit_code(rows)
+    return compare.exit_code(verdict.rows)
+
+
+def cmd_bisect(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from fsbench.gates import bisect
+    from fsbench.gates import compare
+    from fsbench.gates import compare_output
+    from fsbench.gates import gate
+
+    alpha, thresholds = _verdict_settings(args)
+    sweep = _sweep_of(args)
+    root = gate.repo_root()
+    good = gate.resolve_rev(root, args.good, "GOOD")
+    bad = gate.resolve_rev(root, args.bad, "BAD")
+    commits = bisect.commits_between(root, good, bad)
+    out = _store_of(args, "bisect")
+    gates = iter(range(1, 10_000))
+
+    def judge(sha: str) -> bisect.Step:
+        pairs = sweep.pairs
+        while True:
+            where = out / f"{next(gates):02d}-{sha[:12]}"
+            where.mkdir()
+            note(f"bisect: gating {sha[:12]} against GOOD {good[:12]} ({pairs} pairs) in {where}")
+            verdict = gate.run_gate(root, good, sha, dataclasses.replace(sweep, pairs=pairs), where,
+                                    args.retries, alpha, thresholds, args.allow_cross_machine,
+                                    name="fsbench bisect")
+            outcome = compare.outcome(verdict.rows)
+            if outcome != "inconclusive" or pairs > sweep.pairs:
+                return bisect.Step(sha, bisect.subject(root, sha), outcome,
+                                   compare_output.summary_line(verdict.rows), str(where), pairs)
+            pairs *= 2  # once more, with twice the units
+
+    found = bisect.search(commits, judge)
+    text = bisect.report(found, good)
+    (out / "bisect.md").write_text(text)
+    if args.format == "json":
+        print(dumps({"outcome": found.outcome, "first_bad": found.first_bad,
+                     "candidates": found.candidates, "good": good, "bad": bad,
+                     "steps": [dataclasses.asdict(s) for s in found.steps], "store": str(out)}))
+    else:
+        print(text)
+    note(f"bisect runs in {out}")
+    return {"unchanged": 0, "regressed": 1, "inconclusive": 3}[found.outcome]
 
 
 def cmd_reference(args: argparse.Namespace) -> int:
@@ -231,5 +300,5 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"compare": cmd_compare, "gate": cmd_gate, "reference": cmd_reference,
-            "history": cmd_history}
+COMMANDS = {"compare": cmd_compare, "gate": cmd_gate, "bisect": cmd_bisect,
+            "reference": cmd_reference, "history": cmd_history}

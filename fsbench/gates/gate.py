@@ -294,3 +294,37 @@ def contended_rows(sweep: Sweep, still: list[tuple[str, int, list[str]]], retrie
                         reason=f"{', '.join(seeds)} stayed contended in {retries + 1} tries",
                         remedy="run the gate on a quiet machine, or with more --retries"))
     return rows
+
+
+@dataclass
+class Verdict:
+    """One gate's finding: compare's rows and notes, whether the versions took turns, and
+    the folder holding its runs and compare.md, compare.json, compare.junit.xml."""
+    rows: list
+    notes: list[str]
+    paced: bool
+    out: Path
+
+
+def run_gate(root: Path, base_sha: str, new_sha: str | None, sweep: Sweep, out: Path,
+             retries: int, alpha: float, thresholds: dict[str, float],
+             allow_cross_machine: bool = False,
+             progress: Callable[[Iterable], Iterable] = lambda it: it,
+             name: str = "fsbench gate") -> Verdict:
+    """Both versions' runs (NEW None: the checkout at `root`), taking turns, then compared;
+    the comparison written into `out` in every output format."""
+    from fsbench.gates import compare, compare_output, compare_sides
+
+    with Worktrees(root) as trees:
+        sides = (Side("base", trees.add(base_sha)), Side("new", trees.add(new_sha) if new_sha else root))
+        try:
+            paced, still = run_pairs(sides, sweep, out, retries=retries, progress=progress)
+        except RuntimeError as e:
+            raise ConfigError(f"gate: a run failed ({e}); runs so far are in {out}") from None
+    rows, notes = compare.compare(compare_sides.load_side(out / "base"), compare_sides.load_side(out / "new"),
+                                  alpha, thresholds, allow_cross_machine)
+    rows += contended_rows(sweep, still, retries)
+    (out / "compare.md").write_text(compare_output.markdown(rows, notes))
+    (out / "compare.json").write_text(compare_output.to_json(rows, notes))
+    (out / "compare.junit.xml").write_text(compare_output.junit(rows, notes, name))
+    return Verdict(rows, notes, paced, out)
