@@ -489,3 +489,45 @@ def test_a_cluster_file_with_an_unknown_key_names_the_allowed_ones(tmp_path):
     path.write_text(json.dumps({"name": "c", "nvlink_gbs": 900}))
     with pytest.raises(ConfigError, match=r"unknown keys \['nvlink_gbs'\]; allowed: .*intra_gbs"):
         load_cluster(str(path))
+
+
+def test_sensitivity_takes_each_assumed_figure_at_half_and_twice(tmp_path, capsys):
+    """Every figure h100 assumes, at x0.5, x1 and x2: x1 is the plain projection's
+    reduction (freescale's bubble against ddp's) whatever the figure."""
+    from fsbench.scaling.sim_inputs import FIGURES
+
+    common = ["--workload", "small", "--trainers", "ddp,freescale", "--world-sizes", "16",
+              "--steps", "3", "--warmup", "1", "--set", "batch_per_rank=8", "--format", "json"]
+    assert main(["simulate", "--sensitivity", *common]) == 0
+    rows = json.loads(capsys.readouterr().out)["sensitivity"]
+    assert [r["figure"] for r in rows] == list(FIGURES)
+    assert main(["simulate", *common, "--sim-store", str(tmp_path)]) == 0
+    bubble = {r["trainer"]: r["bubble_ratio"] for r in json.loads(capsys.readouterr().out)["table"]}
+    plain = 1 - bubble["freescale"] / bubble["ddp"]
+    assert all(r["reduction_x1"] == pytest.approx(plain, rel=1e-12) for r in rows)
+    assert any(r["swing"] > 0.01 for r in rows)  # some figure moves the headline
+    assert all(r["swing"] == max(r[f"reduction_x{k}"] for k in ("0.5", "1", "2"))
+               - min(r[f"reduction_x{k}"] for k in ("0.5", "1", "2")) for r in rows)
+
+
+def test_halving_the_network_slows_ddp_across_nodes():
+    """The figures reach the model: ddp's step at 16 GPUs (2 nodes) takes longer as the
+    inter-node bandwidth halves, and less as it doubles."""
+    from fsbench.scaling.sensitivity import varied
+    from fsbench.scaling.simulate import scaled_workload
+    from fsbench.workloads.presets import get_workload
+
+    w = scaled_workload(dataclasses.replace(get_workload("small"), steps=3, warmup=1), 16, "weak", 8)
+    run = RunConfig(workload=w, trainer="ddp", world_size=16)
+    t = [simulate_run(run, varied(CLUSTERS["h100"], "inter_gbs", k), "unused")[0]["step_time_ms_median"]
+         for k in (0.5, 1.0, 2.0)]
+    assert t[0] > t[1] > t[2], t
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--trainers", "ddp"], "--sensitivity compares two trainers"),
+])
+def test_sensitivity_bad_input_is_one_line(tmp_path, capsys, argv, expected):
+    assert main(["simulate", "--sensitivity", "--world-sizes", "8", "--store", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err

@@ -36,6 +36,11 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
     p.add_argument("--cluster-set", action="append", default=[], metavar="FIGURE=VALUE",
                    help=f"override one of the cluster's figures ({', '.join(FIGURES)}); it then "
                         "counts as assumed in every output")
+    p.add_argument("--sensitivity", action="store_true",
+                   help="instead of storing runs: take each ASSUMED figure of the cluster at half "
+                        "and twice its value and tabulate how the second trainer's bubble "
+                        "reduction against the first (1 - bubble/bubble of the first) moves, per "
+                        "world size (weak scaling)")
     p.add_argument("--scaling", default="weak", choices=["weak", "strong"],
                    help="weak: batch_per_rank samples per rank at every size; "
                         "strong: the workload's global batch at every size")
@@ -107,6 +112,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(1)  # the fits' key: the thread count ranks run with
     Costs(cluster, workload, args.store)  # a missing calibration fails here, in one line
+    if args.sensitivity:
+        return _print_sensitivity(args, cluster, workload, trainer_sets, batch_per_rank)
     sim_store = args.sim_store or f"{args.store}/simulated"
     rows = []
     for trainer in progress([(t, n) for n in args.world_sizes for t in args.trainers], "simulating", "run"):
@@ -131,6 +138,37 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                                          "straggler_bubble_ratio", "exposed_comm_ratio", "load_imbalance")],
             *[f for f in FLAGS if f in rows[0]]]))
     note(f"simulated runs stored in {sim_store}/")
+    return 0
+
+
+def _print_sensitivity(args, cluster, workload, trainer_sets: dict, batch_per_rank: int) -> int:
+    from fsbench.scaling.sensitivity import FACTORS, sensitivity
+    from fsbench.scaling.sim_inputs import assumptions
+    from fsbench.table import progress
+    from fsbench.training.trainer import trainer_options
+
+    if len(args.trainers) != 2:
+        raise ConfigError(f"--sensitivity compares two trainers (BASE,NEW); --trainers gave "
+                          f"{len(args.trainers)}: {','.join(args.trainers)}")
+    if not cluster.assumed:
+        raise ConfigError(f"--sensitivity: cluster {cluster.name!r} assumes no figure (its costs are "
+                          "measured on this machine); use a GPU preset or cluster file")
+    base, new = args.trainers
+    runs = {t: trainer_options(t, trainer_sets.get(t, {})) for t in (base, new)}
+    rows = sensitivity(cluster, workload, runs, args.world_sizes, batch_per_rank, args.store,
+                       args.seed, progress=lambda it: progress(it, "simulating", "point"))
+    if args.format == "json":
+        print(dumps({"simulated": True, "sensitivity": rows, "base": base, "new": new,
+                     "assumptions": assumptions(cluster)}))
+        return 0
+    print(f"SIMULATED sensitivity of {new}'s bubble reduction against {base} to each assumed "
+          f"figure (x0.5, x1, x2; weak scaling, {batch_per_rank} samples per rank)")
+    print(assumptions(cluster))
+    pct = lambda v: "n/a" if v != v else f"{100 * v:.1f}%"  # noqa: E731
+    print(grid(["figure", "value", "GPUs", *[f"x{k:g}" for k in FACTORS], "swing"],
+               [[r["figure"], f"{r['value']:g} {r['unit']}".strip(), str(r["world_size"]),
+                 *[pct(r[f"reduction_x{k:g}"]) for k in FACTORS], pct(r["swing"])] for r in rows],
+               align=["left", "right", "right", *["right"] * (len(FACTORS) + 1)]))
     return 0
 
 

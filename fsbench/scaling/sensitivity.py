@@ -1,0 +1,57 @@
+"""How far a simulated headline rests on the cluster's assumed figures: each ASSUMED
+figure (fsbench.scaling.sim_inputs) taken at half and at twice its value, everything
+else held, and the headline recomputed: NEW's bubble reduction against BASE,
+1 - bubble(NEW) / bubble(BASE), at each world size. A headline that moves a lot with one
+figure is only as good as that figure's guess. SIMULATED, like every input to it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Callable, Iterable
+
+from fsbench.config import RunConfig, WorkloadConfig
+from fsbench.scaling.sim_inputs import FIGURES, Cluster
+from fsbench.scaling.simulate import scaled_workload, simulate_run
+
+FACTORS = (0.5, 1.0, 2.0)
+
+
+def varied(cluster: Cluster, figure: str, factor: float) -> Cluster:
+    """`cluster` with one figure scaled (GPUs per node stay whole; MFU stays at most 1)."""
+    value = getattr(cluster, figure) * factor
+    if figure == "gpus_per_node":
+        value = max(1, round(value))
+    if figure == "mfu":
+        value = min(value, 1.0)
+    return dataclasses.replace(cluster, **{figure: value})
+
+
+def reduction(base: dict, new: dict) -> float:
+    """1 - NEW's bubble over BASE's (NaN when BASE has no bubble)."""
+    return 1 - new["bubble_ratio"] / base["bubble_ratio"] if base["bubble_ratio"] > 0 else float("nan")
+
+
+def sensitivity(cluster: Cluster, workload: WorkloadConfig, runs: dict[str, dict[str, str]],
+                world_sizes: list[int], batch_per_rank: int, store: str | Path, seed: int = 0,
+                progress: Callable[[Iterable], Iterable] = lambda it: it) -> list[dict]:
+    """One row per (assumed figure, world size): the figure's value and the reduction of
+    the second trainer of `runs` (name -> its options) against the first at x0.5, x1, x2."""
+    (base, base_opts), (new, new_opts) = list(runs.items())[:2]
+    figures = [f for f in FIGURES if f in cluster.assumed]
+    points = [(f, n, k) for f in figures for n in world_sizes for k in FACTORS]
+    memo: dict[tuple, float] = {}
+    for figure, n, factor in progress(points):
+        c = varied(cluster, figure, factor)
+        key = (dataclasses.astuple(c), n)
+        if key not in memo:  # x1 is the same cluster for every figure
+            w = scaled_workload(workload, n, "weak", batch_per_rank)
+            summaries = [simulate_run(RunConfig(workload=w, trainer=t, world_size=n, seed=seed,
+                                                trainer_options=o), c, store)[0]
+                         for t, o in ((base, base_opts), (new, new_opts))]
+            memo[key] = reduction(*summaries)
+        memo[(figure, n, factor)] = memo[key]
+    return [{"figure": f, "value": getattr(cluster, f), "unit": FIGURES[f][0], "world_size": n,
+             **{f"reduction_x{k:g}": memo[(f, n, k)] for k in FACTORS},
+             "swing": max(memo[(f, n, k)] for k in FACTORS) - min(memo[(f, n, k)] for k in FACTORS)}
+            for f in figures for n in world_sizes]
