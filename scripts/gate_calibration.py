@@ -26,6 +26,7 @@ default gate detects per metric. Writes results/gate_calibration_cpu.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import platform
@@ -123,6 +124,11 @@ def draws(out: Path, kinds: list[str], pairs: int) -> pd.DataFrame:
     metric, with the gate's outcome (what its exit code says)."""
     # Every run enters several comparisons here: read its steps once (finished runs never change).
     compare_sides.step_samples = functools.lru_cache(maxsize=None)(compare_sides.step_samples)
+    # Duels still contended after their reruns: `fsbench gate` adds an inconclusive row
+    # for their trainer (gate.contended_rows), so their gates count as it would.
+    done = out / "done.txt"
+    still = {(int(line.split()[0]), " ".join(line.split()[1:-1])) for line in
+             (done.read_text().splitlines() if done.exists() else []) if "contended:" in line}
     rows = []
     for kind in kinds:
         (base_side, new_side), _ = duel_sides(kind)
@@ -133,6 +139,11 @@ def draws(out: Path, kinds: list[str], pairs: int) -> pd.DataFrame:
         for size, group in groups:
             pick = lambda runs: runs[runs["seed"].isin(group)].reset_index(drop=True)  # noqa: E731
             result, notes = compare.compare(pick(base), pick(new))
+            stuck = [seed for seed in group if (seed - gate.Sweep.seed, kind) in still]
+            if stuck:
+                sweep = dataclasses.replace(gate.Sweep(), trainers=(duel_sides(kind)[1],))
+                result += gate.contended_rows(sweep, [(sweep.trainers[0], seed, ["both sides"])
+                                                      for seed in stuck], gate.DEFAULT_RETRIES)
             for r in result:
                 rows.append({"gate": f"{size} {'+'.join(map(str, group))}", "size": size, "kind": kind,
                              "metric": r.metric, "verdict": r.verdict, "outcome": compare.outcome(result),

@@ -64,6 +64,7 @@ def test_run_and_report_go_on_past_a_corrupt_summary(tmp_path, good_run, capsys)
     assert "skipping" in out.err
 
 
+@pytest.mark.dist  # good_run is a real run
 def test_a_store_given_as_run_dir_is_reported(tmp_path, good_run):
     root = _bad_store(tmp_path, good_run)
     runs = select_runs([str(root)], "unused")
@@ -75,6 +76,7 @@ def test_a_directory_that_is_neither_run_nor_store_is_named(tmp_path):
         select_runs([str(tmp_path)], "unused")
 
 
+@pytest.mark.dist  # good_run is a real run
 def test_unwritable_out_is_a_one_line_error(tmp_path, good_run, capsys):
     blocker = tmp_path / "afile"
     blocker.write_text("x")
