@@ -58,7 +58,9 @@ def _rank(rank, world_size, port, out):
         recorder = HostSyncRecorder(*EXCHANGE_FILES)
         live = HostSyncRecorder("test_sync_free_exchange.py")
         probe = torch.ones(2, requires_grad=True)
-        probe.register_post_accumulate_grad_hook(lambda t: t.grad.tolist())  # a sync in a hook
+        def syncing_hook(t):  # a sync in a backward hook: the recorder must see it
+            t.grad.tolist()
+        probe.register_post_accumulate_grad_hook(syncing_hook)
         with recorder:  # the forward's lookups
             lk = engine.lookups(req)
             loss = ((lk.items * lk.targets).sum() + (lk.negatives ** 2).sum() + lk.users.sum()
@@ -80,6 +82,6 @@ def test_no_host_sync_inside_forward_and_backward(tmp_path):
     for rank in range(2):
         got = json.loads((tmp_path / f"rank-{rank}.json").read_text())
         assert got["found"] == [], got["found"]
-        assert got["live"] and got["live"][0][0] == "tolist"  # the recorder sees hooks' calls
+        assert [call for call, _ in got["live"]] == ["tolist"]  # the recorder sees hooks' calls
         assert got["grad_sends"] == 3  # every chunk's gradients left from backward or after
         assert got["fresh"] > 0 and got["final"] > 0  # both kinds of rows were exercised

@@ -1,23 +1,22 @@
-"""Record the torch calls that would make the host wait for a GPU (a device-to-host
-read of values: `.tolist()`, `.item()`, truth values, boolean-mask indexing,
-`torch.unique`, `nonzero`, `bincount`, `repeat_interleave` by a tensor, `.cpu()`), made
-from given source files. On a CPU run nothing waits, but the calls are the same: a code
-path without them cannot sync on a GPU either. A TorchFunctionMode sees every torch call
-of its thread, autograd hooks run during a CPU backward included."""
+"""Record the torch calls that would make the host wait for a GPU (a device-to-host read of
+values: `.tolist()`, `.item()`, truth values, boolean-mask indexing, `torch.unique`,
+`nonzero`, `bincount`, `repeat_interleave` by a tensor, `.cpu()`), made from given source
+files. On a CPU run nothing waits, but the calls are the same: a code path without them
+cannot sync on a GPU either.
+
+The calls are wrapped where they live (torch.Tensor's methods, torch's functions) while
+the recorder is open, so every thread sees the wrappers: autograd runs backward hooks
+where a TorchFunctionMode is not active."""
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
-from torch.overrides import TorchFunctionMode
 
-_ALWAYS = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.__int__,
-           torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.nonzero, torch.nonzero,
-           torch.unique, torch.Tensor.unique, torch.unique_consecutive, torch.bincount,
-           torch.Tensor.bincount, torch.masked_select, torch.Tensor.masked_select,
-           torch.Tensor.cpu, torch.Tensor.numpy, torch.Tensor.any, torch.Tensor.all}
-_INDEXING = {torch.Tensor.__getitem__, torch.Tensor.__setitem__}
-_REPEATS = {torch.repeat_interleave, torch.Tensor.repeat_interleave}
+_METHODS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "nonzero",
+            "unique", "bincount", "masked_select", "cpu", "numpy", "any", "all")
+_FUNCTIONS = ("unique", "unique_consecutive", "nonzero", "bincount", "masked_select")
 
 
 def _bool_index(index) -> bool:
@@ -25,30 +24,42 @@ def _bool_index(index) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
 
 
-class HostSyncRecorder(TorchFunctionMode):
-    """`found`: (call, file:line) of each syncing call made from a frame of `files`."""
+class HostSyncRecorder:
+    """`with HostSyncRecorder(*files) as rec:` ...; `rec.found`: (call, file:line) of each
+    syncing call made from a frame of one of `files`."""
 
     def __init__(self, *files: str) -> None:
-        super().__init__()
         self.files, self.found = files, []
+        self._saved: list[tuple[object, str, object]] = []
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if self._syncs(func, args):
-            where = self._caller()
-            if where is not None:
-                self.found.append((getattr(func, "__name__", str(func)), where))
-        return func(*args, **kwargs)
+    def _wrap(self, owner, name: str, syncs=lambda args: True) -> None:
+        real = getattr(owner, name)
 
-    @staticmethod
-    def _syncs(func, args) -> bool:
-        if func in _ALWAYS:
-            return True
-        if func in _INDEXING:
-            return len(args) > 1 and _bool_index(args[1])
-        if func in _REPEATS:
-            return len(args) > 1 and isinstance(args[1], torch.Tensor)
-        return False
+        @functools.wraps(real)
+        def call(*args, **kwargs):
+            if syncs(args):
+                where = self._caller()
+                if where is not None:
+                    self.found.append((name, where))
+            return real(*args, **kwargs)
+        self._saved.append((owner, name, real))
+        setattr(owner, name, call)
+
+    def __enter__(self) -> "HostSyncRecorder":
+        for name in _METHODS:
+            self._wrap(torch.Tensor, name)
+        for name in _FUNCTIONS:
+            self._wrap(torch, name)
+        for name in ("__getitem__", "__setitem__"):
+            self._wrap(torch.Tensor, name, lambda args: len(args) > 1 and _bool_index(args[1]))
+        self._wrap(torch.Tensor, "repeat_interleave", lambda args: len(args) > 1 and isinstance(args[1], torch.Tensor))
+        self._wrap(torch, "repeat_interleave", lambda args: len(args) > 1 and isinstance(args[1], torch.Tensor))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, real in reversed(self._saved):
+            setattr(owner, name, real)
+        self._saved = []
 
     def _caller(self) -> str | None:
         frame = sys._getframe(2)
