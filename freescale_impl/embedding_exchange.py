@@ -368,6 +368,12 @@ class ShardedEmbeddings:
     def finish_gradients(self, req: Request, svc: Service) -> None:
         """After backward: send what is left, receive everything, update the owned rows."""
         self._send_grads(req, everything=True)
+        # Messages that brought this rank no rows (its part of the collective was empty)
+        # were never needed by a lookup: complete them, so that no collective is left
+        # unwaited when the step's objects go.
+        for p, _, _ in req.pending:
+            p.wait()
+        req.pending = []
         locals_, grads = [], []
         for p, c in self._grad_sends:
             grads.append(p.wait())

@@ -17,8 +17,9 @@ from ports import free_port
 
 from fsbench.config import RunConfig
 from fsbench.models import SparseArch, table_specs
-from fsbench.measurement.timeline import read_step_stats, read_timelines
+from fsbench.measurement.timeline import read_step_stats
 from fsbench.running.runner import run_once
+from fsbench.measurement.timeline import read_timelines
 from fsbench.workloads import make_batch_source
 from fsbench.workloads.presets import tiny
 from freescale_impl.embedding_exchange import ShardedEmbeddings
@@ -59,72 +60,45 @@ def reference(world_size: int, optimizer: str):
             for lk in lookups], rows
 
 
-# Cases per world size: one spawn of a world runs them all (a spawn costs every rank a
-# fresh torch import), each with its own engine over the one process group.
-CASES = {2: [("row", "adagrad", True), ("table", "sgd", False)],
-         4: [("row", "sgd", True), ("table", "adagrad", True)]}
-
-
-def _rank_main(rank, world_size, port, out):
+def _rank_main(rank, world_size, port, layout_kind, optimizer, overlap, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        for case, (layout_kind, optimizer, overlap) in enumerate(CASES[world_size]):
-            _one_case(rank, world_size, layout_kind, optimizer, overlap, f"{out}/case-{case}")
+        specs = table_specs(WORKLOAD.model.dim, WORKLOAD.item_vocab, WORKLOAD.user_vocab,
+                            WORKLOAD.context_vocabs)
+        layout = RowLayout(specs, world_size, layout_kind)
+        shard = LocalShard(layout, rank, SEED, optimizer, LR, torch.device("cpu"))
+        group = dist.group.WORLD
+        engine = ShardedEmbeddings(layout, shard, CollectiveTransport(group), group, rank,
+                                   chunks=3, overlap=overlap, priority=False)
+        batch = make_batch_source(WORKLOAD, SEED).global_batch(0).select(rank_samples(world_size)[rank])
+        req, svc, ids = engine.request(batch)
+        engine.serve(svc, ids)
+        engine.fetch_all(req, svc)
+        lk = engine.lookups(req)
+        loss = toy_loss(lk)
+        got = {f: getattr(lk, f).detach().clone() for f in ("users", "contexts", "items", "targets", "negatives")}
+        engine.prepare_gradients(req, svc)
+        loss.backward()
+        engine.finish_gradients(req, svc)
+        torch.save({"lookups": got, "rows": layout.owned_rows(rank), "weight": shard.weight},
+                   f"{out}/rank-{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def _one_case(rank, world_size, layout_kind, optimizer, overlap, out):
-    specs = table_specs(WORKLOAD.model.dim, WORKLOAD.item_vocab, WORKLOAD.user_vocab,
-                        WORKLOAD.context_vocabs)
-    layout = RowLayout(specs, world_size, layout_kind)
-    shard = LocalShard(layout, rank, SEED, optimizer, LR, torch.device("cpu"))
-    group = dist.group.WORLD
-    engine = ShardedEmbeddings(layout, shard, CollectiveTransport(group), group, rank,
-                               chunks=3, overlap=overlap, priority=False)
-    batch = make_batch_source(WORKLOAD, SEED).global_batch(0).select(rank_samples(world_size)[rank])
-    req, svc, ids = engine.request(batch)
-    engine.serve(svc, ids)
-    engine.fetch_all(req, svc)
-    lk = engine.lookups(req)
-    loss = toy_loss(lk)
-    got = {f: getattr(lk, f).detach().clone() for f in ("users", "contexts", "items", "targets", "negatives")}
-    engine.prepare_gradients(req, svc)
-    loss.backward()
-    engine.finish_gradients(req, svc)
-    torch.save({"lookups": got, "rows": layout.owned_rows(rank), "weight": shard.weight},
-               f"{out}/rank-{rank}.pt")
-
-
-@pytest.fixture(scope="module")
-def spawned(tmp_path_factory):
-    """world size -> the folder its one spawn wrote (case-<i>/rank-<r>.pt), spawned on
-    first use."""
-    made = {}
-
-    def world(world_size: int):
-        if world_size not in made:
-            out = tmp_path_factory.mktemp(f"sharded-{world_size}")
-            for case in range(len(CASES[world_size])):
-                (out / f"case-{case}").mkdir()
-            mp.spawn(_rank_main, args=(world_size, free_port(), str(out)), nprocs=world_size)
-            made[world_size] = out
-        return made[world_size]
-    return world
-
-
-@pytest.mark.parametrize("world_size,case", [
-    pytest.param(n, i, id=f"{n}-{'-'.join(map(str, c))}") for n, cases in CASES.items()
-    for i, c in enumerate(cases)])
-def test_sharded_lookups_and_updates_equal_replicated(spawned, world_size, case):
-    optimizer = CASES[world_size][case][1]
-    out = spawned(world_size) / f"case-{case}"
+@pytest.mark.parametrize("world_size,layout_kind,optimizer,overlap", [
+    (2, "row", "adagrad", True), (2, "table", "sgd", False),
+    (4, "row", "sgd", True), (4, "table", "adagrad", True)])
+def test_sharded_lookups_and_updates_equal_replicated(tmp_path, world_size, layout_kind,
+                                                      optimizer, overlap):
+    mp.spawn(_rank_main, args=(world_size, free_port(), layout_kind, optimizer, overlap,
+                               str(tmp_path)), nprocs=world_size)
     ref_lookups, ref_rows = reference(world_size, optimizer)
     covered = 0
     for rank in range(world_size):
-        got = torch.load(out / f"rank-{rank}.pt")
+        got = torch.load(tmp_path / f"rank-{rank}.pt")
         for field, value in ref_lookups[rank].items():
             assert torch.equal(got["lookups"][field], value), (rank, field)
         want = ref_rows[got["rows"]]
