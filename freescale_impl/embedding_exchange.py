@@ -178,13 +178,12 @@ def build_request(batch: JaggedBatch, layout: RowLayout, chunks: int) -> Request
                    list(by_chunk.split(sizes_h)), use_chunks, use_index)
 
 
-def _fetch(name: str, req: Request, svc: Service, sel_req: torch.Tensor, sel_srv: torch.Tensor,
-           n: int) -> Fetch:
-    sel_req, sel_srv = sel_req.cpu(), sel_srv.cpu()
+def _fetch(name: str, sel_req: torch.Tensor, sel_srv: torch.Tensor, req_owner: torch.Tensor,
+           req_chunk: torch.Tensor, svc_src: torch.Tensor, n: int) -> Fetch:
+    """One message from host masks over the request's and the service's entries."""
     req_entries, svc_entries = sel_req.nonzero().flatten(), sel_srv.nonzero().flatten()
-    return Fetch(name, req_entries, svc_entries, _counts(svc.src.cpu()[svc_entries], n),
-                 _counts(req.owner.cpu()[req_entries], n),
-                 set(torch.unique(req.chunk.cpu()[req_entries]).tolist()))
+    return Fetch(name, req_entries, svc_entries, _counts(svc_src[svc_entries], n),
+                 _counts(req_owner[req_entries], n), set(torch.unique(req_chunk[req_entries]).tolist()))
 
 
 def plan_fetches(req: Request, svc: Service, n: int, chunks: int, final: bool) -> None:
@@ -192,11 +191,12 @@ def plan_fetches(req: Request, svc: Service, n: int, chunks: int, final: bool) -
     the rows the previous step cannot change, then (always) the fresh rows chunk by chunk;
     and the gradients' receive plan per chunk. Index tensors are on the CPU: the input
     stage moves them to the device with the step's input (else `ShardedEmbeddings`)."""
-    req_chunk, svc_chunk, svc_src = req.chunk.cpu(), svc.chunk.cpu(), svc.src.cpu()
+    req_chunk, req_owner, svc_chunk, svc_src = req.chunk.cpu(), req.owner.cpu(), svc.chunk.cpu(), svc.src.cpu()
     req_fresh, svc_fresh = req.fresh.cpu(), svc.fresh.cpu()
-    req.final_fetch = _fetch("emb.fetch_final", req, svc, ~req_fresh, ~svc_fresh, n) if final else None
-    req.fresh_fetches = [_fetch(f"emb.fetch_c{c}", req, svc, req_fresh & (req_chunk == c),
-                                svc_fresh & (svc_chunk == c), n) for c in range(chunks)]
+    on_host = (req_owner, req_chunk, svc_src, n)
+    req.final_fetch = _fetch("emb.fetch_final", ~req_fresh, ~svc_fresh, *on_host) if final else None
+    req.fresh_fetches = [_fetch(f"emb.fetch_c{c}", req_fresh & (req_chunk == c),
+                                svc_fresh & (svc_chunk == c), *on_host) for c in range(chunks)]
     svc.grad_entries = [(svc_chunk == c).nonzero().flatten() for c in range(chunks)]
     svc.grad_splits = [_counts(svc_src[e], n) for e in svc.grad_entries]
 

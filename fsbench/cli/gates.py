@@ -216,6 +216,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 def cmd_bisect(args: argparse.Namespace) -> int:
     import dataclasses
+    import itertools
 
     from fsbench.gates import bisect
     from fsbench.gates import compare
@@ -229,7 +230,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     bad = gate.resolve_rev(root, args.bad, "BAD")
     commits = bisect.commits_between(root, good, bad)
     out = _store_of(args, "bisect")
-    gates = iter(range(1, 10_000))
+    gates = itertools.count(1)  # numbers each gate's folder, reruns included
 
     def judge(sha: str) -> bisect.Step:
         pairs = sweep.pairs

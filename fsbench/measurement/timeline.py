@@ -87,10 +87,10 @@ class Timeline:
         # an autograd hook inside `backward`) is recorded `nested` and left out of the
         # step's partition (its time is already in the enclosing span), kept for traces.
         self._open = 0
-        self._names: list[str] = []  # the open spans, outermost first (open_spans)
+        self._names: list[str] = []  # the names of the open spans (open_spans)
 
     def open_spans(self) -> list[str]:
-        """The names of the spans open now on this rank's training thread, outermost first."""
+        """The names of the spans open now (any order)."""
         return list(self._names)
 
     def begin_step(self, step: int, warmup: bool) -> None:
@@ -116,9 +116,9 @@ class Timeline:
             yield
         finally:
             cpu1, t1, q1 = time.thread_time_ns(), now_ns(), runqueue_wait_ns()
-            # The last one of this name: spans opened from autograd's threads (CUDA) may
-            # close in another order than this thread's.
-            del self._names[len(self._names) - 1 - self._names[::-1].index(name)]
+            # Kept as a multiset (only which names are open matters): spans opened from
+            # autograd's threads (CUDA) may close in another order than this thread's.
+            self._names.remove(name)
             self._open -= kind != "step"
             rec = {
                 "rank": self.rank, "step": self.step, "warmup": self.warmup,
