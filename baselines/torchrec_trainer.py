@@ -75,6 +75,7 @@ from fsbench.config import ConfigError, RunConfig, WorkloadConfig
 from fsbench.training.dist import RankContext
 from fsbench.measurement.flights import FrameworkFlights, allreduce_in_python
 from fsbench.models import DenseArch, model_from_state, table_specs
+from fsbench.models.init import materialize
 from fsbench.models.sparse import ITEM, initial_table_weight
 from fsbench.training.optim import make_optimizer
 from fsbench.measurement.timeline import span
@@ -275,7 +276,7 @@ def initial_dense(workload: WorkloadConfig, seed: int) -> DenseArch:
     without allocating the replicated tables build_model would also build."""
     with torch.device("meta"):
         dense = DenseArch(workload.model, len(workload.context_vocabs), workload.max_seq_len)
-    dense.to_empty(device="cpu")
+    materialize(dense)
     dense.init_weights(seed)
     return dense
 

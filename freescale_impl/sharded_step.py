@@ -22,6 +22,7 @@ from fsbench.config import RunConfig
 from fsbench.training.dist import RankContext
 from fsbench.training.dp import wrap_ddp
 from fsbench.models import RecModel, model_from_state, table_specs
+from fsbench.models.init import materialize
 from fsbench.training.optim import make_optimizer
 from fsbench.measurement.timeline import span
 from fsbench.training.trainer import StepInput, StepStats
@@ -36,7 +37,7 @@ def build_dense(run: RunConfig, device: torch.device) -> torch.nn.Module:
     w = run.workload
     with torch.device("meta"):
         model = RecModel(w)
-    dense = model.dense.to_empty(device="cpu")
+    dense = materialize(model.dense)
     dense.init_weights(run.seed)
     return dense.to(device)
 

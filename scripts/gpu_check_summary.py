@@ -12,13 +12,16 @@ import json
 import sys
 from pathlib import Path
 
+from fsbench.errors import ConfigError
+from fsbench.measurement.timeline import read_timelines
 from fsbench.running.store import load_runs
 
 # What a reader of the check needs from each run's summary, in this order.
 RUN_KEYS = ("run_id", "trainer", "workload", "device", "status", "step_time_ms_median",
             "samples_per_s", "bubble_ratio", "exposed_comm_ratio", "comm_overlap_ratio",
             "sm_occupancy", "peak_memory_mb", "gpu_mem_used_peak_mib", "host_syncs_per_step",
-            "host_syncs_fwd_bwd_per_step")
+            "host_syncs_fwd_bwd_per_step", "busy_source", "steps_profiled", "steps_timed",
+            "flights", "flight_ms_median")
 
 
 def read_steps(path: Path) -> list[dict]:
@@ -32,6 +35,18 @@ def read_steps(path: Path) -> list[dict]:
     return steps
 
 
+def flights(run_dir: Path) -> dict:
+    """How many collectives the run's timelines hold as flights, and their median time in
+    flight: on NCCL a flight timed from its future would read about 0 ms (the check for
+    the CUDA-event timing, fsbench.measurement.timeline.Flight)."""
+    try:
+        spans = read_timelines(run_dir)
+    except (OSError, ConfigError):
+        return {"flights": None, "flight_ms_median": None}
+    f = spans[spans["kind"] == "flight"]
+    return {"flights": int(len(f)), "flight_ms_median": float(f["dur_ns"].median() / 1e6) if len(f) else None}
+
+
 def read_runs(store: Path, device: str) -> list[dict]:
     if not store.is_dir():
         return []
@@ -39,6 +54,7 @@ def read_runs(store: Path, device: str) -> list[dict]:
     rows = []
     for _, r in runs.iterrows():
         row = {k: (None if k not in r or r[k] != r[k] else r[k]) for k in RUN_KEYS}  # NaN -> None
+        row.update(flights(Path(r["run_dir"])))
         row["device"] = device
         rows.append({k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()})
     return rows

@@ -15,7 +15,7 @@ from fsbench.training.inputs import InputPipeline
 from fsbench.measurement.metrics import CONTENDED_CPU_WAIT
 from fsbench.running.runner import run_once
 from fsbench.measurement.timeline import read_timelines
-from fsbench.training.trainer import StepInput, measured_steps
+from fsbench.training.trainer import StepInput, measured_steps, profiled_window
 
 
 class Square:
@@ -33,6 +33,14 @@ def test_pipeline_yields_every_step_once_in_order_then_stops(workers):
     with pytest.raises(StopIteration):
         next(pipe)
     pipe.close()
+
+
+def test_cuda_runs_profile_the_last_quarter_of_the_measured_steps_in_whole_windows():
+    assert profiled_window(range(5, 30)) == range(24, 30)
+    assert profiled_window(range(4, 44), align=4) == range(36, 44)
+    assert profiled_window(range(4, 12), align=4) == range(8, 12)  # one window at least
+    assert not profiled_window(range(4, 8), align=4)  # nothing left to time
+    assert not profiled_window(range(5, 30), cuda=False)
 
 
 def test_measured_steps_cover_whole_windows_after_warmup():

@@ -120,3 +120,31 @@ def test_the_real_profiler_export_is_parsed(tmp_path):
     assert table["step"].tolist() == [0, 1]
     assert (table["window_end_us"] > table["window_start_us"]).all()
     assert (table["busy_ns"] == 0).all()
+
+
+def test_profiled_steps_give_the_bubble_and_the_others_the_step_time():
+    """A CUDA run's last measured step ran under the profiler: 40 ms instead of 10 (the
+    profiler's host overhead), kernels busy 30 ms. Step time and throughput come from the
+    unprofiled steps, the bubble from the profiled one; the unprofiled steps keep their
+    own busy time (today's code zeroed it wherever the kernel record had no row)."""
+    ms = 1_000_000
+    rows = []
+    for step, t, profiled in ((0, 50, False), (1, 10, False), (2, 10, False), (3, 40, True)):
+        for r in (0, 1):
+            for name, kind in (("step", "step"), ("forward", "compute")):
+                rows.append({"rank": r, "step": step, "warmup": step == 0, "name": name,
+                             "kind": kind, "start_ns": step * 100 * ms, "dur_ns": t * ms,
+                             "cpu_ns": t * ms, "runq_ns": 0, "profiled": profiled})
+    spans = pd.DataFrame(rows)
+    gpu = pd.DataFrame([{"step": 3, "rank": r, "busy_ns": 30 * ms, "comm_ns": 0,
+                         "comm_overlap_ns": 0} for r in (0, 1)])
+    stats = pd.DataFrame([{"rank": r, "step": s, "loss": 1.0, "num_samples": 4, "num_targets": 8}
+                          for s in range(4) for r in (0, 1)])
+    out = metrics.summarize(spans, stats, gpu)
+    assert (out["steps_measured"], out["steps_profiled"], out["steps_timed"]) == (3, 1, 2)
+    assert out["step_time_ms_median"] == pytest.approx(10)
+    assert out["samples_per_s"] == pytest.approx(8 / 0.010)
+    assert out["bubble_ratio"] == pytest.approx(10 / 40)
+    table = metrics.step_metrics(spans, gpu).set_index("step")
+    assert table.loc[1, "busy_max_ms"] == pytest.approx(10)  # not zeroed
+    assert table.loc[3, "busy_max_ms"] == pytest.approx(30)

@@ -258,3 +258,15 @@ def test_tables_show_an_unknown_contended_as_unknown():
     assert (cell("contended", None), cell("contended", True), cell("contended", False)) == (
         "unknown", "yes", "no")
     assert cell("cpu_wait_ratio", None) == "n/a"
+
+
+def test_without_a_profiled_window_every_measured_step_counts_for_both():
+    spans = _spans(0, 0, 0, 1000, 1000, warmup=True)
+    for s, t in [(1, 100), (2, 300)]:
+        spans += _spans(s, 0, s * 1000, t, t // 2)
+    stats = pd.DataFrame([{"rank": 0, "step": s, "loss": 0.5, "num_samples": 8, "num_targets": 40}
+                          for s in range(3)])
+    out = metrics.summarize(pd.DataFrame(spans), stats)
+    assert (out["steps_measured"], out["steps_profiled"], out["steps_timed"]) == (2, 0, 2)
+    assert out["step_time_ms_mean"] == pytest.approx(200)
+    assert out["bubble_ratio"] == pytest.approx(0.5)

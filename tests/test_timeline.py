@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from fsbench.measurement.timeline import Timeline, read_timelines
+from fsbench.measurement.timeline import Timeline, gpu_flight, read_timelines
 
 
 def _spin(seconds: float) -> None:
@@ -81,7 +81,7 @@ def test_run_queue_wait_covers_every_thread_and_child_process():
     import sys
     import threading
 
-    from fsbench.measurement.timeline import threads_schedstat, threads_since
+    from fsbench.measurement.schedstat import threads_schedstat, threads_since
 
     spun, stop = threading.Event(), threading.Event()
     helper = threading.Thread(target=lambda: (_spin(0.05), spun.set(), stop.wait()))
@@ -105,8 +105,29 @@ def test_run_queue_wait_covers_every_thread_and_child_process():
 
 
 def test_without_schedstat_the_wait_is_unknown_not_zero(monkeypatch, tmp_path):
-    from fsbench.measurement import timeline
+    from fsbench.measurement import schedstat
 
-    monkeypatch.setattr(timeline, "PROC", str(tmp_path))  # a machine without schedstat
-    assert timeline.threads_schedstat() is None
-    assert timeline.threads_since(None, None) is None
+    monkeypatch.setattr(schedstat, "PROC", str(tmp_path))  # a machine without schedstat
+    assert schedstat.threads_schedstat() is None
+    assert schedstat.threads_since(None, None) is None
+
+
+def test_a_cuda_flight_is_placed_on_the_host_clock_through_the_anchor_event():
+    """Event times are relative (ms between two events); the anchor, recorded on the idle
+    device after the step's sync, completed at host time anchor_ns."""
+    anchor_ns = 7_000_000_000
+    # issued 5 ms before the anchor, in flight 2.5 ms
+    assert gpu_flight(anchor_ns, 5.0, 2.5) == {"start_ns": 6_995_000_000, "dur_ns": 2_500_000}
+    assert gpu_flight(anchor_ns, 1.0, 0.0)["dur_ns"] == 1  # a flight is never 0 (unfinished)
+
+
+def test_profiled_steps_are_flagged_in_the_records(tmp_path):
+    tl = Timeline(tmp_path / "rank-0.jsonl")
+    for step, profiled in ((0, False), (1, True)):
+        tl.begin_step(step, warmup=False, profiled=profiled)
+        with tl.span("step"):
+            pass
+    tl.flush()
+    df = read_timelines(tmp_path)
+    assert df.set_index("step")["profiled"].to_dict() == {0: False, 1: True}
+    assert "profiled" not in (tmp_path / "rank-0.jsonl").read_text().splitlines()[0]

@@ -79,8 +79,9 @@ def rank_step_table(spans: pd.DataFrame, gpu_busy: pd.DataFrame | None = None) -
     (ns) of the spans inside the step span: comm_wait_ns, input_wait_ns, runq_ns.
 
     gpu_busy (CUDA runs, optional): per (step, rank) `busy_ns` from the profiler's kernel
-    record (fsbench.measurement.kineto), with `comm_ns` and `comm_overlap_ns`; it replaces every
-    other busy measure, and its exposed communication kernel time is the comm wait."""
+    record (fsbench.measurement.kineto) of the profiled steps, with `comm_ns` and
+    `comm_overlap_ns`; in those steps it replaces every other busy measure, and its exposed
+    communication kernel time is the comm wait. Other steps keep their own measures."""
     if "runq_ns" not in spans:  # timelines written before run-queue waits were recorded
         spans = spans.assign(runq_ns=0)
     if "nested" in spans:  # inside another span, whose time already holds theirs
@@ -88,9 +89,12 @@ def rank_step_table(spans: pd.DataFrame, gpu_busy: pd.DataFrame | None = None) -
     # Timelines written before the input pipeline called input preparation `data`.
     spans = spans.assign(kind=spans["kind"].replace({"data": "input"}))
     steps = spans[spans["kind"] == "step"]
+    if "profiled" not in steps:  # frames built without read_timelines
+        steps = steps.assign(profiled=False)
     bounds = steps.groupby(["step", "rank"]).agg(
         start_ns=("start_ns", "min"), dur_ns=("dur_ns", "max"), warmup=("warmup", "first"),
-        step_runq_ns=("runq_ns", "sum"))
+        profiled=("profiled", "first"), step_runq_ns=("runq_ns", "sum"))
+    bounds["profiled"] = bounds["profiled"].eq(True)
     bounds["end_ns"] = bounds["start_ns"] + bounds["dur_ns"]
     window = bounds[["start_ns", "end_ns"]].rename(columns=lambda c: f"{c}_step")
     inner = spans[spans["kind"] != "step"].join(window, on=["step", "rank"])
@@ -119,8 +123,9 @@ def rank_step_table(spans: pd.DataFrame, gpu_busy: pd.DataFrame | None = None) -
                               "step_runq_ns": "runq_ns", "dur_ns": "span_ns"})
     if gpu_busy is not None and len(gpu_busy):
         g = gpu_busy.set_index(["step", "rank"])
-        out["busy_ns"] = g["busy_ns"].reindex(out.index).fillna(0)
-        out["comm_wait_ns"] = (g["comm_ns"] - g["comm_overlap_ns"]).reindex(out.index).fillna(0)
+        rows = out.index.intersection(g.index)
+        out.loc[rows, "busy_ns"] = g.loc[rows, "busy_ns"]
+        out.loc[rows, "comm_wait_ns"] = g.loc[rows, "comm_ns"] - g.loc[rows, "comm_overlap_ns"]
     for col in ("busy_ns", "comm_wait_ns", "input_wait_ns", "runq_ns"):
         out[col] = out[col].astype("int64")
     return out.reset_index()
@@ -195,7 +200,8 @@ def step_metrics(spans: pd.DataFrame, gpu_busy: pd.DataFrame | None = None) -> p
                             g["input_wait_ns"].to_numpy(dtype=float))
         n, bmax, cap = len(busy), busy.max(), len(busy) * t
         row = {
-            "step": int(step), "warmup": bool(g["warmup"].iloc[0]), "num_ranks": n,
+            "step": int(step), "warmup": bool(g["warmup"].iloc[0]),
+            "profiled": bool(g["profiled"].any()), "num_ranks": n,
             "step_time_ms": t / 1e6, "busy_max_ms": bmax / 1e6,
             "busy_mean_ms": float(busy.mean()) / 1e6, "capacity_ns": cap,
             "load_imbalance": float(np.sum(bmax - busy) / (n * bmax)) if bmax > 0 else 0.0,
@@ -216,6 +222,18 @@ def step_metrics(spans: pd.DataFrame, gpu_busy: pd.DataFrame | None = None) -> p
     if probe_ns is not None:  # CPU runs: step time in units of the CPU-speed probe
         table["step_time_norm"] = table["step_time_ms"] * 1e6 / table["step"].map(probe_ns)
     return table
+
+
+def split_profiled(measured: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(steps for busy time and bubbles, steps for step time and throughput) of the
+    measured steps. CUDA runs profile a window of them (launch.worker.profiled_window): the
+    kernel record there is the busy time, and the profiler's host overhead there would
+    slow the step, so time comes from the others. Without a profiled window (CPU), or
+    with nothing but one, both are every measured step."""
+    profiled = measured["profiled"].astype(bool)
+    if profiled.any() and not profiled.all():
+        return measured[profiled], measured[~profiled]
+    return measured, measured
 
 
 def throughput(step_table: pd.DataFrame, stats: pd.DataFrame) -> pd.DataFrame:
@@ -258,25 +276,30 @@ def summarize(spans: pd.DataFrame, stats: pd.DataFrame,
     steps always waits some nanoseconds). Unknown wait makes `contended` None, never
     False."""
     table = throughput(step_metrics(spans, gpu_busy), stats)
-    m = table[~table["warmup"]]
-    if m.empty:
+    measured = table[~table["warmup"]]
+    if measured.empty:
         raise ValueError("no measured steps: every step is a warm-up step")
-    cap, secs = m["capacity_ns"].sum(), m["step_time_ms"].sum() / 1e3
+    m, timed = split_profiled(measured)
+    cap, secs = m["capacity_ns"].sum(), timed["step_time_ms"].sum() / 1e3
     losses = stats.groupby("step")["loss"].sum().sort_index()
-    q = lambda col, p: float(m[col].quantile(p))  # noqa: E731
+    q = lambda col, p, of=m: float(of[col].quantile(p))  # noqa: E731
     out = {
-        "steps_measured": int(len(m)),
-        "measured_first_step": int(m["step"].min()),
-        "step_time_ms_mean": float(m["step_time_ms"].mean()),
-        "step_time_ms_median": q("step_time_ms", 0.5),
-        "step_time_ms_p10": q("step_time_ms", 0.1),
-        "step_time_ms_p90": q("step_time_ms", 0.9),
+        "steps_measured": int(len(measured)),
+        "measured_first_step": int(measured["step"].min()),
+        # CUDA: the measured steps that ran under the profiler (bubbles) and the rest
+        # (step time, throughput); equal on CPU, where nothing is profiled.
+        "steps_profiled": int(measured["profiled"].sum()),
+        "steps_timed": int(len(timed)),
+        "step_time_ms_mean": float(timed["step_time_ms"].mean()),
+        "step_time_ms_median": q("step_time_ms", 0.5, timed),
+        "step_time_ms_p10": q("step_time_ms", 0.1, timed),
+        "step_time_ms_p90": q("step_time_ms", 0.9, timed),
         # Step time over the CPU-speed probe's time (fsbench.measurement.speed_probe): drift of the
         # machine's speed cancels. None on CUDA runs and runs recorded before the probe.
-        "step_time_norm_median": q("step_time_norm", 0.5)
-        if "step_time_norm" in m and m["step_time_norm"].notna().all() else None,
-        "samples_per_s": float(m["num_samples"].sum() / secs),
-        "tokens_per_s": float(m["num_targets"].sum() / secs),
+        "step_time_norm_median": q("step_time_norm", 0.5, timed)
+        if "step_time_norm" in timed and timed["step_time_norm"].notna().all() else None,
+        "samples_per_s": float(timed["num_samples"].sum() / secs),
+        "tokens_per_s": float(timed["num_targets"].sum() / secs),
         "bubble_ratio": float(m["idle_ns"].sum() / cap),
         "straggler_bubble_ratio": float(m["straggler_ns"].sum() / cap),
         "exposed_comm_ratio": float(m["exposed_comm_ns"].sum() / cap),
@@ -295,8 +318,8 @@ def summarize(spans: pd.DataFrame, stats: pd.DataFrame,
     }
     own = 0.0
     if input_cpu is not None and len(input_cpu) and m["span_ns"].sum() > 0:
-        measured = input_cpu[input_cpu["step"].isin(m["step"])]
-        own = float(measured["cpu_ns"].sum() / m["span_ns"].sum())
+        worker_cpu = input_cpu[input_cpu["step"].isin(m["step"])]
+        own = float(worker_cpu["cpu_ns"].sum() / m["span_ns"].sum())
     out["input_worker_cpu_ratio"] = own
     out["comm_overlap_ratio"] = comm_overlap_ratio(spans)
     out["cpu_steal_ratio"] = steal_ticks / total_ticks if total_ticks > 0 else 0.0

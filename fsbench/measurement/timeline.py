@@ -14,14 +14,23 @@ A record is {rank, step, warmup, name, kind, start_ns, dur_ns, cpu_ns, runq_ns}:
   records that apart, with every thread's wait: `threads_schedstat`).
 - `warmup` is true for steps that are not measured: warm-up steps, and steps outside
   whole look-ahead windows (fsbench.training.trainer.measured_steps).
+- `profiled` (CUDA runs, only where true): the step ran under the profiler (its kernel
+  record gives busy time, so the bubble; its step time carries the profiler's host
+  overhead, so step time and throughput come from the other measured steps:
+  fsbench.measurement.metrics.summarize).
 - `gpu_ns` (CUDA runs, compute spans only): the compute stream's time between two CUDA
   events recorded at the span's ends, read at the end of the step.
 - `kind` classifies the span for the metrics: compute | comm | wait | input | step
   (fsbench.training.trainer.Trainer says which spans belong where).
 - kind `flight` is not a span of the calling thread but one collective's time in flight,
-  from its issue to its completion as the communication library's own thread saw it
-  (`Timeline.in_flight`): what `comm_overlap_ratio` measures against compute spans. Its
-  `step` is the step that issued it; it may end in a later step.
+  from its issue to its completion (`Timeline.in_flight`): what `comm_overlap_ratio`
+  measures against compute spans. Its `step` is the step that issued it; it may end in a
+  later step. On CPU (gloo) completion is stamped by gloo's own thread when the work's
+  future completes. On CUDA that future "completes" when NCCL's work is enqueued, so a
+  flight is two CUDA events instead: one recorded on the issuing stream at issue, one
+  recorded in the future's callback, on the stream torch makes wait for the collective;
+  `flush` reads them after the step's sync and places them on the host clock through an
+  anchor event recorded on the idle device (`gpu_flight`).
 
 Spans never synchronize a device. Lines are buffered in memory and written at the end
 of every step, so a crash loses at most the step in flight.
@@ -37,6 +46,7 @@ from pathlib import Path
 from typing import Iterator
 
 from fsbench.measurement.clock import emulated_ns, now_ns
+from fsbench.measurement.schedstat import runqueue_wait_ns
 from fsbench.errors import ConfigError
 
 # `probe`: the CPU-speed probe before a step's barrier (fsbench.measurement.speed_probe), outside every
@@ -75,10 +85,12 @@ class Timeline:
         self.cuda = device is not None and getattr(device, "type", device) == "cuda"
         self.step = -1
         self.warmup = False
+        self.profiled = False
         # compute=emulated (fsbench.models.emulation): a span's busy time is the emulated compute
         # inside it; its real thread CPU is recorded apart, as `overhead_ns`.
         self.emulated = emulated
         self._pending: list[tuple[dict, object, object]] = []  # (record, start, end event)
+        self._flights: list[tuple[dict, object, object]] = []  # CUDA flights: the same
         self._buffer: list[dict] = []
         # Flights finish on the communication library's threads: appends and the flush's
         # swap of the buffer take this lock.
@@ -93,8 +105,8 @@ class Timeline:
         """The names of the spans open now (any order)."""
         return list(self._names)
 
-    def begin_step(self, step: int, warmup: bool) -> None:
-        self.step, self.warmup = step, warmup
+    def begin_step(self, step: int, warmup: bool, profiled: bool = False) -> None:
+        self.step, self.warmup, self.profiled = step, warmup, profiled
 
     @contextlib.contextmanager
     def span(self, name: str, kind: str | None = None) -> Iterator[None]:
@@ -129,6 +141,8 @@ class Timeline:
                 rec["overhead_ns"], rec["cpu_ns"] = rec["cpu_ns"], emulated_ns() - e0
             if nested:
                 rec["nested"] = True
+            if self.profiled:
+                rec["profiled"] = True
             if events:
                 events[1].record()
                 self._pending.append((rec, *events))
@@ -159,6 +173,8 @@ class Timeline:
             for rec, start, end in self._pending:
                 rec["gpu_ns"] = int(start.elapsed_time(end) * 1e6)
             self._pending.clear()
+        if self._flights:
+            self._flush_cuda_flights()
         with self._lock:
             buffer, self._buffer = self._buffer, []
         if self.path is not None and buffer:
@@ -169,10 +185,37 @@ class Timeline:
                 f.write("\n".join(json.dumps(r) for r in buffer) + "\n")
 
 
-class Flight:
-    """One collective in flight (see `Timeline.in_flight`); a no-op when disabled."""
+    def _flush_cuda_flights(self) -> None:
+        """Finished flights placed on the host clock: their end events were recorded
+        before the worker's end-of-step sync, so they have completed; an anchor event
+        recorded now, on the idle device, runs at once and marks the instant `now_ns()`
+        reads right after it completes. NOT YET RUN ON A GPU."""
+        import torch
 
-    __slots__ = ("timeline", "rec")
+        anchor = torch.cuda.Event(enable_timing=True)
+        anchor.record()
+        anchor.synchronize()
+        anchor_ns = now_ns()
+        with self._lock:
+            ready, self._flights = self._flights, []
+        for rec, start, end in ready:
+            rec.update(gpu_flight(anchor_ns, start.elapsed_time(anchor), start.elapsed_time(end)))
+            self._append(rec)
+
+
+def gpu_flight(anchor_ns: int, start_to_anchor_ms: float, start_to_end_ms: float) -> dict:
+    """A CUDA flight's host-clock start and its duration (ns) from its events' times
+    (`Event.elapsed_time`, ms) and an anchor event that completed at host time anchor_ns."""
+    dur = max(int(round(start_to_end_ms * 1e6)), 1)
+    return {"start_ns": anchor_ns - int(round(start_to_anchor_ms * 1e6)), "dur_ns": dur}
+
+
+class Flight:
+    """One collective in flight (see `Timeline.in_flight`); a no-op when disabled. Call
+    `finish()` where the collective is complete as the caller's stream sees it: in its
+    future's callback (or after a synchronous call returns)."""
+
+    __slots__ = ("timeline", "rec", "events")
 
     def __init__(self, timeline: Timeline, name: str) -> None:
         self.timeline = timeline
@@ -180,94 +223,24 @@ class Flight:
             "rank": timeline.rank, "step": timeline.step, "warmup": timeline.warmup,
             "name": name, "kind": "flight", "start_ns": now_ns(), "dur_ns": 0,
             "cpu_ns": 0, "runq_ns": 0}
+        # CUDA: the issue instant on the issuing stream (the collective cannot start
+        # before the work queued ahead of it there). NOT YET RUN ON A GPU.
+        self.events = timeline._cuda_events() if self.rec is not None and timeline.cuda else None
 
     def finish(self) -> None:
-        if self.rec is not None and not self.rec["dur_ns"]:
-            self.rec["dur_ns"] = max(now_ns() - self.rec["start_ns"], 1)
-            self.timeline._append(self.rec)
-
-
-_SCHEDSTAT: dict[int, int] = {}  # native thread id -> open fd of its schedstat
-
-
-def runqueue_wait_ns() -> int:
-    """Nanoseconds the calling thread has spent runnable but waiting for a CPU (Linux
-    schedstat); 0 where that file does not exist. One pread of an open fd (~2 us)."""
-    tid = threading.get_native_id()
-    fd = _SCHEDSTAT.get(tid)
-    if fd is None:
-        try:
-            fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
-        except OSError:
-            fd = -1
-        _SCHEDSTAT[tid] = fd
-    if fd < 0:
-        return 0
-    try:
-        return int(os.pread(fd, 128, 0).split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-PROC = "/proc"
-
-
-def threads_schedstat() -> dict[int, tuple[int, int]] | None:
-    """(CPU ns, run-queue wait ns) so far of every thread of this process and of its
-    descendant processes (loader workers), by thread id: gloo's threads and a loader wait
-    for a CPU too, and a neighbour can take it from them alone. None where schedstat does
-    not exist. A thread that ended is gone from /proc, and its times with it."""
-    import psutil
-
-    pids = [os.getpid()]
-    try:
-        pids += [c.pid for c in psutil.Process().children(recursive=True)]
-    except psutil.Error:
-        pass
-    out: dict[int, tuple[int, int]] = {}
-    for pid in pids:
-        try:
-            tids = os.listdir(f"{PROC}/{pid}/task")
-        except OSError:  # no /proc, or the process just ended
-            continue
-        for tid in tids:
-            try:
-                with open(f"{PROC}/{pid}/task/{tid}/schedstat") as f:
-                    cpu, wait = f.read().split()[:2]
-                out[int(tid)] = (int(cpu), int(wait))
-            except (OSError, ValueError):
-                continue
-    return out or None  # not even this thread's: no schedstat here
-
-
-def threads_since(before: dict[int, tuple[int, int]] | None,
-                  after: dict[int, tuple[int, int]] | None) -> tuple[int, int] | None:
-    """Between two `threads_schedstat` readings taken by the compute thread: (run-queue
-    wait of every thread, CPU time of every thread but the calling one: the helpers').
-    A thread born in between counts whole; None without schedstat."""
-    if before is None or after is None:
-        return None
-    me = threading.get_native_id()
-    wait = helper_cpu = 0
-    for tid, (cpu, waited) in after.items():
-        cpu0, wait0 = before.get(tid, (0, 0))
-        wait += max(waited - wait0, 0)
-        if tid != me:
-            helper_cpu += max(cpu - cpu0, 0)
-    return wait, helper_cpu
-
-
-def cpu_steal_ticks() -> tuple[int, int]:
-    """(steal, total) clock ticks of the whole machine (Linux /proc/stat): time the
-    hypervisor ran something else on our virtual CPUs. Invisible to the run-queue wait
-    and to thread CPU time, it stretches wall time only. (0, 0) where unavailable."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return 0, 0
-    steal = fields[7] if len(fields) > 7 else 0
-    return steal, sum(fields[:8])
+        if self.rec is None or self.rec["dur_ns"]:
+            return
+        if self.events is not None:
+            # In a CUDA future's callback torch makes the current stream wait for the
+            # collective: an event recorded on it completes when the collective does.
+            start, end = self.events
+            end.record()
+            self.rec["dur_ns"] = -1  # finished; the duration is read at flush
+            with self.timeline._lock:
+                self.timeline._flights.append((self.rec, start, end))
+            return
+        self.rec["dur_ns"] = max(now_ns() - self.rec["start_ns"], 1)
+        self.timeline._append(self.rec)
 
 
 # Trainers call `span(...)` without carrying a Timeline around; the worker installs the
@@ -330,7 +303,7 @@ def read_timelines(run_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
     for p in sorted(Path(run_dir).glob("rank-*.jsonl")):
         rows += read_records(p, SPAN_FIELDS)
     cols = ["rank", "step", "warmup", "name", "kind", "start_ns", "dur_ns", "cpu_ns", "runq_ns",
-            "gpu_ns", "nested", "overhead_ns"]
+            "gpu_ns", "nested", "overhead_ns", "profiled"]
     df = pd.DataFrame(rows, columns=cols)
     # Every rank's stamps on rank 0's clock (fsbench.measurement.clock); runs from before offsets
     # were measured, and one-host runs, have none or ~0.
@@ -347,6 +320,7 @@ def read_timelines(run_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
     df["runq_ns"] = df["runq_ns"].fillna(0).astype("int64")  # absent in older runs
     df["overhead_ns"] = df["overhead_ns"].fillna(0).astype("int64")  # emulated runs only
     df["nested"] = df["nested"].eq(True)  # absent (NaN) in most records
+    df["profiled"] = df["profiled"].eq(True)  # CUDA runs' profiled window only
     return df
 
 

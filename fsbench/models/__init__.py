@@ -18,6 +18,7 @@ from torch import nn
 
 from fsbench.config import WorkloadConfig
 from fsbench.models.dense import DenseArch
+from fsbench.models.init import materialize
 from fsbench.models.jagged import Bucketing, JaggedLayout
 from fsbench.models.sparse import (EmbeddingLookups, SparseArch, TableSpec, assemble_lookups,
                                    initial_table_weight, table_ids, table_specs)
@@ -56,7 +57,7 @@ def build_model(workload: WorkloadConfig, seed: int) -> nn.Module:
         return SpinModel(workload)
     with torch.device("meta"):
         model = RecModel(workload)
-    model.to_empty(device="cpu")
+    materialize(model)
     model.init_weights(seed)
     return model
 
@@ -67,6 +68,6 @@ def model_from_state(workload: WorkloadConfig, state: Mapping[str, torch.Tensor]
     shards, a framework's modules). Strict: every parameter must be given, none unknown."""
     with torch.device("meta"):
         model = RecModel(workload)
-    model.to_empty(device="cpu")
+    materialize(model)
     model.load_state_dict(state, strict=True)
     return model

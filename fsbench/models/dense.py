@@ -16,7 +16,7 @@ from torch import nn
 from fsbench.models import emulation
 from fsbench.config import ModelConfig
 from fsbench.models.hstu import HSTUBlock
-from fsbench.models.init import init_module_
+from fsbench.models.init import init_module_, uninitialized_embedding
 from fsbench.models.jagged import Bucketing, JaggedLayout
 from fsbench.models.loss import sampled_softmax_token_losses
 from fsbench.models.sasrec import SASRecBlock
@@ -36,7 +36,7 @@ class DenseArch(nn.Module):
         self.bucketing = bucketing
         self.max_seq_len = max_seq_len
         self.context = nn.Linear((1 + num_contexts) * dim, dim)
-        self.positions = nn.Embedding(max_seq_len, dim)
+        self.positions = uninitialized_embedding(max_seq_len, dim)
         if model.family == "hstu":
             distance = min(max_seq_len, MAX_RELATIVE_DISTANCE)
             blocks = [HSTUBlock(dim, model.num_heads, distance) for _ in range(model.num_layers)]

@@ -42,7 +42,7 @@ def init_module_(module: nn.Module, seed: int, prefix: str) -> None:
     Linear weights ~ N(0, 1/fan_in) and biases 0; LayerNorm is the identity; Embedding rows
     ~ N(0, 1/dim) (so dot products of unit-scale vectors start near N(0, 1)); parameters
     a module lists in its `zero_init` tuple start at 0. Anything else raises, so a new
-    parameter can never keep the uninitialized memory left by `to_empty`.
+    parameter can never keep the uninitialized memory left by `materialize`.
     """
     for name, param in module.named_parameters():
         owner_name, _, leaf = name.rpartition(".")
@@ -58,3 +58,25 @@ def init_module_(module: nn.Module, seed: int, prefix: str) -> None:
         else:
             raise TypeError(f"no initialization rule for parameter {prefix}{name} "
                             f"of {type(owner).__name__}")
+
+
+def uninitialized_embedding(num_rows: int, dim: int, padding_idx: int | None = None) -> nn.Embedding:
+    """An nn.Embedding whose weight is left as allocated (on the meta device: no memory).
+    Every model here is built on the meta device and then initialized explicitly
+    (`init_weights`), so nn.Embedding's own N(0, 1) init would be discarded; on the meta
+    device it also costs about a second per process (torch's meta `normal_` imports
+    torch._dynamo), paid by every rank and every CLI call."""
+    return nn.Embedding(num_rows, dim, padding_idx=padding_idx, _weight=torch.empty(num_rows, dim))
+
+
+def materialize(module: nn.Module, device: str | torch.device = "cpu") -> nn.Module:
+    """`module` (built on the meta device) with every parameter allocated, uninitialized,
+    on `device`; returns it. What `Module.to_empty` does, without its meta `empty_like`,
+    which imports sympy (half a second per process). The models here hold no buffers."""
+    for owner in module.modules():
+        for name, p in list(owner.named_parameters(recurse=False)):
+            setattr(owner, name, nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=device),
+                                              requires_grad=p.requires_grad))
+    if any(True for _ in module.buffers()):
+        raise TypeError(f"{type(module).__name__} holds buffers: materialize them too")
+    return module

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fsbench.models.init import normal_values
+from fsbench.models.init import normal_values, uninitialized_embedding
 from fsbench.workloads.batch import JaggedBatch
 
 ITEM, USER = "item", "user"
@@ -100,7 +100,7 @@ class SparseArch(nn.Module):
         super().__init__()
         self.specs = list(specs)
         self.tables = nn.ModuleDict({
-            s.name: nn.Embedding(s.num_rows, s.dim, padding_idx=s.padding_idx) for s in self.specs
+            s.name: uninitialized_embedding(s.num_rows, s.dim, s.padding_idx) for s in self.specs
         })
 
     def init_weights(self, seed: int) -> None:

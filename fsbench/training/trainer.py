@@ -213,3 +213,18 @@ def measured_steps(warmup: int, steps: int, align: int = 1) -> range:
                           f"{align} steps to measure; use at least steps="
                           f"{start + align}")
     return range(start, end)
+
+
+def profiled_window(measured: range, align: int = 1, cuda: bool = True) -> range:
+    """CUDA runs: the measured steps that run under the profiler, the last quarter of the
+    measured window in whole units of `align` (at least one unit, when two fit). Their
+    kernel record gives busy time and so the bubbles (ARCHITECTURE.md: busy on GPU is the
+    union of compute kernels); the profiler's host overhead would slow them, so step time,
+    throughput and SM occupancy come from the steps before them. Empty on CPU, and where
+    the window is too short to split (busy then falls back to CUDA events, and the summary's
+    `busy_source` says so)."""
+    n = len(measured)
+    if not cuda or n < 2 * align:
+        return range(measured.stop, measured.stop)
+    size = max(n // 4 // align, 1) * align
+    return range(measured.stop - size, measured.stop)

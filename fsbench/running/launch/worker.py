@@ -26,9 +26,10 @@ from fsbench.measurement.monitor import RankMonitor
 from fsbench.running.pacing import Pacer
 from fsbench.measurement.speed_probe import PROBE_SPAN, SpeedProbe
 from fsbench.running.store import write_json_atomic
-from fsbench.measurement.timeline import Timeline, cpu_steal_ticks, set_current, threads_schedstat, threads_since
+from fsbench.measurement.schedstat import cpu_steal_ticks, threads_schedstat, threads_since
+from fsbench.measurement.timeline import Timeline, set_current
 from fsbench.training.inputs import InputPipeline, MeteredSource
-from fsbench.training.trainer import measured_steps, resolve_trainer_class, trainer_options
+from fsbench.training.trainer import measured_steps, profiled_window, resolve_trainer_class, trainer_options
 from fsbench.workloads import make_batch_source
 
 
@@ -56,11 +57,13 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
     if ctx.is_main and hasattr(trainer, "describe"):  # what really ran (e.g. a transport)
         write_json_atomic(run_dir / "trainer-ran.json", trainer.describe())
     evaluator = Evaluator(run, ctx, run_dir) if run.eval.on else None
-    measured = measured_steps(run.workload.warmup, run.workload.steps,
-                              getattr(trainer, "step_alignment", 1))
+    align = getattr(trainer, "step_alignment", 1)
+    measured = measured_steps(run.workload.warmup, run.workload.steps, align)
+    profiled = profiled_window(measured, align, cuda=ctx.device.type == "cuda")
     inputs = InputPipeline(trainer.make_preparer(), run.workload.steps, ctx.device,
                            workers=run.input_workers)
-    # Samples SM occupancy (GPU) or CPU utilization and RSS during measured steps only.
+    # Samples SM occupancy (GPU) or CPU utilization and RSS during measured steps only,
+    # the profiled ones left out.
     monitor = RankMonitor(ctx.device)
     profiler = GpuKernelRecord(ctx, run_dir)
     syncs = HostSyncCounter(ctx.device.type == "cuda", timeline.open_spans)
@@ -77,14 +80,16 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
             for step in range(run.workload.steps):
                 if step == measured.start:
                     monitor.start()
-                    profiler.start()
                     steal0, threads0, start_ns = cpu_steal_ticks(), threads_schedstat(), now_ns()
+                if profiled and step == profiled.start:
+                    monitor.stop()
+                    profiler.start()
                 if step == measured.stop:
                     monitor.stop()
                     profiler.stop()
                     steal1, threads1, end_ns = cpu_steal_ticks(), threads_schedstat(), now_ns()
                 pacer.before_step(step)  # before the barrier: parked time is in no step
-                timeline.begin_step(step, warmup=step not in measured)
+                timeline.begin_step(step, warmup=step not in measured, profiled=step in profiled)
                 # The start barrier (its own group): every rank enters the timed step
                 # together, so step time measures the step and not the ranks' skew in
                 # reaching it.
@@ -155,9 +160,10 @@ def peak_memory(device: torch.device) -> dict:
 
 
 class GpuKernelRecord:
-    """CUDA runs: the profiler's (Kineto) record of the measured steps, each step inside a
-    `fsbench.step.<k>` annotation, exported as kineto-rank-<r>.json.gz; busy time is then
-    the union of the rank's compute kernels per step (fsbench.measurement.kineto). A no-op on CPU.
+    """CUDA runs: the profiler's (Kineto) record of the profiled window of the measured
+    steps (fsbench.training.trainer.profiled_window), each step inside a `fsbench.step.<k>`
+    annotation, exported as kineto-rank-<r>.json.gz; busy time in those steps is then the
+    union of the rank's compute kernels (fsbench.measurement.kineto). A no-op on CPU.
     NOT YET RUN ON A GPU."""
 
     def __init__(self, ctx: fsdist.RankContext, run_dir: Path) -> None:
