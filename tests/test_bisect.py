@@ -53,6 +53,15 @@ def test_an_inconclusive_gate_stops_the_search_naming_the_candidates():
     assert "inconclusive" in bisect.report(found, "g" * 40)
 
 
+def test_the_report_lists_a_gate_that_was_rerun_beside_its_rerun():
+    step = bisect.Step("b" * 40, "the change", "unchanged", "fsbench: **unchanged** (exit 0)",
+                       "store/02-bbbb", 6, earlier=[(3, "fsbench: **inconclusive** (exit 3)", "store/01-bbbb")])
+    text = bisect.report(bisect.Found(steps=[step], nothing=True), "g" * 40)
+    rows = [line for line in text.splitlines() if line.startswith("| bbbb")]
+    assert len(rows) == 2 and "inconclusive, rerun" in rows[0] and "store/01-bbbb" in rows[0]
+    assert "| unchanged " in rows[1] and "store/02-bbbb" in rows[1]
+
+
 def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True,
                           text=True).stdout.strip()

@@ -233,7 +233,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     gates = itertools.count(1)  # numbers each gate's folder, reruns included
 
     def judge(sha: str) -> bisect.Step:
-        pairs = sweep.pairs
+        pairs, earlier = sweep.pairs, []
         while True:
             where = out / f"{next(gates):02d}-{sha[:12]}"
             where.mkdir()
@@ -241,10 +241,11 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             verdict = gate.run_gate(root, good, sha, dataclasses.replace(sweep, pairs=pairs), where,
                                     args.retries, alpha, thresholds, args.allow_cross_machine,
                                     name="fsbench bisect")
-            outcome = compare.outcome(verdict.rows)
+            outcome, summary = compare.outcome(verdict.rows), compare_output.summary_line(verdict.rows)
             if outcome != "inconclusive" or pairs > sweep.pairs:
-                return bisect.Step(sha, bisect.subject(root, sha), outcome,
-                                   compare_output.summary_line(verdict.rows), str(where), pairs)
+                return bisect.Step(sha, bisect.subject(root, sha), outcome, summary, str(where),
+                                   pairs, earlier)
+            earlier.append((pairs, summary, str(where)))
             pairs *= 2  # once more, with twice the units
 
     found = bisect.search(commits, judge)

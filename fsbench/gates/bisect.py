@@ -29,6 +29,9 @@ class Step:
     summary: str        # the gate's summary line (fsbench.gates.compare_output)
     store: str
     pairs: int
+    # Tries before this one that could not tell (inconclusive, then rerun with twice the
+    # pairs): (pairs, summary line, store) each, reported beside it.
+    earlier: list[tuple[int, str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -105,7 +108,11 @@ def report(found: Found, good: str) -> str:
         head = (f"fsbench bisect: **inconclusive** (exit 3): the first bad commit is one of "
                 f"{', '.join(c[:12] for c in found.candidates)}; a gate could not tell, even "
                 "with twice the pairs (its reasons are in its compare.md)")
-    rows = [[s.sha[:12], s.subject[:60], s.outcome, str(s.pairs), s.summary, s.store] for s in found.steps]
+    rows = []
+    for s in found.steps:
+        rows += [[s.sha[:12], s.subject[:60], "inconclusive, rerun", str(pairs), summary, store]
+                 for pairs, summary, store in s.earlier]
+        rows.append([s.sha[:12], s.subject[:60], s.outcome, str(s.pairs), s.summary, s.store])
     table = grid(["commit", "subject", "vs GOOD", "pairs", "gate's summary", "runs"], rows,
                  align=["left", "left", "left", "right", "left", "left"])
     return f"{head}\n\n{table}\n"
