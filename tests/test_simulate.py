@@ -11,7 +11,8 @@ from fsbench.cli import main
 from fsbench.scaling.commcal import fit as fit_comm
 from fsbench.config import RunConfig
 from fsbench.scaling.sim_inputs import CLUSTERS
-from fsbench.scaling.simulate import Costs, simulate_run
+from fsbench.scaling.sim_costs import Costs
+from fsbench.scaling.simulate import simulate_run
 from fsbench.running.store import load_runs
 from fsbench.workloads.generator import SyntheticBatches
 from fsbench.workloads.presets import get_workload
@@ -531,3 +532,44 @@ def test_sensitivity_bad_input_is_one_line(tmp_path, capsys, argv, expected):
     assert main(["simulate", "--sensitivity", "--world-sizes", "8", "--store", str(tmp_path), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0], err
+
+
+def test_fresh_rows_are_the_rows_drawn_again_after_an_update():
+    from fsbench.scaling.sim_costs import expected_distinct, expected_fresh
+
+    draws = np.array([10.0, 1_000.0, 100_000.0])
+    distinct = expected_distinct(draws, 50_000, 1.05)
+    assert np.all(expected_fresh(draws, 50_000, 1.05, 0.0) == 0)  # nothing was updated
+    assert np.allclose(expected_fresh(draws, 50_000, 1.05, 1e12), distinct)  # everything was
+    some = expected_fresh(draws, 50_000, 1.05, 5_000.0)
+    assert np.all(some > 0) and np.all(some < distinct)
+    # Popular items come back: more of a batch is fresh under a steeper popularity.
+    assert np.all(expected_fresh(draws, 50_000, 1.4, 5_000.0) / expected_distinct(draws, 50_000, 1.4)
+                  > some / distinct)
+
+
+def _exchange_runs(w, n=8):
+    def run(priority):
+        return RunConfig(workload=w, trainer="freescale", world_size=n,
+                         trainer_options={"tables": "sharded", "overlap": "on", "priority": priority})
+    return [simulate_run(run(p), H100, ".")[0] for p in ("off", "on")]
+
+
+def test_prioritizing_cannot_send_rows_before_the_step_that_updates_them():
+    """Rows the current step updates can only leave after its update: where every row a
+    step reads was updated by the step before (a tiny catalogue), sending the next step's
+    rows early hides nothing, and the prioritized exchange costs what the overlapped one
+    does (today's simulator hid them all). With a large catalogue of nearly even popularity
+    few rows come back, and prioritizing still hides the forward exchange's first chunk,
+    which the overlapped exchange must wait for."""
+    medium = get_workload("medium")
+    tiny_catalogue = dataclasses.replace(medium, item_vocab=200, user_vocab=50,
+                                         context_vocabs=(5,), steps=6, warmup=1,
+                                         global_batch_size=8 * 128)
+    overlapped, prioritized = _exchange_runs(tiny_catalogue)
+    assert prioritized["exposed_comm_ratio"] == pytest.approx(overlapped["exposed_comm_ratio"], rel=0.02)
+    assert prioritized["step_time_ms_median"] == pytest.approx(overlapped["step_time_ms_median"], rel=0.02)
+    large_catalogue = dataclasses.replace(tiny_catalogue, item_vocab=10_000_000, user_vocab=10_000_000,
+                                          context_vocabs=(1_000_000,), popularity="zipf:0.3")
+    overlapped, prioritized = _exchange_runs(large_catalogue)
+    assert prioritized["exposed_comm_ratio"] < overlapped["exposed_comm_ratio"] - 0.002

@@ -90,7 +90,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from fsbench.columns import FLAGS, RUN_VIEW
     from fsbench.config import RunConfig
     from fsbench.scaling.sim_inputs import assumption_record, assumptions, load_cluster
-    from fsbench.scaling.simulate import Costs, scaled_workload, write_simulated
+    from fsbench.scaling.sim_costs import Costs
+    from fsbench.scaling.simulate import scaled_workload, write_simulated
     from fsbench.table import format_table, progress, records
     from fsbench.training.trainer import trainer_options
 

@@ -36,7 +36,11 @@ batches (the same length draws the generator makes for that seed and step):
               sharded tables: all-to-all of each rank's unique rows (expected count under
               the workload's Zipf popularity) forward and of their gradients backward;
               blocking, overlapped (rows waited for at first use, gradients sent from
-              backward hooks) or prioritized (the next step's rows sent during this step).
+              backward hooks) or prioritized: the next step's rows that this step does not
+              update (final) are sent during this step, hidden under its compute; the rows
+              it updates (fresh: expected from the popularity, `expected_fresh`) can only
+              be sent after its update, and are waited for as the overlapped exchange
+              waits for its rows.
   SM        overlapped communication on SMs slows the compute it overlaps by
             `sm_slowdown` (a preset's parameter; `fsbench micro sm-contention` measures it
             where a GPU exists); copy-engine transport (FreeScale's sm_free) costs nothing.
@@ -57,7 +61,6 @@ A trainer class declares how it behaves with `sim_profile(options, world_size)`
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from pathlib import Path
 
@@ -67,136 +70,8 @@ from fsbench.config import RunConfig, WorkloadConfig
 from fsbench.scaling.ddp_buckets import ddp_buckets, dense_grad_bytes
 from fsbench.errors import ConfigError
 from fsbench.measurement.metrics import rank_causes
+from fsbench.scaling.sim_costs import OVERHEAD_KEYS, Costs, expected_distinct, expected_fresh
 from fsbench.scaling.sim_inputs import Cluster, SimProfile, assumptions, contiguous_plan
-
-OVERHEAD_KEYS = ("wall_ms", "cpu_ms", "busy_ms", "input_ms")
-def encoder_flops(workload: WorkloadConfig, lengths: np.ndarray) -> np.ndarray:
-    """Forward + backward FLOPs of one sample of length L (backward = 2x forward): per layer
-    and token the projections (HSTU 5 D^2, SASRec 12 D^2 multiply-adds), causal attention
-    L^2 D / 2 per matmul twice, the sampled softmax (1 + negatives) D per token."""
-    m = workload.model
-    proj = 5 if m.family == "hstu" else 12
-    L = np.asarray(lengths, dtype=np.float64)
-    fwd = m.num_layers * (2 * proj * m.dim**2 * L + 2 * m.dim * L * L) \
-        + 2 * (1 + workload.num_negatives) * m.dim * L
-    return 3 * fwd
-
-
-class Costs:
-    """Per-sample encoder cost in ms, and the communication model, of one cluster."""
-
-    def __init__(self, cluster: Cluster, workload: WorkloadConfig, store: str | Path) -> None:
-        self.cluster, self.workload = cluster, workload
-        if cluster.compute == "fit":
-            from fsbench.running.calibrate import fit_path, load_fit
-            from fsbench.scaling.commcal import comm_fit_path, load_comm_fits
-
-            self.fit = load_fit(store, workload, "cpu")
-            self.comm = load_comm_fits(store)
-            if self.fit is None:
-                raise ConfigError(f"--cluster local needs the encoder's cost fit "
-                                  f"({fit_path(store, workload, 'cpu')}): run fsbench calibrate "
-                                  f"--workload {workload.name} --store {store}")
-            # Collective fits are needed from 2 ranks on (collective_ms): a 1-rank run,
-            # such as the one that measures a trainer's overhead, goes without.
-            self.comm_path = comm_fit_path(store)
-            if self.fit.table_ns_per_element is None or self.fit.table_optimizer != workload.optimizer:
-                raise ConfigError(f"--cluster local needs the {workload.optimizer} step's cost per table "
-                                  f"element in the fit ({fit_path(store, workload, 'cpu')}): run fsbench "
-                                  f"calibrate --workload {workload.name} --store {store}")
-
-    def sample_ms(self, lengths: np.ndarray) -> np.ndarray:
-        if self.cluster.compute == "fit":
-            return self.fit.cost_ms(lengths)
-        c = self.cluster
-        return encoder_flops(self.workload, lengths) / (c.peak_tflops * 1e12 * c.mfu) * 1e3
-
-    def corun_factor(self, world_size: int) -> float:
-        """`local`: ranks of one host compute at once, each slower by the fit's measured
-        co-run slowdown (shared cores' caches, memory bandwidth, hyperthread siblings).
-        GPU presets: a GPU per rank, nothing shared."""
-        if self.cluster.compute != "fit" or world_size < 2:
-            return 1.0
-        return self.fit.corun_slowdown or 1.0
-
-    def time_sharing(self, world_size: int) -> float:
-        """`local`: ranks beyond this host's cores (the fit's co-run count) take turns on
-        them, so a rank's CPU work takes ranks / cores as long. GPU presets: 1."""
-        if self.cluster.compute != "fit":
-            return 1.0
-        cores = self.fit.corun_processes or 1
-        return max(1.0, world_size / cores)
-
-    def batch_extra_ms(self, lengths: np.ndarray) -> float:
-        """A rank's batch beyond its samples' cost (`local`: the fit's batch terms; GPU
-        presets: `layer_overhead_ms`, added by the caller)."""
-        return self.fit.batch_extra_ms(lengths) if self.cluster.compute == "fit" else 0.0
-
-    def table_corun_factor(self, world_size: int) -> float:
-        """`local`: the table work's own co-run slowdown (memory-bound; the encoder's
-        where an older fit lacks it). GPU presets: 1."""
-        if self.cluster.compute != "fit" or world_size < 2:
-            return 1.0
-        return self.fit.table_corun_slowdown or self.corun_factor(world_size)
-
-    def step_overhead(self, trainer: str, compute: str) -> dict[str, float]:
-        """`local`: the trainer's measured per-step work beyond this model, in this compute
-        mode (wall_ms, cpu_ms, busy_ms, input_ms: fsbench.running.calibrate.CostFit.step_overhead);
-        GPU presets: none (their per-layer launch overhead stands for it)."""
-        found = {}
-        if self.cluster.compute == "fit":
-            found = (self.fit.step_overhead or {}).get(f"{trainer}/{compute}", {})
-        return {k: float(found.get(k, 0.0)) for k in OVERHEAD_KEYS}
-
-    def table_ms(self, elements: float, replicated: bool = False) -> float:
-        if self.cluster.compute != "fit":
-            ns = self.cluster.table_ns_per_element
-        elif replicated and self.fit.replicated_ns_per_element is not None:
-            ns = self.fit.replicated_ns_per_element
-        else:
-            ns = self.fit.table_ns_per_element
-        return elements * ns / 1e6
-
-    def collective_ms(self, collective: str, n: int, nbytes: float) -> float:
-        if n <= 1 or nbytes <= 0:
-            return 0.0
-        if self.cluster.compute == "fit":
-            if self.comm is None:
-                raise ConfigError(f"--cluster local needs collective fits ({self.comm_path}): "
-                                  f"run fsbench calibrate --comm --store {self.comm_path.parent.parent}")
-            return self.comm[collective].seconds(n, nbytes) * 1e3
-        c = self.cluster
-        from fsbench.scaling.commcal import volume_factor
-
-        alpha = c.alpha_s * math.ceil(math.log2(n))
-        if collective == "all_to_all":  # intra-node peers over NVLink, the rest over the NICs
-            local = min(n, c.gpus_per_node)
-            seconds = alpha + nbytes * ((local - 1) / n / (c.intra_gbs * 1e9)
-                                        + (n - local) / n / (c.inter_gbs * 1e9))
-        else:  # ring all-reduce, limited by the slowest link in the ring
-            bw = c.intra_gbs if n <= c.gpus_per_node else c.inter_gbs
-            seconds = alpha + volume_factor(collective, n) * nbytes / (bw * 1e9)
-        return seconds * 1e3
-
-
-@functools.lru_cache(maxsize=8)
-def _zipf_bins(vocab: int, s: float) -> tuple[np.ndarray, np.ndarray]:
-    """Item probabilities of zipf:s over `vocab` ranks, grouped in log-spaced bins
-    (count, mean probability): enough for expected distinct counts, without 10M terms."""
-    edges = np.unique(np.geomspace(1, vocab, 2000).astype(np.int64))
-    edges = np.append(edges, vocab + 1)
-    counts = np.diff(edges).astype(np.float64)
-    mids = (edges[:-1] + edges[1:] - 1) / 2.0
-    weights = mids**-s * counts
-    return counts, weights / weights.sum() / counts
-
-
-def expected_distinct(n_draws: np.ndarray, vocab: int, s: float) -> np.ndarray:
-    """Expected number of distinct items among n draws from zipf:s (per value of n)."""
-    counts, p = _zipf_bins(vocab, s)
-    n = np.asarray(n_draws, dtype=np.float64)[:, None]
-    return (counts * -np.expm1(-n * p)).sum(axis=1)
-
 
 def profile_of(trainer: str, options: dict[str, str], n: int) -> SimProfile:
     from fsbench.training.trainer import option_defaults, resolve_trainer_class
@@ -246,6 +121,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     over_wall = (over["cpu_ms"] * corun * share + input_wait
                  + (over["wall_ms"] - over["cpu_ms"] - over["input_ms"]))
     plan = prof.plan or contiguous_plan
+    prev_draws = None  # the previous step's global item draws (prioritized: its fresh rows)
     rows = []
     for start in range(0, w.steps, prof.window):
         window = range(start, min(start + prof.window, w.steps))
@@ -265,21 +141,37 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             tokens = np.array([all_lengths[idx].sum() for idx in owners], dtype=np.float64)
             samples = np.array([len(idx) for idx in owners], dtype=np.float64)
             pre = post_emb = hidden_emb = 0.0
+            draws = tokens + samples + w.num_negatives
             if prof.exchange != "none":
                 # Unique rows a rank reads: items and targets (one table), shared negatives,
                 # one user row and one row per context table per sample.
-                rows_r = (expected_distinct(tokens + samples + w.num_negatives, w.item_vocab, zipf_s)
+                rows_r = (expected_distinct(draws, w.item_vocab, zipf_s)
                           + samples * (1 + len(w.context_vocabs)))
                 t_x = costs_model.collective_ms("all_to_all", n, float(rows_r.max()) * dim_bytes)
                 fwd_min, bwd_min = model_ms.min() / 3, 2 * model_ms.min() / 3
+                sent = 2 * t_x  # forward rows and backward gradients
                 if prof.exchange == "blocking":
                     pre, post_emb = t_x, t_x
+                elif prof.exchange == "prioritized":
+                    # Rows the previous step updated (all of them at the first step, which
+                    # has no previous step to send during) wait like the overlapped
+                    # exchange's; the others arrived during the previous step's compute.
+                    fresh_r = rows_r if prev_draws is None else (
+                        expected_fresh(draws, w.item_vocab, zipf_s, prev_draws)
+                        + samples * sum(-math.expm1(-samples.sum() / v)
+                                        for v in (w.user_vocab, *w.context_vocabs)))
+                    t_fresh = costs_model.collective_ms("all_to_all", n, float(fresh_r.max()) * dim_bytes)
+                    t_final = costs_model.collective_ms("all_to_all", n, float((rows_r - fresh_r).max()) * dim_bytes)
+                    pre = (max(0.0, t_final - model_ms.min())
+                           + (max(t_fresh / prof.chunks, t_fresh - fwd_min) if t_fresh else 0.0))
+                    post_emb = max(t_x / prof.chunks, t_x - bwd_min)
+                    sent = t_final + t_fresh + t_x
                 else:
                     first = t_x / prof.chunks
-                    pre = (max(0.0, t_x - model_ms.min()) if prof.exchange == "prioritized"
-                           else max(first, t_x - fwd_min))
+                    pre = max(first, t_x - fwd_min)
                     post_emb = max(first, t_x - bwd_min)
-                hidden_emb = 2 * t_x - pre - post_emb
+                hidden_emb = sent - pre - post_emb
+            prev_draws = float(draws.sum())
             # The buckets' calls follow each other and cost as one transfer of their sum:
             # one latency (measured: DDP's two calls of small at 16 emulated ranks are in
             # flight 118 and 123 ms, not twice the 67 ms one costs alone). They start when

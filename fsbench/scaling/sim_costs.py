@@ -1,0 +1,153 @@
+"""What the simulator charges (fsbench.scaling.simulate): per-sample encoder cost, the
+table step, co-run and time-sharing factors, each trainer's measured step overhead and the
+collectives' alpha-beta times on one cluster (`Costs`); and the expected numbers of
+distinct and of freshly updated embedding rows under the workload's Zipf popularity."""
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import numpy as np
+
+from fsbench.config import WorkloadConfig
+from fsbench.errors import ConfigError
+from fsbench.scaling.sim_inputs import Cluster
+
+OVERHEAD_KEYS = ("wall_ms", "cpu_ms", "busy_ms", "input_ms")
+
+
+def encoder_flops(workload: WorkloadConfig, lengths: np.ndarray) -> np.ndarray:
+    """Forward + backward FLOPs of one sample of length L (backward = 2x forward): per layer
+    and token the projections (HSTU 5 D^2, SASRec 12 D^2 multiply-adds), causal attention
+    L^2 D / 2 per matmul twice, the sampled softmax (1 + negatives) D per token."""
+    m = workload.model
+    proj = 5 if m.family == "hstu" else 12
+    L = np.asarray(lengths, dtype=np.float64)
+    fwd = m.num_layers * (2 * proj * m.dim**2 * L + 2 * m.dim * L * L) \
+        + 2 * (1 + workload.num_negatives) * m.dim * L
+    return 3 * fwd
+
+
+class Costs:
+    """Per-sample encoder cost in ms, and the communication model, of one cluster."""
+
+    def __init__(self, cluster: Cluster, workload: WorkloadConfig, store: str | Path) -> None:
+        self.cluster, self.workload = cluster, workload
+        if cluster.compute == "fit":
+            from fsbench.running.calibrate import fit_path, load_fit
+            from fsbench.scaling.commcal import comm_fit_path, load_comm_fits
+
+            self.fit = load_fit(store, workload, "cpu")
+            self.comm = load_comm_fits(store)
+            if self.fit is None:
+                raise ConfigError(f"--cluster local needs the encoder's cost fit "
+                                  f"({fit_path(store, workload, 'cpu')}): run fsbench calibrate "
+                                  f"--workload {workload.name} --store {store}")
+            # Collective fits are needed from 2 ranks on (collective_ms): a 1-rank run,
+            # such as the one that measures a trainer's overhead, goes without.
+            self.comm_path = comm_fit_path(store)
+            if self.fit.table_ns_per_element is None or self.fit.table_optimizer != workload.optimizer:
+                raise ConfigError(f"--cluster local needs the {workload.optimizer} step's cost per table "
+                                  f"element in the fit ({fit_path(store, workload, 'cpu')}): run fsbench "
+                                  f"calibrate --workload {workload.name} --store {store}")
+
+    def sample_ms(self, lengths: np.ndarray) -> np.ndarray:
+        if self.cluster.compute == "fit":
+            return self.fit.cost_ms(lengths)
+        c = self.cluster
+        return encoder_flops(self.workload, lengths) / (c.peak_tflops * 1e12 * c.mfu) * 1e3
+
+    def corun_factor(self, world_size: int) -> float:
+        """`local`: ranks of one host compute at once, each slower by the fit's measured
+        co-run slowdown (shared cores' caches, memory bandwidth, hyperthread siblings).
+        GPU presets: a GPU per rank, nothing shared."""
+        if self.cluster.compute != "fit" or world_size < 2:
+            return 1.0
+        return self.fit.corun_slowdown or 1.0
+
+    def time_sharing(self, world_size: int) -> float:
+        """`local`: ranks beyond this host's cores (the fit's co-run count) take turns on
+        them, so a rank's CPU work takes ranks / cores as long. GPU presets: 1."""
+        if self.cluster.compute != "fit":
+            return 1.0
+        cores = self.fit.corun_processes or 1
+        return max(1.0, world_size / cores)
+
+    def batch_extra_ms(self, lengths: np.ndarray) -> float:
+        """A rank's batch beyond its samples' cost (`local`: the fit's batch terms; GPU
+        presets: `layer_overhead_ms`, added by the caller)."""
+        return self.fit.batch_extra_ms(lengths) if self.cluster.compute == "fit" else 0.0
+
+    def table_corun_factor(self, world_size: int) -> float:
+        """`local`: the table work's own co-run slowdown (memory-bound; the encoder's
+        where an older fit lacks it). GPU presets: 1."""
+        if self.cluster.compute != "fit" or world_size < 2:
+            return 1.0
+        return self.fit.table_corun_slowdown or self.corun_factor(world_size)
+
+    def step_overhead(self, trainer: str, compute: str) -> dict[str, float]:
+        """`local`: the trainer's measured per-step work beyond this model, in this compute
+        mode (wall_ms, cpu_ms, busy_ms, input_ms: fsbench.running.calibrate.CostFit.step_overhead);
+        GPU presets: none (their per-layer launch overhead stands for it)."""
+        found = {}
+        if self.cluster.compute == "fit":
+            found = (self.fit.step_overhead or {}).get(f"{trainer}/{compute}", {})
+        return {k: float(found.get(k, 0.0)) for k in OVERHEAD_KEYS}
+
+    def table_ms(self, elements: float, replicated: bool = False) -> float:
+        if self.cluster.compute != "fit":
+            ns = self.cluster.table_ns_per_element
+        elif replicated and self.fit.replicated_ns_per_element is not None:
+            ns = self.fit.replicated_ns_per_element
+        else:
+            ns = self.fit.table_ns_per_element
+        return elements * ns / 1e6
+
+    def collective_ms(self, collective: str, n: int, nbytes: float) -> float:
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        if self.cluster.compute == "fit":
+            if self.comm is None:
+                raise ConfigError(f"--cluster local needs collective fits ({self.comm_path}): "
+                                  f"run fsbench calibrate --comm --store {self.comm_path.parent.parent}")
+            return self.comm[collective].seconds(n, nbytes) * 1e3
+        c = self.cluster
+        from fsbench.scaling.commcal import volume_factor
+
+        alpha = c.alpha_s * math.ceil(math.log2(n))
+        if collective == "all_to_all":  # intra-node peers over NVLink, the rest over the NICs
+            local = min(n, c.gpus_per_node)
+            seconds = alpha + nbytes * ((local - 1) / n / (c.intra_gbs * 1e9)
+                                        + (n - local) / n / (c.inter_gbs * 1e9))
+        else:  # ring all-reduce, limited by the slowest link in the ring
+            bw = c.intra_gbs if n <= c.gpus_per_node else c.inter_gbs
+            seconds = alpha + volume_factor(collective, n) * nbytes / (bw * 1e9)
+        return seconds * 1e3
+
+
+@functools.lru_cache(maxsize=8)
+def _zipf_bins(vocab: int, s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Item probabilities of zipf:s over `vocab` ranks, grouped in log-spaced bins
+    (count, mean probability): enough for expected distinct counts, without 10M terms."""
+    edges = np.unique(np.geomspace(1, vocab, 2000).astype(np.int64))
+    edges = np.append(edges, vocab + 1)
+    counts = np.diff(edges).astype(np.float64)
+    mids = (edges[:-1] + edges[1:] - 1) / 2.0
+    weights = mids**-s * counts
+    return counts, weights / weights.sum() / counts
+
+
+def expected_distinct(n_draws: np.ndarray, vocab: int, s: float) -> np.ndarray:
+    """Expected number of distinct items among n draws from zipf:s (per value of n)."""
+    counts, p = _zipf_bins(vocab, s)
+    n = np.asarray(n_draws, dtype=np.float64)[:, None]
+    return (counts * -np.expm1(-n * p)).sum(axis=1)
+
+
+def expected_fresh(n_draws: np.ndarray, vocab: int, s: float, prev_draws: float) -> np.ndarray:
+    """Expected number of distinct items among n draws (per value of n) that were also
+    among `prev_draws` draws of the step before, i.e. rows that step updated."""
+    counts, p = _zipf_bins(vocab, s)
+    n = np.asarray(n_draws, dtype=np.float64)[:, None]
+    return (counts * -np.expm1(-n * p) * -np.expm1(-prev_draws * p)).sum(axis=1)
