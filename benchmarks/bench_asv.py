@@ -36,6 +36,27 @@ class Planner:
         return self.fn(self.costs, 256).ratio_to_bound
 
 
+class PlannerAtScale:
+    """A 256-GPU batch at 128 samples per GPU (32,768 samples), alone and with the
+    look-ahead window of 4 batches: `fsbench micro planner --samples 32768 --ranks 256`."""
+    params = (["lpt", "karmarkar_karp"],)
+    param_names = ["partitioner"]
+
+    def setup(self, partitioner):
+        from freescale_impl import partition
+
+        self.partition = partition
+        self.fn = getattr(partition, partitioner)
+        self.batches = [_costs("movielens-100k", 32768, seed=k) for k in range(4)]
+        self.fn(self.batches[0], 256)  # warm caches
+
+    def time_plan_32768_onto_256(self, partitioner):
+        self.fn(self.batches[0], 256)
+
+    def time_window_4x32768_onto_256(self, partitioner):
+        self.partition.lookahead_window(self.batches, 256, 4, partitioner=self.fn)
+
+
 class BatchGenerator:
     params = (["tiny", "small"],)
     param_names = ["workload"]

@@ -22,6 +22,25 @@ def test_plan_8192_samples_onto_256_ranks(benchmark, partitioner):
     assert sorted(np.concatenate(plan.assignment).tolist()) == list(range(8192))
 
 
+@pytest.mark.parametrize("partitioner", ["lpt", "karmarkar_karp"])
+def test_plan_32768_samples_onto_256_ranks(benchmark, partitioner):
+    """The cluster-scale size `fsbench micro planner --samples 32768 --ranks 256` times: a
+    256-GPU batch at 128 samples per GPU."""
+    from freescale_impl import partition
+
+    costs = _costs("movielens-100k", 32768)
+    plan = benchmark(getattr(partition, partitioner), costs, 256)
+    assert plan.ratio_to_bound < 1.05
+
+
+def test_plan_window_of_4_batches_of_32768_onto_256_ranks(benchmark):
+    from freescale_impl import partition
+
+    batches = [_costs("movielens-100k", 32768, seed=k) for k in range(4)]
+    steps = benchmark(partition.lookahead_window, batches, 256, 4)
+    assert len(steps) == 4
+
+
 def test_small_global_batch_generation(benchmark):
     from fsbench.workloads import make_batch_source
     from fsbench.workloads.presets import small

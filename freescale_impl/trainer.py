@@ -46,7 +46,7 @@ from fsbench.measurement.timeline import span
 from fsbench.training.trainer import Preparer, StepInput, StepStats, measured_steps
 from fsbench.workloads.batch import JaggedBatch, concat_batches, contiguous_split
 from freescale_impl import partition
-from freescale_impl.balance import CostModel, cost_model
+from freescale_impl.balance import CostModel, analytical_cost, cost_model
 from freescale_impl.routing import RoutedShare
 from freescale_impl.sample_exchange import exchange_samples
 from freescale_impl.sharded_step import ShardedTableTrainer
@@ -211,6 +211,28 @@ class FreeScaleTrainer(DataParallelTrainer):
                           exchange=exchange, sm_free=opts.transport == "sm_free", plan=plan,
                           window=opts.window if opts.balance == "on" else 1,
                           chunks=opts.chunks or 4)  # auto: 4 on GPUs, where it is projected
+
+    @staticmethod
+    def planners(workload, window: int) -> dict:
+        """What `fsbench micro planner` times: the input stage's planning of one global
+        batch (costs from the analytical cost model, then a partitioner), and with the
+        look-ahead window over `window` batches. Name -> fn(lengths per batch, ranks) ->
+        the plans it made (one per batch)."""
+        cost = analytical_cost(workload)
+
+        def one(fn):
+            return lambda batches, n: [fn(cost(batches[0]), n)]
+
+        def windowed(fn):
+            return lambda batches, n: [s.plan for s in partition.lookahead_window(
+                [cost(b) for b in batches], n, window, partitioner=fn)]
+
+        out = {}
+        for name in ("lpt", "kk", "best_of"):
+            out[name] = one(partition.PARTITIONERS[name])
+            if window > 1:
+                out[f"{name} window={window}"] = windowed(partition.PARTITIONERS[name])
+        return out
 
     @staticmethod
     def table_memory(options: dict[str, str], world_size: int) -> TableMemory:

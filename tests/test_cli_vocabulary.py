@@ -21,7 +21,7 @@ FORMATS = {"run": TEXT_JSON, "summarize": TEXT_JSON, "sweep": TEXT_JSON, "list":
            "report": ("md", "latex", "csv", "html", "json"), "compare": ("md", "json", "junit"),
            "gate": ("md", "json", "junit"), "bisect": ("md", "json"), "simulate": TEXT_JSON, "calibrate": TEXT_JSON,
            "validate": TEXT_JSON, "overhead": TEXT_JSON, "history": TEXT_JSON,
-           "reference": TEXT_JSON, "micro sm-contention": TEXT_JSON,
+           "reference": TEXT_JSON, "micro sm-contention": TEXT_JSON, "micro planner": TEXT_JSON,
            "trace": None}  # trace writes a file and prints where: no table to format
 # Commands that read or write a store of runs (`--store`).
 STORES = {"run", "sweep", "calibrate", "validate", "report", "history", "simulate", "gate", "bisect"}
@@ -212,6 +212,12 @@ def test_results_to_stdout_notes_to_stderr_and_quiet_silences_notes(tmp_path, ca
     assert main(["-q", *SIMULATE, "--sim-store", str(tmp_path / "sim")]) == 0
     out, err = capsys.readouterr()
     assert out.startswith("SIMULATED") and err == ""
+
+
+def test_micro_planner_json(capsys):
+    doc = json_of(["micro", "planner", "--samples", "64", "--ranks", "4", "--window", "1",
+                   "--repeats", "1", "--format", "json"], capsys)
+    assert doc["samples"] == 64 and len(doc["rows"]) == 3
 
 
 def test_micro_json_holds_the_record(tmp_path, monkeypatch, capsys):
