@@ -216,22 +216,23 @@ class FreeScaleTrainer(DataParallelTrainer):
     def planners(workload, window: int) -> dict:
         """What `fsbench micro planner` times: the input stage's planning of one global
         batch (costs from the analytical cost model, then a partitioner), and with the
-        look-ahead window over `window` batches. Name -> fn(lengths per batch, ranks) ->
-        the plans it made (one per batch)."""
+        look-ahead window over `window` batches. Name -> (batches it plans, fn(lengths of
+        each of those batches, ranks) -> the plans it made, one per batch)."""
         cost = analytical_cost(workload)
 
-        def one(fn):
+        def one(fn):  # as the input stage plans without a window (BalancedShare.plan)
             return lambda batches, n: [fn(cost(batches[0]), n)]
 
         def windowed(fn):
             return lambda batches, n: [s.plan for s in partition.lookahead_window(
-                [cost(b) for b in batches], n, window, partitioner=fn)]
+                [cost(b) for b in batches], n, len(batches), partitioner=fn)]
 
         out = {}
         for name in ("lpt", "kk", "best_of"):
-            out[name] = one(partition.PARTITIONERS[name])
+            fn = partition.PARTITIONERS[name]
+            out[name] = (1, one(fn))
             if window > 1:
-                out[f"{name} window={window}"] = windowed(partition.PARTITIONERS[name])
+                out[f"{name} window={window}"] = (window, windowed(fn))
         return out
 
     @staticmethod

@@ -288,3 +288,20 @@ def test_sample_longer_than_max_seq_len_is_rejected():
     model = build_model(workload("hstu", max_seq_len=8), 0)
     with pytest.raises(ValueError, match="max_seq_len=8"):
         model(make_batch([3, 9]))
+
+
+def test_materialize_allocates_every_parameter_and_keeps_shared_ones_shared():
+    from torch import nn
+
+    from fsbench.models.init import materialize
+
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 4))
+        model[1].weight = nn.Parameter(model[0].weight.t())  # a distinct parameter
+        extra = nn.Linear(4, 3)
+        extra.weight = model[0].weight  # tied to model[0]
+        both = nn.ModuleList([model, extra])
+    materialize(both)
+    assert all(p.device.type == "cpu" for p in both.parameters())
+    assert extra.weight is model[0].weight and model[1].weight is not model[0].weight
+    assert len(list(both.parameters())) == 5  # 2 weights + 2 biases of model, extra's bias

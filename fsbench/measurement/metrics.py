@@ -226,7 +226,7 @@ def step_metrics(spans: pd.DataFrame, gpu_busy: pd.DataFrame | None = None) -> p
 
 def split_profiled(measured: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(steps for busy time and bubbles, steps for step time and throughput) of the
-    measured steps. CUDA runs profile a window of them (launch.worker.profiled_window): the
+    measured steps. CUDA runs profile a window of them (training.trainer.profiled_window): the
     kernel record there is the busy time, and the profiler's host overhead there would
     slow the step, so time comes from the others. Without a profiled window (CPU), or
     with nothing but one, both are every measured step."""

@@ -184,7 +184,6 @@ class Timeline:
             with open(self.path, "a") as f:
                 f.write("\n".join(json.dumps(r) for r in buffer) + "\n")
 
-
     def _flush_cuda_flights(self) -> None:
         """Finished flights placed on the host clock: their end events were recorded
         before the worker's end-of-step sync, so they have completed; an anchor event

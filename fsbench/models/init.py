@@ -72,11 +72,15 @@ def uninitialized_embedding(num_rows: int, dim: int, padding_idx: int | None = N
 def materialize(module: nn.Module, device: str | torch.device = "cpu") -> nn.Module:
     """`module` (built on the meta device) with every parameter allocated, uninitialized,
     on `device`; returns it. What `Module.to_empty` does, without its meta `empty_like`,
-    which imports sympy (half a second per process). The models here hold no buffers."""
+    which imports sympy (half a second per process). A parameter shared by several modules
+    stays shared, as `to_empty` keeps it. The models here hold no buffers."""
+    made: dict[int, nn.Parameter] = {}
     for owner in module.modules():
         for name, p in list(owner.named_parameters(recurse=False)):
-            setattr(owner, name, nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=device),
-                                              requires_grad=p.requires_grad))
+            if id(p) not in made:
+                made[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=device),
+                                           requires_grad=p.requires_grad)
+            setattr(owner, name, made[id(p)])
     if any(True for _ in module.buffers()):
         raise TypeError(f"{type(module).__name__} holds buffers: materialize them too")
     return module

@@ -59,9 +59,11 @@ def draw_lengths(workload: WorkloadConfig, samples: int, batches: int, seed: int
 
 def time_planners(planners: dict, lengths: list[np.ndarray], ranks: int, repeats: int,
                   warmup: int = 2) -> list[dict]:
+    """One row per planner: `planners` maps a name to (batches it plans, fn(lengths of those
+    batches, ranks) -> plans), as a trainer's `planners(workload, window)` declares."""
     rows = []
-    for name, plan in planners.items():
-        batches = lengths if "window" in name else lengths[:1]
+    for name, (count, plan) in planners.items():
+        batches = lengths[:count]
         for _ in range(warmup):
             plans = plan(batches, ranks)
         times = []

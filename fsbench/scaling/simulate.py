@@ -121,7 +121,9 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     over_wall = (over["cpu_ms"] * corun * share + input_wait
                  + (over["wall_ms"] - over["cpu_ms"] - over["input_ms"]))
     plan = prof.plan or contiguous_plan
-    prev_draws = None  # the previous step's global item draws (prioritized: its fresh rows)
+    # The previous step's global item draws (negatives shared by all ranks) and samples:
+    # the rows it updated, which the prioritized exchange cannot send before its update.
+    prev = None
     rows = []
     for start in range(0, w.steps, prof.window):
         window = range(start, min(start + prof.window, w.steps))
@@ -156,9 +158,9 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                     # Rows the previous step updated (all of them at the first step, which
                     # has no previous step to send during) wait like the overlapped
                     # exchange's; the others arrived during the previous step's compute.
-                    fresh_r = rows_r if prev_draws is None else (
-                        expected_fresh(draws, w.item_vocab, zipf_s, prev_draws)
-                        + samples * sum(-math.expm1(-samples.sum() / v)
+                    fresh_r = rows_r if prev is None else (
+                        expected_fresh(draws, w.item_vocab, zipf_s, prev[0])
+                        + samples * sum(-math.expm1(-prev[1] / v)
                                         for v in (w.user_vocab, *w.context_vocabs)))
                     t_fresh = costs_model.collective_ms("all_to_all", n, float(fresh_r.max()) * dim_bytes)
                     t_final = costs_model.collective_ms("all_to_all", n, float((rows_r - fresh_r).max()) * dim_bytes)
@@ -171,7 +173,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                     pre = max(first, t_x - fwd_min)
                     post_emb = max(first, t_x - bwd_min)
                 hidden_emb = sent - pre - post_emb
-            prev_draws = float(draws.sum())
+            prev = (float(tokens.sum() + samples.sum() + w.num_negatives), float(samples.sum()))
             # The buckets' calls follow each other and cost as one transfer of their sum:
             # one latency (measured: DDP's two calls of small at 16 emulated ranks are in
             # flight 118 and 123 ms, not twice the 67 ms one costs alone). They start when
