@@ -28,6 +28,7 @@ all-to-alls of their jagged contents (`freescale_impl.sample_exchange`, a `comm`
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -110,11 +111,21 @@ class BalancedShare:
         self.partitioner = PARTITIONERS[opts.partitioner]
         self._window: tuple[int, list[JaggedBatch], dict[int, partition.WindowStep]] | None = None
         self._planned: tuple[int, JaggedBatch, partition.Plan] | None = None  # last step's
+        self._planning_ns = 0  # planning since the last plan_stats: a window's, at its first step
 
     def __call__(self, step: int) -> StepInput:
         local, plan = self.share(step, self.rank)
-        return StepInput(step, self.micro(local), local.batch_size, local.num_targets,
-                         self.plan_stats(plan))
+        micro = self.micro(local)
+        return StepInput(step, micro, local.batch_size, local.num_targets, self.plan_stats(plan))
+
+    def _timed(self, plan_fn, *args, **kwargs):
+        """Run a planner, adding its thread CPU time to what the next step reports: the
+        planner is pure CPU work, and CPU time does not count a busy neighbour's turns."""
+        t0 = time.thread_time_ns()
+        try:
+            return plan_fn(*args, **kwargs)
+        finally:
+            self._planning_ns += time.thread_time_ns() - t0
 
     def share(self, step: int, rank: int) -> tuple[JaggedBatch, partition.Plan]:
         """Rank `rank`'s planned samples at `step` (every rank can compute every rank's:
@@ -128,6 +139,9 @@ class BalancedShare:
         return batch.select(plan.assignment[rank]), plan
 
     def plan(self, lengths: np.ndarray) -> partition.Plan:
+        return self._timed(self._plan, lengths)
+
+    def _plan(self, lengths: np.ndarray) -> partition.Plan:
         costs, n = self.cost(lengths), self.world_size
         if self.opts.balance == "off":
             return partition.contiguous(costs, n)
@@ -136,18 +150,21 @@ class BalancedShare:
         return self.partitioner(costs, n)
 
     def plan_stats(self, plan: partition.Plan) -> dict:
+        """The step's plan, and the CPU time spent planning since the last step's stats
+        (`plan_ms`: the cost model, the partitioner, a window's re-packing at its first
+        step, the micro-batches): it shows when the planner, not the step, is slow."""
+        planning_ms, self._planning_ns = self._planning_ns / 1e6, 0
         return {"predicted_cost": float(plan.loads[self.rank]), "plan_max": plan.max_load,
                 "plan_mean": plan.mean_load, "plan_lower_bound": plan.lower_bound,
-                "cost_unit": self.cost.unit}
+                "cost_unit": self.cost.unit, "plan_ms": planning_ms}
 
     def micro(self, local: JaggedBatch) -> list[JaggedBatch]:
         """The rank's samples as `micro_batches` of balanced cost for gradient
         accumulation (memory: a micro-batch holds ~1/M of the rank's work)."""
         if self.opts.micro_batches == 1:
             return [local]
-        plan = partition.balance_microbatches(self.cost(local.lengths.numpy()),
-                                              np.arange(local.batch_size),
-                                              self.opts.micro_batches, self.partitioner)
+        plan = self._timed(partition.balance_microbatches, self.cost(local.lengths.numpy()),
+                           np.arange(local.batch_size), self.opts.micro_batches, self.partitioner)
         return [local.select(idx) for idx in plan.assignment if len(idx)] or [local]
 
     def _windowed(self, step: int, rank: int) -> tuple[JaggedBatch, partition.Plan]:
@@ -155,8 +172,9 @@ class BalancedShare:
         start = step - step % k
         if self._window is None or self._window[0] != start:
             batches = [self.source.global_batch(s) for s in range(start, min(start + k, self.steps))]
-            plans = partition.lookahead_window([self.cost(b.lengths.numpy()) for b in batches],
-                                               self.world_size, k, partitioner=self.partitioner)
+            plans = self._timed(lambda: partition.lookahead_window(
+                [self.cost(b.lengths.numpy()) for b in batches], self.world_size, k,
+                partitioner=self.partitioner))
             self._window = (start, batches, {start + i: p for i, p in enumerate(plans)})
         _, batches, steps = self._window
         ws = steps[step]

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -21,8 +22,17 @@ def test_write_json_atomic_replaces_whole_files_and_leaves_no_temp_files(tmp_pat
 
 
 def _rank_pids(run_dir):
-    out = subprocess.run(["pgrep", "-f", f"fsbench.running.launch.worker {run_dir}"], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
+    """Processes whose stdout is one of the run's rank logs: the ranks, whether started
+    cold or forked from the warm server (whose command line is not the worker's)."""
+    logs = {str(run_dir / f"rank-{r}.log") for r in range(2)}
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and os.readlink(proc / "fd" / "1") in logs:
+                pids.append(int(proc.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            pass
+    return pids
 
 
 @pytest.mark.dist
@@ -42,6 +52,7 @@ def test_sigkill_mid_run_leaves_store_readable_and_run_incomplete(tmp_path):
                 killed_dir = d
         time.sleep(0.1)
     assert killed_dir is not None, "the long run never started writing its timeline"
+    assert _rank_pids(killed_dir)  # alive before the kill: the check below could fail
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
 

@@ -72,6 +72,8 @@ def summarize(files: RunFiles) -> dict:
                                      threads_runq=[(s["threads_runq_ns"], s["helper_cpu_ns"], s["window_ns"])
                                                    for s in machines if "window_ns" in s] or None))
     summary.update(plan_accuracy(spans, stats))
+    if summary.get("plan_ms_per_step") is not None and summary.get("step_time_ms_median"):
+        summary["plan_share_of_step"] = summary["plan_ms_per_step"] / summary["step_time_ms_median"]
     summary.update(host_syncs.per_step(stats[~stats["step"].isin(warmup_steps(spans))]))
     summary.update(merge_monitors(files.monitors))
     summary.update(peak_memory(files.memories))
@@ -155,7 +157,8 @@ def plan_accuracy(spans: pd.DataFrame, stats: pd.DataFrame) -> dict:
     """How well a load balancer's predicted per-rank costs matched measured busy time.
 
     Needs per-step `predicted_cost`, `plan_max`, `plan_lower_bound` and `cost_unit` in the
-    step stats (FreeScale writes them). Returns medians over measured steps of:
+    step stats (FreeScale writes them; `plan_ms` too since it times its planner). Returns
+    plan_ms_per_step (mean over measured steps and ranks), and medians over measured steps of:
     predicted_imbalance (the plan's own load imbalance), plan_ratio_to_bound (max load
     over max(total/N, largest sample)), and, when the cost unit is ms,
     cost_prediction_error (|predicted - busy| / busy per rank and step, busy being the
@@ -175,6 +178,11 @@ def plan_accuracy(spans: pd.DataFrame, stats: pd.DataFrame) -> dict:
     predicted_imbalance = (per_step["plan_max"] * per_step["n"] - per_step["total"]) / (
         per_step["plan_max"] * per_step["n"])
     out = {
+        # The planner's CPU time per measured step (a window's planning spread over its
+        # steps, as whole windows are measured), beside the step time: where it nears the
+        # step time, the input stage, not the step, sets the pace.
+        **({"plan_ms_per_step": float(joined["plan_ms"].mean())}
+           if "plan_ms" in joined.columns and joined["plan_ms"].notna().all() else {}),
         "predicted_imbalance": float(predicted_imbalance.median()),
         "plan_ratio_to_bound": float((per_step["plan_max"] / per_step["bound"]).median()),
         "cost_unit": str(joined["cost_unit"].iloc[0]),

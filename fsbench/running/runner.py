@@ -20,6 +20,7 @@ from fsbench.measurement.kineto import read_run_gpu_busy
 from fsbench.measurement.timeline import read_step_stats, read_timelines
 from fsbench.running import memory
 from fsbench.running import store
+from fsbench.running.launch.forked import use_forked
 from fsbench.running.launch.local import launch_local
 
 def read_run_files(run_dir: Path) -> run_summary.RunFiles:
@@ -55,8 +56,11 @@ def prepare_run_dir(run: RunConfig, out_dir: str | Path, **manifest: object) -> 
     run_dir = store.create_run_dir(out_dir, run)
     try:
         # What the run was expected to need per rank, beside what it measures (peak_memory).
+        # How ranks start matters to one figure: a forked CPU rank's peak RSS counts the
+        # fork server's pages only where it touched them (fsbench.running.launch.forked).
         store.update_manifest(run_dir, **manifest, memory_estimate=memory.estimate(
-            run, available_source="measure").to_dict())
+            run, available_source="measure").to_dict(),
+            launch="forked" if use_forked(run.device) else "spawned")
     except BaseException as e:  # a Ctrl-C here must not leave the run marked running
         mark_stopped(run_dir, e)
         raise
@@ -86,7 +90,8 @@ def run_once(run: RunConfig, out_dir: str | Path, timeout_s: float | None = None
     """Launch one run on local ranks, then summarize it. Returns (run_dir, summary)."""
     run_dir = prepare_run_dir(run, out_dir, **manifest)
     try:
-        launch_local(run_dir, run.world_size, run.threads_per_rank, timeout_s=timeout_s)
+        launch_local(run_dir, run.world_size, run.threads_per_rank, timeout_s=timeout_s,
+                     device=run.device)
         summary = finish_run(run_dir)
     except BaseException as e:
         mark_stopped(run_dir, e)

@@ -45,8 +45,13 @@ batches (the same length draws the generator makes for that seed and step):
             `sm_slowdown` (a preset's parameter; `fsbench micro sm-contention` measures it
             where a GPU exists); copy-engine transport (FreeScale's sm_free) costs nothing.
 
-  T = exposed forward exchange + max_r wall_r + max(exposed all-reduce, exposed
-  gradient exchange) + the table step (after the gradients, on every rank).
+  links     collectives in flight together share the links: the transfers hidden under
+            the backward (the gradients' all-reduce and all-to-all) must fit in it, all
+            hidden transfers in the step's compute, and the exposed tails after the
+            backward follow each other; what overflows is exposed (`shared_link_ms`).
+
+  T = exposed forward exchange + max_r wall_r + exposed all-reduce + exposed gradient
+  exchange + shared-link overflow + the table step (after the gradients, on every rank).
   Per rank, as the metrics count a measured run (fsbench.measurement.metrics.rank_causes): busy_r =
   its compute's CPU time (an emulated encoder's wait), the rest of its own wall time
   (run-queue waits, overhead that is not busy) other idle or input stall, and T less its
@@ -54,7 +59,8 @@ batches (the same length draws the generator makes for that seed and step):
   waits first. On a GPU preset busy_r = wall_r, so exposed communication = T - max busy.
 
 What is not modelled: the dense parameters' optimizer step (outside `local`'s measured
-overhead), contention between communication and compute for CPU cores, network congestion.
+overhead), contention between communication and compute for CPU cores, congestion beyond one
+rank's links (switches, other jobs).
 A trainer class declares how it behaves with `sim_profile(options, world_size)`
 (`SimProfile`); trainers that do not are modelled as DDP.
 """
@@ -142,7 +148,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             cpu = (0.0 if emulated else enc * corun) + over["cpu_ms"] * corun
             tokens = np.array([all_lengths[idx].sum() for idx in owners], dtype=np.float64)
             samples = np.array([len(idx) for idx in owners], dtype=np.float64)
-            pre = post_emb = hidden_emb = 0.0
+            pre = post_emb = hidden_emb = t_x = sent = 0.0
             draws = tokens + samples + w.num_negatives
             if prof.exchange != "none":
                 # Unique rows a rank reads: items and targets (one table), shared negatives,
@@ -183,11 +189,19 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             t_last = costs_model.collective_ms("all_reduce", n, buckets[-1])
             window = (1 - buckets[0] / sum(buckets)) * 2 * model_ms.min() / 3
             post_ar = max(t_last, t_ar - window) if t_ar else 0.0
+            # Collectives in flight together share the links: what the model hides must
+            # fit, all together, in the compute it hides under (the gradients' all-reduce
+            # and all-to-all in the backward, everything in the step), and the exposed
+            # tails after the backward follow each other. The overflow is exposed.
+            grad_hidden = t_x - post_emb if prof.exchange in ("overlapped", "prioritized") else 0.0
+            ar_hidden = t_ar - post_ar
+            over_bwd = max(0.0, ar_hidden + grad_hidden - 2 * float(model_ms.min()) / 3)
+            shared = over_bwd + max(0.0, hidden_emb + ar_hidden - over_bwd - float(model_ms.min()))
             # Communication kernels on SMs slow the compute they overlap.
-            hidden = (t_ar - post_ar) + (0.0 if prof.sm_free else hidden_emb)
-            slowed = transport_slow * min(hidden, float(model_ms.min()))
+            hidden = ar_hidden + (0.0 if prof.sm_free else hidden_emb) - shared
+            slowed = transport_slow * min(max(hidden, 0.0), float(model_ms.min()))
             c, busy = c + slowed, busy + slowed
-            t = pre + float(c.max()) + max(post_ar, post_emb)
+            t = pre + float(c.max()) + post_ar + post_emb + shared
             # The optimizer steps the tables after the gradients arrived, on every rank.
             if prof.tables.placement == "replicated":
                 updated = held_rows
@@ -211,6 +225,8 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                 "input_stall_ms": float(causes["input_stall"].sum()),
                 "other_idle_ms": float(causes["other_idle"].sum()), "capacity_ms": n * t,
                 "num_samples": float(samples.sum()), "num_targets": float(tokens.sum()),
+                # Every transfer of the step, and what the shared links exposed of them.
+                "link_ms": t_ar + (sent if prof.exchange != "none" else 0.0), "shared_link_ms": shared,
                 # No split of whole samples can beat the larger of the mean load and the
                 # costliest single sample: the bubble's floor for this batch.
                 "bound_busy_max_ms": max(float(busy.mean()),

@@ -1,5 +1,6 @@
-"""Local launcher: N ranks on this machine, each a fresh Python process (spawn semantics),
-with the environment torchrun would give it.
+"""Local launcher: N ranks on this machine, each its own process with the environment
+torchrun would give it: CPU ranks forked from a warm server (fsbench.running.launch.forked,
+which says what that changes), others a fresh Python process.
 
 A rank that fails must not hang the others (they would block in a collective until the
 process-group timeout): the launcher watches every rank, and at the first non-zero exit
@@ -14,6 +15,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from fsbench.running.launch.forked import die_with_launcher, start_rank, use_forked
 
 _POLL_S = 0.05
 _GRACE_S = 5.0
@@ -44,18 +47,6 @@ def rank_env(rank: int, world_size: int, port: int, threads: int) -> dict[str, s
     return env
 
 
-def _die_with_launcher() -> None:
-    """Runs in the child before exec: ask Linux to SIGKILL this rank when the launcher
-    dies, so a launcher killed with SIGKILL leaves no orphaned ranks behind."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: orphans are then possible after a SIGKILL of the launcher
-
-
 def _error_detail(run_dir: Path, rank: int) -> str:
     err = run_dir / f"error-rank-{rank}.txt"
     if err.exists():
@@ -70,7 +61,7 @@ def _error_time(run_dir: Path, rank: int) -> float:
     return err.stat().st_mtime_ns if err.exists() else float("inf")
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
+def _stop(procs: list) -> None:  # Popen or ForkedRank
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -84,18 +75,21 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 def launch_local(run_dir: Path, world_size: int, threads_per_rank: int = 1,
-                 timeout_s: float | None = None) -> None:
+                 timeout_s: float | None = None, device: str = "cpu") -> None:
     """Run `fsbench.running.launch.worker RUN_DIR` on `world_size` local ranks; raise on failure."""
     port = free_port()
     procs = []
     try:
         for rank in range(world_size):
+            env = rank_env(rank, world_size, port, threads_per_rank)
+            if use_forked(device):
+                procs.append(start_rank(str(run_dir), env, str(run_dir / f"rank-{rank}.log")))
+                continue
             with open(run_dir / f"rank-{rank}.log", "w") as log:
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "fsbench.running.launch.worker", str(run_dir)],
-                    env=rank_env(rank, world_size, port, threads_per_rank),
-                    stdout=log, stderr=subprocess.STDOUT,
-                    preexec_fn=_die_with_launcher if sys.platform == "linux" else None,
+                    env=env, stdout=log, stderr=subprocess.STDOUT,
+                    preexec_fn=die_with_launcher if sys.platform == "linux" else None,
                 ))
         start = time.monotonic()
         while True:
