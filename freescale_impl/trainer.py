@@ -41,7 +41,7 @@ from fsbench.config import ConfigError, RunConfig
 from fsbench.training.dist import RankContext
 from fsbench.training.dp import DataParallelTrainer
 from fsbench.running.memory import REPLICATED, TableMemory, sharded
-from fsbench.scaling.sim_inputs import SimProfile, contiguous_plan
+from fsbench.scaling.sim_inputs import PlanInputs, SimProfile, contiguous_plan
 from fsbench.options import TrainerOptions
 from fsbench.measurement.timeline import span
 from fsbench.training.trainer import Preparer, StepInput, StepStats, measured_steps
@@ -210,11 +210,15 @@ class FreeScaleTrainer(DataParallelTrainer):
         opts = FreeScaleOptions.parse(options, prefix="freescale")
         planner = PARTITIONERS[opts.partitioner]
 
-        def plan(costs: list[np.ndarray], n: int) -> list[list[np.ndarray]]:
+        def plan(lengths: list[np.ndarray], n: int, inputs: PlanInputs) -> list[list[np.ndarray]]:
             if opts.balance == "off":
-                return contiguous_plan(costs, n)
-            steps = partition.lookahead_window(costs, n, opts.window, partitioner=planner)
-            offsets = np.cumsum([0] + [c.size for c in costs])
+                return contiguous_plan(lengths, n)
+            # The costs the trainer would predict on that device (its calibrated fit
+            # there when the store holds one, else FLOPs), not the simulator's own.
+            cost = cost_model(inputs.workload, inputs.store, inputs.device, opts.cost)
+            steps = partition.lookahead_window([cost(L) for L in lengths], n, opts.window,
+                                               partitioner=planner)
+            offsets = np.cumsum([0] + [c.size for c in lengths])
             out = []
             for ws in steps:  # indices into the window's concatenated samples
                 flat = np.array([offsets[off] + i for off, i in ws.samples], dtype=np.int64)

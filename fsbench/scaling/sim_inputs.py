@@ -28,15 +28,27 @@ class SimProfile:
     """Embedding rows of sharded tables: blocking, overlapped or prioritized (EXCHANGES)."""
     sm_free: bool = False
     """The embedding exchange runs on copy engines: it slows no compute."""
-    plan: Callable[[list[np.ndarray], int], list[list[np.ndarray]]] | None = None
-    """costs of a window's batches, N -> per step, each rank's indices into the window's
-    concatenated samples; None: each batch split contiguously (the baselines)."""
+    plan: Callable[[list[np.ndarray], int, "PlanInputs"], list[list[np.ndarray]]] | None = None
+    """lengths of a window's batches, N, what a planner may know -> per step, each rank's
+    indices into the window's concatenated samples; None: each batch split contiguously
+    (the baselines). A planner predicts costs as the trainer would (its own cost model),
+    while the simulator books the cluster's costs: prediction error is residual straggler."""
     window: int = 1
     chunks: int = 1
     """Pieces of the row exchange: the first is waited for, the rest hide under compute."""
 
     def __post_init__(self) -> None:
         assert self.exchange in EXCHANGES, self.exchange
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanInputs:
+    """What a trainer's planner sees when the simulator asks for its plan: the workload,
+    the store its calibrated fits would come from, and the device it would run on."""
+    workload: object  # fsbench.config.WorkloadConfig
+    store: str | Path | None
+    """Where its calibrated fits would be; None: none could be (a GPU preset's GPUs)."""
+    device: str
 
 
 # A GPU cluster's figures: field -> (unit, what it is). Every simulated output names those
@@ -201,11 +213,12 @@ def load_cluster(spec: str, overrides: list[str] = ()) -> Cluster:
                                source=f"{cluster.source} + --cluster-set {','.join(changed)}")
 
 
-def contiguous_plan(costs: list[np.ndarray], n: int) -> list[list[np.ndarray]]:
+def contiguous_plan(lengths: list[np.ndarray], n: int, inputs: PlanInputs | None = None
+                    ) -> list[list[np.ndarray]]:
     from fsbench.workloads.batch import contiguous_split
 
     out, offset = [], 0
-    for c in costs:
+    for c in lengths:
         out.append([np.asarray(idx, dtype=np.int64) + offset for idx in contiguous_split(c.size, n)])
         offset += c.size
     return out

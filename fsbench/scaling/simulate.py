@@ -5,7 +5,8 @@ manifest; reports draw them apart). Per step, over the workload's real sampled g
 batches (the same length draws the generator makes for that seed and step):
 
   compute   each rank's samples under the trainer's own split (contiguous for the
-            baselines; FreeScale's balanced plan, look-ahead window included), each sample
+            baselines; FreeScale's balanced plan, look-ahead window included, planned
+            with the costs its cost model predicts, as the trainer plans), each sample
             costing cost(L): the calibrated fit `fsbench calibrate` stored (cluster
             `local`), or the encoder's FLOPs at a stated share of peak (GPU presets).
             A third in forward, the rest in backward.
@@ -77,7 +78,7 @@ from fsbench.scaling.ddp_buckets import ddp_buckets, dense_grad_bytes
 from fsbench.errors import ConfigError
 from fsbench.measurement.metrics import rank_causes
 from fsbench.scaling.sim_costs import OVERHEAD_KEYS, Costs, expected_distinct, expected_fresh
-from fsbench.scaling.sim_inputs import Cluster, SimProfile, assumptions, contiguous_plan
+from fsbench.scaling.sim_inputs import Cluster, PlanInputs, SimProfile, assumptions, contiguous_plan
 
 def profile_of(trainer: str, options: dict[str, str], n: int) -> SimProfile:
     from fsbench.training.trainer import option_defaults, resolve_trainer_class
@@ -127,6 +128,10 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     over_wall = (over["cpu_ms"] * corun * share + input_wait
                  + (over["wall_ms"] - over["cpu_ms"] - over["input_ms"]))
     plan = prof.plan or contiguous_plan
+    # `local`: the trainer would find this machine's fit in the store. A GPU preset's GPUs
+    # are not this machine's: no fit of theirs is stored, so the trainer would use FLOPs.
+    planning = (PlanInputs(w, store, "cpu") if cluster.compute == "fit"
+                else PlanInputs(w, None, "cuda"))
     # The previous step's global item draws (negatives shared by all ranks) and samples:
     # the rows it updated, which the prioritized exchange cannot send before its update.
     prev = None
@@ -136,7 +141,8 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
         lengths = [dist.sample(step_rng(run.seed, k), w.global_batch_size, w.max_seq_len) for k in window]
         costs = [costs_model.sample_ms(L) for L in lengths]  # alone on a core
         all_lengths, all_costs = np.concatenate(lengths), np.concatenate(costs)
-        for k, owners in zip(window, plan([enc_wall * c for c in costs], n)):
+        # The trainer plans with its own predicted costs; the cluster's costs are booked.
+        for k, owners in zip(window, plan(lengths, n, planning)):
             enc = np.array([all_costs[idx].sum() + costs_model.batch_extra_ms(all_lengths[idx])
                             for idx in owners])
             launch = cluster.layer_overhead_ms * w.model.num_layers
