@@ -628,3 +628,37 @@ def test_the_planner_plans_with_its_predicted_costs_and_the_cluster_books_the_tr
 
     off, exact = straggler("analytical"), straggler("auto")
     assert off > 0.005 and exact < off / 100, (off, exact)
+
+
+# Each FreeScale switch alone, on a base that leaves the rest off or neutral: (switch,
+# base options, the value that turns it on, the summary key it must lower). The
+# directions are the real trainer's: balancing lowers the straggler share, the window
+# the steps' summed max where whales are (small per-rank batches of long histories),
+# overlapping and prioritizing the exposed communication, more chunks the first chunk
+# waited for, SM-free transport the compute slowed by communication kernels.
+SHARDED_OFF = {"tables": "sharded", "balance": "off", "overlap": "off", "priority": "off",
+               "transport": "collective", "chunks": "4"}
+SWITCHES = [
+    ("balance", SHARDED_OFF, "on", "straggler_bubble_ratio"),
+    ("window", {**SHARDED_OFF, "balance": "on"}, "4", "step_time_ms_mean"),
+    ("overlap", SHARDED_OFF, "on", "exposed_comm_ratio"),
+    ("priority", {**SHARDED_OFF, "overlap": "on"}, "on", "exposed_comm_ratio"),
+    ("chunks", {**SHARDED_OFF, "overlap": "on", "chunks": "2"}, "16", "exposed_comm_ratio"),
+    ("transport", {**SHARDED_OFF, "overlap": "on"}, "sm_free", "step_time_ms_mean"),
+]
+
+
+@pytest.mark.parametrize("switch, base, on, lowered", SWITCHES, ids=[s[0] for s in SWITCHES])
+def test_each_switch_alone_moves_the_projection_the_way_the_trainer_moves(switch, base, on, lowered):
+    # Long heavy-tailed histories, 4 samples per GPU (a 1,024-long history then costs
+    # more than a GPU's fair share: whales), a large catalogue (few rows come back: what
+    # prioritizing can hide), at 64 GPUs (across nodes).
+    w = dataclasses.replace(get_workload("medium"), steps=8, warmup=0, global_batch_size=64 * 4,
+                            item_vocab=10_000_000, user_vocab=10_000_000,
+                            context_vocabs=(1_000_000,), popularity="zipf:0.3")
+
+    def run(options):
+        return simulate_run(RunConfig(workload=w, trainer="freescale", world_size=64,
+                                      trainer_options=options), H100, ".")[0]
+    before, after = run(base), run({**base, switch: on})
+    assert after[lowered] < before[lowered] * 0.995, (switch, before[lowered], after[lowered])
