@@ -1,17 +1,21 @@
-"""The paper's scaling table, SIMULATED: ddp against FreeScale at 8 to 1024 H100s.
+"""The paper's scaling table, SIMULATED: FreeScale against the sharded baseline and ddp
+at 8 to 1024 H100s.
 
 For each real-shaped GPU preset (`medium`: MovieLens-1M lengths, `large`: KuaiRand-1K
-lengths) and per-rank batch (32, 128, 512; weak scaling), `fsbench.scaling.simulate` projects
-ddp, FreeScale in full, each of FreeScale's techniques alone and FreeScale with a
-look-ahead window of 4 onto cluster `h100` (its figures are ASSUMED, printed in the
-output). Columns: bubble ratio, bubble reduction against ddp at the same point,
-throughput, scaling efficiency (throughput per GPU against the same configuration at
-8 GPUs), and the whole-sample lower bound on the straggler bubble, marked where
-FreeScale's straggler bubble sits on it (only splitting samples could go lower).
+lengths, `medium-short`: Amazon-Beauty lengths) and per-rank batch (32, 128, 512; weak
+scaling), `fsbench.scaling.simulate` projects the sharded baseline, ddp, each of
+FreeScale's techniques alone, FreeScale in full and with a look-ahead window of 4 onto
+cluster `h100` (its figures are ASSUMED, printed in the output). Columns: bubble ratio,
+bubble reduction against the sharded baseline (then ddp) at the same point, throughput,
+scaling efficiency (throughput per GPU against the same configuration at 8 GPUs), and
+the whole-sample lower bound on the straggler bubble, marked where FreeScale's straggler
+bubble sits on it (only splitting samples could go lower). Then the headline's
+sensitivity to each assumed figure.
 
-Writes results/scaling_simulated_h100.md and .png. Nothing here is measured on a GPU.
+Writes results/scaling_simulated_h100.md, .csv, _sensitivity.csv and .png. Nothing here
+is measured on a GPU.
 
-    python scripts/paper_table.py [--steps 12] [--presets medium,large] [--from-csv --commit SHA]
+    python scripts/paper_table.py [--steps 12] [--presets medium,large,medium-short] [--from-csv --commit SHA]
 """
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from fsbench.config import RunConfig  # noqa: E402
-from fsbench.scaling.sim_inputs import CLUSTERS  # noqa: E402
+from fsbench.scaling.sensitivity import sensitivity  # noqa: E402
+from fsbench.scaling.sim_inputs import CLUSTERS, assumptions  # noqa: E402
 from fsbench.scaling.simulate import scaled_workload, simulate_run  # noqa: E402
 from fsbench.table import progress  # noqa: E402
 from fsbench.training.trainer import trainer_options  # noqa: E402
@@ -35,24 +40,38 @@ from fsbench.workloads.presets import get_workload  # noqa: E402
 
 HERE = Path(__file__).resolve().parent.parent
 # The sharded-table baseline (TorchRec-like: contiguous split, blocking all-to-all, NCCL
-# kernels on SMs). Each technique "alone" is this plus that one switch; the SM-free
-# transport only matters for an overlapped exchange, so it comes with overlap (unprioritized).
+# kernels on SMs), the baseline people run at scale: the headline compares with it first.
+# Each technique "alone" is this plus that one switch. The SM-free transport changes
+# nothing without an overlapped exchange (a blocking one slows no compute), so its own
+# effect is "overlap + SM-free" against "overlap alone".
 SHARDED = {"balance": "off", "tables": "sharded", "overlap": "off", "priority": "off",
            "transport": "collective"}
 FULL = {"balance": "on", "tables": "sharded", "overlap": "on", "priority": "on",
         "transport": "sm_free"}
 CONFIGS = {
-    "ddp": ("ddp", {}),
     "sharded baseline": ("freescale", SHARDED),
+    "ddp": ("ddp", {}),
     "balance alone": ("freescale", {**SHARDED, "balance": "on"}),
+    "overlap alone": ("freescale", {**SHARDED, "overlap": "on"}),
     "prioritized a2a alone": ("freescale", {**SHARDED, "overlap": "on", "priority": "on"}),
-    "SM-free alone": ("freescale", {**SHARDED, "overlap": "on", "transport": "sm_free"}),
+    "overlap + SM-free": ("freescale", {**SHARDED, "overlap": "on", "transport": "sm_free"}),
     "freescale": ("freescale", FULL),
     "freescale window=4": ("freescale", {**FULL, "window": "4"}),
 }
+# Long histories, where stragglers exist (MovieLens-1M and KuaiRand-1K lengths), and a
+# short-history one where communication dominates (`medium` with Amazon-Beauty lengths).
+PRESETS = {"medium": {}, "large": {}, "medium-short": {"base": "medium", "lengths": "amazon-beauty"}}
 WORLD_SIZES = (8, 16, 32, 64, 128, 256, 512, 1024)
 BATCHES = (32, 128, 512)
 PAPER_REDUCTION_256 = 90.3  # MLSys 2026: computational bubbles, 256 H100s
+
+
+def workload_of(preset: str, steps: int):
+    spec = PRESETS.get(preset, {})
+    w = get_workload(spec.get("base", preset))
+    if "lengths" in spec:
+        w = dataclasses.replace(w, name=preset, lengths=spec["lengths"])
+    return dataclasses.replace(w, steps=steps, warmup=4)
 
 
 def simulate_all(presets: list[str], steps: int) -> pd.DataFrame:
@@ -61,8 +80,7 @@ def simulate_all(presets: list[str], steps: int) -> pd.DataFrame:
     rows = []
     for preset, batch, n, name in progress(points, "simulating", "point"):
         trainer, sets = CONFIGS[name]
-        w = dataclasses.replace(get_workload(preset), steps=steps, warmup=4)
-        w = scaled_workload(w, n, "weak", batch)
+        w = scaled_workload(workload_of(preset, steps), n, "weak", batch)
         run = RunConfig(workload=w, trainer=trainer, world_size=n,
                         trainer_options=trainer_options(trainer, sets))
         s, _ = simulate_run(run, cluster, store=HERE / "runs")  # h100: no calibration read
@@ -83,7 +101,7 @@ def simulate_all(presets: list[str], steps: int) -> pd.DataFrame:
     return df
 
 
-def markdown(df: pd.DataFrame, steps: int, sha: str) -> str:
+def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str) -> str:
     fs = df[df["config"] == "freescale"]
     at256 = fs[fs["gpus"] == 256]
     lines = [
@@ -92,32 +110,39 @@ def markdown(df: pd.DataFrame, steps: int, sha: str) -> str:
         f"{CLUSTERS['h100'].description}. Weak scaling, {steps} steps (4 warm-up) of each "
         f"preset's real-shaped sampled batches, seed 0. Commit `{sha}`. Command: "
         "`python scripts/paper_table.py`.\n",
-        "Configurations: `ddp` (replicated tables, all-reduced); the `sharded baseline` "
-        "(TorchRec-like: sharded tables, a contiguous split, a blocking all-to-all on SMs); "
-        "each technique alone on top of that baseline (the balanced plan; the prioritized "
-        "overlapped all-to-all; the SM-free transport, with the overlap it needs); FreeScale in "
-        "full (all three) and with a look-ahead window of 4. `reduction`: 1 - bubble / ddp's "
-        "bubble at the same point (the issue's comparison); at 256 GPUs also against the "
-        "sharded baseline; per world size, `change vs ddp` is minus the reduction (+: a "
-        "larger bubble than ddp's). ddp's bubble here is mostly the exposed all-reduce of its "
-        "replicated tables' gradients across nodes, so the reduction vs ddp credits sharding "
-        "as much as FreeScale; the sharded baseline column isolates FreeScale's techniques. "
-        "`scaling eff`: throughput per GPU against the same configuration "
-        "at 8 GPUs. `bound`: no split of whole samples has a smaller straggler bubble; "
-        "**bold** where FreeScale's straggler bubble is within 10% of it (the bound binds).\n",
+        "The figures of `h100` the numbers rest on, all ASSUMED (none measured here): "
+        f"{assumptions(CLUSTERS['h100'])}. How far the headline moves when each is halved "
+        "or doubled is in the last section.\n",
+        "Configurations: the `sharded baseline` (TorchRec-like: sharded tables, a contiguous "
+        "split, a blocking all-to-all on SMs), the baseline people run at this scale, which "
+        "the headline compares FreeScale with first; `ddp` (replicated tables, all-reduced), "
+        "second: its bubble is mostly the exposed all-reduce of its replicated tables' "
+        "gradients across nodes, so a reduction against it credits sharding as much as "
+        "FreeScale. Each technique alone on top of the sharded baseline: the balanced plan; "
+        "the overlapped all-to-all; the prioritized overlapped all-to-all; the SM-free "
+        "transport with the overlap it needs (`overlap + SM-free` against `overlap alone` is "
+        "SM-free's own effect: a blocking exchange slows no compute). FreeScale in full (all "
+        "three) and with a look-ahead window of 4. Presets: `medium` (MovieLens-1M lengths) "
+        "and `large` (KuaiRand-1K lengths), long histories where stragglers exist, and "
+        "`medium-short` (`medium` with Amazon-Beauty lengths), short histories where "
+        "communication dominates. `reduction`: 1 - bubble / the other's bubble at the same "
+        "point; per world size, `change vs sharded` is minus the reduction against the sharded "
+        "baseline (+: a larger bubble). `scaling eff`: throughput per GPU against the same "
+        "configuration at 8 GPUs. `bound`: no split of whole samples has a smaller straggler "
+        "bubble; **bold** where FreeScale's straggler bubble is within 10% of it.\n",
         f"## At 256 GPUs, beside the paper's {PAPER_REDUCTION_256}%\n",
-        "| preset | batch/rank | ddp bubble | sharded baseline bubble | freescale bubble | "
-        "reduction vs ddp | vs sharded baseline | window=4 vs ddp |",
+        "| preset | batch/rank | sharded baseline bubble | freescale bubble | "
+        "reduction vs sharded baseline | ddp bubble | reduction vs ddp | window=4 vs sharded |",
         "|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
     w4 = df[(df["config"] == "freescale window=4") & (df["gpus"] == 256)].set_index(
-        ["preset", "batch_per_rank"])["reduction"]
+        ["preset", "batch_per_rank"])["reduction_vs_sharded"]
     at = df[df["gpus"] == 256].set_index(["config", "preset", "batch_per_rank"])["bubble"]
     for _, r in at256.iterrows():
         k = (r["preset"], r["batch_per_rank"])
-        lines.append(f"| {k[0]} | {k[1]} | {100 * at[('ddp', *k)]:.1f}% | "
-                     f"{100 * at[('sharded baseline', *k)]:.1f}% | {100 * r['bubble']:.1f}% | "
-                     f"{100 * r['reduction']:.1f}% | {100 * r['reduction_vs_sharded']:.1f}% | "
+        lines.append(f"| {k[0]} | {k[1]} | {100 * at[('sharded baseline', *k)]:.1f}% | "
+                     f"{100 * r['bubble']:.1f}% | {100 * r['reduction_vs_sharded']:.1f}% | "
+                     f"{100 * at[('ddp', *k)]:.1f}% | {100 * r['reduction']:.1f}% | "
                      f"{100 * w4[k]:.1f}% |")
     lines.append("")
     for (preset, batch), g in df.groupby(["preset", "batch_per_rank"], sort=False):
@@ -130,11 +155,11 @@ def markdown(df: pd.DataFrame, steps: int, sha: str) -> str:
             for n in WORLD_SIZES:
                 r = c.loc[n]
                 cell = f"{100 * r['bubble']:.1f}%"
-                if name != "ddp":
-                    cell += f" ({-100 * r['reduction']:+.0f}%)"  # a bubble larger than ddp's: +
+                if name != "sharded baseline":  # a bubble larger than the baseline's: +
+                    cell += f" ({-100 * r['reduction_vs_sharded']:+.0f}%)"
                 cells.append(cell)
-            lines.append(f"| {name}: bubble (change vs ddp) | " + " | ".join(cells) + " |")
-        for name in ("ddp", "freescale", "freescale window=4"):
+            lines.append(f"| {name}: bubble (change vs sharded) | " + " | ".join(cells) + " |")
+        for name in ("sharded baseline", "ddp", "freescale", "freescale window=4"):
             c = g[g["config"] == name].set_index("gpus")
             lines.append(f"| {name}: samples/s | " + " | ".join(
                 f"{c.loc[n, 'samples_per_s']:,.0f}" for n in WORLD_SIZES) + " |")
@@ -148,7 +173,38 @@ def markdown(df: pd.DataFrame, steps: int, sha: str) -> str:
             cells.append(f"**{cell}**" if s <= 1.1 * b + 1e-4 else cell)
         lines.append("| bound / freescale straggler | " + " | ".join(cells) + " |")
         lines.append("")
+    if sens is not None:
+        lines += sensitivity_section(sens)
     return "\n".join(lines) + "\n"
+
+
+SENSITIVITY_POINT = ("medium", 128, 256)  # preset, samples per GPU, GPUs
+
+
+def sensitivity_rows() -> pd.DataFrame:
+    """FreeScale's reduction against the sharded baseline with each assumed figure of
+    `h100` at half and twice its value (fsbench.scaling.sensitivity), at one point."""
+    preset, batch, n = SENSITIVITY_POINT
+    runs = [(CONFIGS[name][0], trainer_options(*CONFIGS[name])) for name in ("sharded baseline", "freescale")]
+    rows = sensitivity(CLUSTERS["h100"], workload_of(preset, 12), runs, [n], batch, HERE / "runs",
+                       progress=lambda it: progress(it, "sensitivity", "point"))
+    return pd.DataFrame(rows)
+
+
+def sensitivity_section(sens: pd.DataFrame) -> list[str]:
+    preset, batch, n = SENSITIVITY_POINT
+    lines = [f"## Sensitivity: the headline against each assumed figure ({preset}, {batch} per GPU, "
+             f"{n} GPUs)\n",
+             "FreeScale's bubble reduction against the sharded baseline with one figure of `h100` "
+             "halved, as assumed, and doubled, the rest held (`fsbench simulate --sensitivity` "
+             "computes the same for any two configurations). `swing`: the largest minus the "
+             "smallest of the three.\n",
+             "| figure | assumed value | x0.5 | x1 | x2 | swing |", "|---|--:|--:|--:|--:|--:|"]
+    for _, r in sens.iterrows():
+        lines.append(f"| {r['figure']} | {r['value']:g} {r['unit']} | {100 * r['reduction_x0.5']:.1f}% | "
+                     f"{100 * r['reduction_x1']:.1f}% | {100 * r['reduction_x2']:.1f}% | "
+                     f"{100 * r['swing']:.1f} pts |")
+    return lines + [""]
 
 
 def plot(df: pd.DataFrame, path: Path) -> None:
@@ -177,7 +233,7 @@ def plot(df: pd.DataFrame, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--presets", default="medium,large")
+    ap.add_argument("--presets", default=",".join(PRESETS))
     ap.add_argument("--out", default="results/scaling_simulated_h100")
     ap.add_argument("--from-csv", action="store_true",
                     help="re-render OUT.md and OUT.png from OUT.csv (no simulation); "
@@ -187,12 +243,16 @@ def main() -> None:
     out = Path(args.out)
     sha = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                         text=True, cwd=HERE).stdout.strip()
+    sens_csv = out.with_name(out.name + "_sensitivity.csv")
     if args.from_csv:
         df = pd.read_csv(out.with_suffix(".csv"))
+        sens = pd.read_csv(sens_csv) if sens_csv.exists() else None
     else:
         df = simulate_all(args.presets.split(","), args.steps)
         df.to_csv(out.with_suffix(".csv"), index=False)
-    out.with_suffix(".md").write_text(markdown(df, args.steps, sha))
+        sens = sensitivity_rows()
+        sens.to_csv(sens_csv, index=False)
+    out.with_suffix(".md").write_text(markdown(df, sens, args.steps, sha))
     plot(df, out.with_suffix(".png"))
     print(out.with_suffix(".md").read_text())
 

@@ -155,7 +155,7 @@ def _print_sensitivity(args, cluster, workload, trainer_sets: dict, batch_per_ra
         raise ConfigError(f"--sensitivity: cluster {cluster.name!r} assumes no figure (its costs are "
                           "measured on this machine); use a GPU preset or cluster file")
     base, new = args.trainers
-    runs = {t: trainer_options(t, trainer_sets.get(t, {})) for t in (base, new)}
+    runs = [(t, trainer_options(t, trainer_sets.get(t, {}))) for t in (base, new)]
     rows = sensitivity(cluster, workload, runs, args.world_sizes, batch_per_rank, args.store,
                        args.seed, progress=lambda it: progress(it, "simulating", "point"))
     if args.format == "json":

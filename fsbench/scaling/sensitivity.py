@@ -32,12 +32,14 @@ def reduction(base: dict, new: dict) -> float:
     return 1 - new["bubble_ratio"] / base["bubble_ratio"] if base["bubble_ratio"] > 0 else float("nan")
 
 
-def sensitivity(cluster: Cluster, workload: WorkloadConfig, runs: dict[str, dict[str, str]],
-                world_sizes: list[int], batch_per_rank: int, store: str | Path, seed: int = 0,
+def sensitivity(cluster: Cluster, workload: WorkloadConfig,
+                runs: list[tuple[str, dict[str, str]]], world_sizes: list[int],
+                batch_per_rank: int, store: str | Path, seed: int = 0,
                 progress: Callable[[Iterable], Iterable] = lambda it: it) -> list[dict]:
     """One row per (assumed figure, world size): the figure's value and the reduction of
-    the second trainer of `runs` (name -> its options) against the first at x0.5, x1, x2."""
-    (base, base_opts), (new, new_opts) = list(runs.items())[:2]
+    the second of `runs` (trainer, its options) against the first at x0.5, x1, x2 (the
+    same trainer may come twice: e.g. FreeScale against its sharded baseline)."""
+    (base, base_opts), (new, new_opts) = runs[:2]
     figures = [f for f in FIGURES if f in cluster.assumed]
     points = [(f, n, k) for f in figures for n in world_sizes for k in FACTORS]
     memo: dict[tuple, float] = {}
