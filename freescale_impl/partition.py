@@ -22,18 +22,21 @@ Partitioners all have the shape `f(costs, num_ranks, **opts) -> Plan`:
 and `lookahead_window` re-packs K consecutive global batches so that whales (samples much
 larger than a rank's fair share) run side by side in one step instead of one per step.
 
-Pure numpy/python: importing this module must not import torch.
+Pure numpy/python: importing this module must not import torch. Batches of thousands of
+samples run the same algorithms compiled (plan_kernels: numba, optional), with the same plans.
 """
 from __future__ import annotations
 
 import array
 import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
+from freescale_impl import plan_kernels
 from freescale_impl.kk_core import kk_subsets
 
 __all__ = [
@@ -84,9 +87,10 @@ class Plan:
 
     def owner(self) -> np.ndarray:
         """Rank of each sample (the inverse of `assignment`)."""
-        out = np.empty(sum(len(a) for a in self.assignment), dtype=np.int64)
-        for r, idx in enumerate(self.assignment):
-            out[idx] = r
+        sizes = [len(a) for a in self.assignment]
+        out = np.empty(sum(sizes), dtype=np.int64)
+        if sizes:
+            out[np.concatenate(self.assignment)] = np.repeat(np.arange(len(sizes)), sizes)
         return out
 
 
@@ -113,13 +117,37 @@ def _from_owner(costs: np.ndarray, owner: np.ndarray, num_ranks: int, method: st
     key = owner.astype(np.int16) if num_ranks <= np.iinfo(np.int16).max else owner
     order = np.argsort(key, kind="stable")
     ends = np.cumsum(counts).tolist()
-    assignment = [order[a:b] for a, b in zip([0] + ends[:-1], ends)]
     loads = np.bincount(owner, weights=costs, minlength=num_ranks).astype(np.float64)
-    return Plan(assignment, loads, method, float(costs.max()) if costs.size else 0.0)
+    return Plan(_split(order, ends), loads, method, float(costs.max()) if costs.size else 0.0)
+
+
+def _split(order: np.ndarray, ends: list[int]) -> list[np.ndarray]:
+    return [order[a:b] for a, b in zip([0] + ends[:-1], ends)]
+
+
+def _uncapped(c: np.ndarray, num_ranks: int, which: int) -> Plan:
+    """lpt (which=0), karmarkar_karp (1) or best_of (2) without a token cap; compiled
+    for large batches (plan_kernels), with the same plan."""
+    if plan_kernels.use(c.size):
+        order, ends, loads, method = plan_kernels.plan(c, num_ranks, which)
+        return Plan(_split(order, ends), loads, method, float(c.max()) if c.size else 0.0)
+    order = _descending(c)
+    if which == 0:
+        return _from_owner(c, _lpt_owner(c, order, num_ranks, None, None), num_ranks, "lpt")
+    kk, as_lpt = _kk_plan(c, num_ranks, order)
+    if which == 1:
+        return kk
+    if as_lpt:  # see best_of
+        return Plan(kk.assignment, kk.loads, "best_of:kk(=lpt)", kk.max_cost)
+    other = _from_owner(c, _lpt_owner(c, order, num_ranks, None, None), num_ranks, "lpt")
+    win = other if other.max_load < kk.max_load else kk
+    return Plan(win.assignment, win.loads, "best_of:" + win.method, win.max_cost)
 
 
 def _descending(costs: np.ndarray) -> np.ndarray:
     """Sample indices by cost descending, ties by lower index first."""
+    if plan_kernels.use(costs.size):
+        return plan_kernels.descending(costs)
     # A stable sort of -cost keeps equal costs in index order; -0.0 == 0.0 for the sort.
     return np.argsort(-costs, kind="stable")
 
@@ -230,8 +258,7 @@ def lpt(costs, num_ranks: int, *, tokens=None, max_tokens_per_rank: float | None
     sample goes to the least-loaded rank with room for its `tokens`."""
     c = _check(costs, num_ranks)
     if max_tokens_per_rank is None:
-        return _from_owner(c, _lpt_owner(c, _descending(c), num_ranks, None, None),
-                           num_ranks, "lpt")
+        return _uncapped(c, num_ranks, 0)
     t = _check_cap(c, num_ranks, tokens, max_tokens_per_rank)
     # Cost order first (best balance); if that packs badly, token order, which is first-
     # fit-decreasing packing and succeeds far more often when the cap is tight.
@@ -273,7 +300,7 @@ def karmarkar_karp(costs, num_ranks: int, *, tokens=None,
     is returned (its method says so): KK has no natural place to check a second quantity.
     """
     c = _check(costs, num_ranks)
-    plan, _ = _kk_plan(c, num_ranks, _descending(c))
+    plan = _uncapped(c, num_ranks, 1)
     if max_tokens_per_rank is None:
         return plan
     return _capped_kk(c, num_ranks, plan, tokens, max_tokens_per_rank)
@@ -299,20 +326,13 @@ def best_of(costs, num_ranks: int, *, tokens=None,
     With a cap, the capped LPT plan competes with the KK plan only if the latter happens
     to respect the cap."""
     c = _check(costs, num_ranks)
-    order = _descending(c)
-    kk, as_lpt = _kk_plan(c, num_ranks, order)
-    if max_tokens_per_rank is not None:
-        kk = _capped_kk(c, num_ranks, kk, tokens, max_tokens_per_rank)
-        if kk.method.startswith("lpt"):  # KK broke the cap and already fell back to LPT
-            return Plan(kk.assignment, kk.loads, "best_of:" + kk.method, kk.max_cost)
-        as_lpt = False  # capped LPT is a different algorithm: run it
-    if as_lpt:
-        return Plan(kk.assignment, kk.loads, "best_of:kk(=lpt)", kk.max_cost)
     if max_tokens_per_rank is None:
-        owner = _lpt_owner(c, order, num_ranks, None, None)
-        other = _from_owner(c, owner, num_ranks, "lpt")
-    else:
-        other = lpt(c, num_ranks, tokens=tokens, max_tokens_per_rank=max_tokens_per_rank)
+        return _uncapped(c, num_ranks, 2)
+    kk = _capped_kk(c, num_ranks, _uncapped(c, num_ranks, 1), tokens, max_tokens_per_rank)
+    if kk.method.startswith("lpt"):  # KK broke the cap and already fell back to LPT
+        return Plan(kk.assignment, kk.loads, "best_of:" + kk.method, kk.max_cost)
+    # capped LPT is a different algorithm: run it
+    other = lpt(c, num_ranks, tokens=tokens, max_tokens_per_rank=max_tokens_per_rank)
     win = other if other.max_load < kk.max_load else kk
     return Plan(win.assignment, win.loads, "best_of:" + win.method, win.max_cost)
 
@@ -356,12 +376,49 @@ def balance_microbatches(costs, indices, num_micro: int,
 # to under-full ones, where they go to the least-loaded ranks; they are small, so this
 # barely moves any step's max.
 
+class _Pairs(Sequence):
+    """Samples of a window (positions in its batches laid end to end, starting at
+    `cuts`; an int: all of that batch) as (batch offset, index) pairs, a list of tuples
+    built when first read: the 131,072 tuples of 4 x 32,768 took longer than planning."""
+    __slots__ = ("cuts", "at", "_list")
+    __hash__ = None
+
+    def __init__(self, cuts: np.ndarray, at):
+        self.cuts, self.at, self._list = cuts, at, None
+
+    def _pairs(self) -> list[tuple[int, int]]:
+        if self._list is None and isinstance(self.at, int):
+            self._list = [(self.at, i) for i in range(len(self))]
+        elif self._list is None:
+            offset = np.searchsorted(self.cuts, self.at, side="right") - 1
+            self._list = list(zip(offset.tolist(), (self.at - self.cuts[offset]).tolist()))
+        return self._list
+
+    def __len__(self) -> int:
+        if isinstance(self.at, int):
+            return int(self.cuts[self.at + 1] - self.cuts[self.at])
+        return len(self.at)
+
+    def __getitem__(self, i):
+        return self._pairs()[i]
+
+    def __iter__(self):
+        return iter(self._pairs())
+
+    def __eq__(self, other) -> bool:
+        return self._pairs() == (other._pairs() if isinstance(other, _Pairs) else other)
+
+    def __repr__(self) -> str:
+        return repr(self._pairs())
+
+
 @dataclass(frozen=True, eq=False)
 class WindowStep:
     window_start: int
     """Index, in `costs_per_batch`, of the first batch of this step's window."""
-    samples: list[tuple[int, int]]
-    """(batch_offset_in_window, sample_index) of each sample of the step, sorted."""
+    samples: Sequence[tuple[int, int]]
+    """(batch_offset_in_window, sample_index) of each sample of the step, sorted; a
+    list-like sequence of tuples, built when first read."""
     plan: Plan
     """The step's plan; its assignment indexes into `samples`."""
 
@@ -379,12 +436,13 @@ def lookahead_window(costs_per_batch, num_ranks: int, window: int,
     steps: list[WindowStep] = []
     for start in range(0, len(batches), window):
         group = batches[start:start + window]
-        plain = [WindowStep(start, [(j, i) for i in range(c.size)],
-                            partitioner(c, num_ranks)) for j, c in enumerate(group)]
+        cuts = np.cumsum([0] + [c.size for c in group])
+        plain = [WindowStep(start, _Pairs(cuts, j), partitioner(c, num_ranks))
+                 for j, c in enumerate(group)]
         if len(group) == 1:
             steps.extend(plain)
             continue
-        packed = _pack_window(group, num_ranks, partitioner, start)
+        packed = _pack_window(group, cuts, num_ranks, partitioner, start)
         # Never worse than no window: keep the data order unless re-packing saves time,
         # more than float rounding (a different summation order can shave an ulp).
         plain_total = sum(s.plan.max_load for s in plain)
@@ -395,31 +453,29 @@ def lookahead_window(costs_per_batch, num_ranks: int, window: int,
     return steps
 
 
-def _pack_window(batches: list[np.ndarray], n: int, partitioner, start: int
-                 ) -> list[WindowStep]:
+def _pack_window(batches: list[np.ndarray], cuts: np.ndarray, n: int, partitioner,
+                 start: int) -> list[WindowStep]:
     k = len(batches)
-    sizes = np.array([b.size for b in batches], dtype=np.int64)
+    sizes = np.diff(cuts)
     pooled = np.concatenate(batches)
-    offset = np.repeat(np.arange(k), sizes)
-    index = np.arange(pooled.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     packed = partitioner(pooled, k * n)
+    method = f"{packed.method}+window{k}"
     by_load = np.argsort(-packed.loads, kind="stable")
-    step_of_bin = np.empty(k * n, dtype=np.int64)
-    rank_of_bin = np.empty(k * n, dtype=np.int64)
+    # The narrowest types: per-sample arrays of 131,072 int64s cost ~0.3 ms each to fill.
+    step_of_bin = np.empty(k * n, dtype=np.min_scalar_type(k))
+    rank_of_bin = np.empty(k * n, dtype=np.min_scalar_type(n))
     for j in range(k):
         group = np.sort(by_load[j * n:(j + 1) * n])  # ranks keep the bins' own order
         step_of_bin[group] = j
         rank_of_bin[group] = np.arange(n)
-    bins = packed.owner()
-    step, rank = step_of_bin[bins], rank_of_bin[bins]
+    step, rank = np.empty(pooled.size, step_of_bin.dtype), np.empty(pooled.size, rank_of_bin.dtype)
+    bins, lens = np.concatenate(packed.assignment), [len(a) for a in packed.assignment]
+    step[bins], rank[bins] = np.repeat(step_of_bin, lens), np.repeat(rank_of_bin, lens)
     _keep_step_sizes(pooled, step, rank, sizes, n)
-    out = []
-    for j in range(k):
-        chosen = np.flatnonzero(step == j)  # pooled order is (offset, index) order
-        plan = _from_owner(pooled[chosen], rank[chosen], n, f"{packed.method}+window{k}")
-        samples = list(zip(offset[chosen].tolist(), index[chosen].tolist()))
-        out.append(WindowStep(start, samples, plan))
-    return out
+    steps = [np.flatnonzero(step == j) for j in range(k)]
+    # Each step's samples in pooled order, which is (offset, index) order.
+    return [WindowStep(start, _Pairs(cuts, c), _from_owner(pooled[c], rank[c], n, method))
+            for c in steps]
 
 
 def _keep_step_sizes(costs: np.ndarray, step: np.ndarray, rank: np.ndarray,
@@ -432,7 +488,7 @@ def _keep_step_sizes(costs: np.ndarray, step: np.ndarray, rank: np.ndarray,
     moved = []
     for j in np.flatnonzero(surplus > 0):
         mine = np.flatnonzero(step == j)
-        moved.append(mine[np.argsort(costs[mine], kind="stable")[:surplus[j]]])
+        moved.append(mine[_cheapest(costs[mine], surplus[j])])
     pool = np.concatenate(moved)
     pool = pool[_descending(costs[pool])].tolist()
     for j in np.flatnonzero(surplus < 0):
@@ -446,3 +502,14 @@ def _keep_step_sizes(costs: np.ndarray, step: np.ndarray, rank: np.ndarray,
             load, r = heap[0]
             heapq.heapreplace(heap, (load + costs[i], r))
             step[i], rank[i] = j, r
+
+
+def _cheapest(c: np.ndarray, s: int) -> np.ndarray:
+    """np.argsort(c, kind="stable")[:s] without sorting all of c (2 ms for 32,768): those
+    below the s-th smallest cost, then the first of those equal to it, sorted."""
+    if s >= c.size:
+        return np.argsort(c, kind="stable")
+    cut = np.partition(c, s - 1)[s - 1]
+    pick = np.flatnonzero(c < cut)
+    pick = np.concatenate((pick, np.flatnonzero(c == cut)[:s - pick.size]))
+    return pick[np.argsort(c[pick], kind="stable")]
