@@ -61,9 +61,9 @@ PARTITIONERS = {"kk": partition.karmarkar_karp, "lpt": partition.lpt, "best": pa
 class FreeScaleOptions(TrainerOptions):
     balance: Literal["on", "off"] = "on"
     """Cost-balanced samples per rank, or the baselines' contiguous split."""
-    # kk by default: it beats LPT on most real-shaped batches and plans 8k samples onto
-    # 256 ranks in ~3-6 ms (best runs both, ~6-9 ms; lpt is the fastest, ~3.5 ms):
-    # see benchmarks/bench_partition.py.
+    # kk by default: it beats LPT on most real-shaped batches and, compiled, plans 32k
+    # samples onto 256 ranks in ~0.8-1.7 ms (best runs both, ~0.8-2.0 ms; lpt ~0.6-0.8 ms):
+    # results/planner_scale_cpu.md.
     partitioner: Literal["kk", "lpt", "best"] = "kk"
     cost: Literal["auto", "calibrated", "analytical"] = "auto"
     window: int = field(default=1, metadata={"min": 1})

@@ -10,7 +10,7 @@ import pytest
 from fsbench.cli import main
 from fsbench.scaling.commcal import fit as fit_comm
 from fsbench.config import RunConfig
-from fsbench.scaling.sim_inputs import CLUSTERS
+from fsbench.scaling.sim_inputs import CLUSTERS, SimProfile
 from fsbench.scaling.sim_costs import Costs
 from fsbench.scaling.simulate import simulate_run
 from fsbench.running.store import load_runs
@@ -662,3 +662,31 @@ def test_each_switch_alone_moves_the_projection_the_way_the_trainer_moves(switch
                                       trainer_options=options), H100, ".")[0]
     before, after = run(base), run({**base, switch: on})
     assert after[lowered] < before[lowered] * 0.995, (switch, before[lowered], after[lowered])
+
+
+def test_a_planner_slower_than_the_step_is_input_stall():
+    """The plan is timed at the simulated size: hidden while it is shorter than the step,
+    an input stall of the difference when longer. A planner made to take 40 ms of CPU per
+    call against steps of about 5 ms."""
+    import time
+
+    from fsbench.scaling.sim_inputs import contiguous_plan
+
+    def slow_plan(lengths, n, inputs):
+        t0 = time.thread_time_ns()
+        while time.thread_time_ns() - t0 < 40e6:
+            pass
+        return contiguous_plan(lengths, n)
+
+    w = small(64 * 8)
+    run = RunConfig(workload=w, trainer="ddp", world_size=8)
+    quick, _ = simulate_run(run, H100, ".")
+    base = simulate_run(run, H100, ".", planner_time=False)[0]
+    assert quick["input_stall_ratio"] == base["input_stall_ratio"] == 0.0
+    assert 0 < quick["plan_ms_per_step"] < base["step_time_ms_median"]
+    slow, rows = simulate_run(run, H100, ".", profile=SimProfile(plan=slow_plan))
+    for row in rows:
+        assert row["plan_ms"] >= 40.0
+        assert row["step_time_ms"] == pytest.approx(row["plan_ms"], rel=1e-9)  # the plan sets the pace
+        assert row["input_stall_ms"] >= 8 * (row["plan_ms"] - base["step_time_ms_median"]) * 0.9
+    assert slow["input_stall_ratio"] > 0.8

@@ -42,6 +42,10 @@ batches (the same length draws the generator makes for that seed and step):
               it updates (fresh: expected from the popularity, `expected_fresh`) can only
               be sent after its update, and are waited for as the overlapped exchange
               waits for its rows.
+  input     the trainer's plan at the simulated size (a window's at its first step),
+            timed on this machine's CPU (one thread, warm): the input stage prepares it
+            ahead of the step, so it costs nothing until it takes longer than the step;
+            beyond that every rank waits for it (input stall, `plan_stall_ms`).
   SM        overlapped communication on SMs slows the compute it overlaps by
             `sm_slowdown` (a preset's parameter; `fsbench micro sm-contention` measures it
             where a GPU exists); copy-engine transport (FreeScale's sm_free) costs nothing.
@@ -69,6 +73,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -89,10 +94,12 @@ def profile_of(trainer: str, options: dict[str, str], n: int) -> SimProfile:
 
 
 def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
-                 profile: SimProfile | None = None, step_overhead: bool = True) -> tuple[dict, list[dict]]:
+                 profile: SimProfile | None = None, step_overhead: bool = True,
+                 planner_time: bool = True) -> tuple[dict, list[dict]]:
     """Summary (the measured schema, `simulated: true`) and per-step rows of one
     (trainer, world size) on `cluster`; `step_overhead=False` leaves out the fit's
-    measured per-step overhead (to measure it)."""
+    measured per-step overhead (to measure it); `planner_time=False` leaves out the
+    planner's time measured here (for outputs that must not depend on this CPU)."""
     from fsbench.specs import parse_popularity
     from fsbench.workloads.distributions import parse_length_spec
     from fsbench.workloads.generator import step_rng
@@ -142,7 +149,15 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
         costs = [costs_model.sample_ms(L) for L in lengths]  # alone on a core
         all_lengths, all_costs = np.concatenate(lengths), np.concatenate(costs)
         # The trainer plans with its own predicted costs; the cluster's costs are booked.
-        for k, owners in zip(window, plan(lengths, n, planning)):
+        # The plan is the input stage's work at the simulated size, timed here on this
+        # machine's CPU (warm: the first window is planned once untimed, as compiling
+        # the planner is once per process).
+        if planner_time and start == 0:
+            plan(lengths, n, planning)
+        cpu0 = time.thread_time_ns()
+        plans = plan(lengths, n, planning)
+        plan_ms = (time.thread_time_ns() - cpu0) / 1e6 / len(window) if planner_time else 0.0
+        for k, owners in zip(window, plans):
             enc = np.array([all_costs[idx].sum() + costs_model.batch_extra_ms(all_lengths[idx])
                             for idx in owners])
             launch = cluster.layer_overhead_ms * w.model.num_layers
@@ -220,9 +235,13 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             c, t = c + upd_wall, t + upd_wall
             busy = busy + (0.0 if emulated else upd * table_corun)
             cpu = cpu + upd * table_corun
+            # The input stage plans ahead of the step (prefetched), so the plan costs the
+            # step nothing until it takes longer than the step: then every rank waits for it.
+            plan_stall = max(0.0, plan_ms - t)
+            c, t = c + plan_stall, t + plan_stall
             # A rank waits in communication for the rest of the step (for its peers
             # included); the metrics' one split of idle time into causes does the rest.
-            causes = rank_causes(t, busy, t - c, np.full(n, input_wait))
+            causes = rank_causes(t, busy, t - c, np.full(n, input_wait + plan_stall))
             rows.append({
                 "step": k, "step_time_ms": t, "busy_max_ms": float(busy.max()),
                 "busy_mean_ms": float(busy.mean()), "cpu_mean_ms": float(np.mean(cpu)),
@@ -231,6 +250,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                 "input_stall_ms": float(causes["input_stall"].sum()),
                 "other_idle_ms": float(causes["other_idle"].sum()), "capacity_ms": n * t,
                 "num_samples": float(samples.sum()), "num_targets": float(tokens.sum()),
+                "plan_ms": plan_ms, "plan_stall_ms": plan_stall,
                 # Every transfer of the step, and what the shared links exposed of them.
                 "link_ms": t_ar + (sent if prof.exchange != "none" else 0.0), "shared_link_ms": shared,
                 # No split of whole samples can beat the larger of the mean load and the
@@ -257,6 +277,10 @@ def summarize_steps(run: RunConfig, rows: list[dict], cluster: Cluster) -> dict:
         "assumptions": assumptions(cluster),  # which figures are assumed, in every output
         "steps_measured": int(len(m)),
         "step_time_ms_median": float(m["step_time_ms"].median()),
+        # The plan at the simulated size, timed on this machine's CPU (not the cluster's
+        # hosts'): MEASURED here, beside a SIMULATED step, as a run's summary gives it.
+        "plan_ms_per_step": float(m["plan_ms"].mean()),
+        "plan_share_of_step": float(m["plan_ms"].mean() / m["step_time_ms"].median()),
         "step_time_ms_mean": float(m["step_time_ms"].mean()),
         "samples_per_s": float(m["num_samples"].sum() / secs),
         "tokens_per_s": float(m["num_targets"].sum() / secs),
