@@ -394,6 +394,12 @@ class _Pairs(Sequence):
             self._list = list(zip(offset.tolist(), (self.at - self.cuts[offset]).tolist()))
         return self._list
 
+    def positions(self) -> np.ndarray:
+        """The samples' positions in the window's batches laid end to end."""
+        if isinstance(self.at, int):
+            return np.arange(self.cuts[self.at], self.cuts[self.at + 1], dtype=np.int64)
+        return np.asarray(self.at, dtype=np.int64)
+
     def __len__(self) -> int:
         if isinstance(self.at, int):
             return int(self.cuts[self.at + 1] - self.cuts[self.at])
@@ -421,6 +427,11 @@ class WindowStep:
     list-like sequence of tuples, built when first read."""
     plan: Plan
     """The step's plan; its assignment indexes into `samples`."""
+
+    def positions(self) -> np.ndarray:
+        """Each sample's position in the window's batches laid end to end (what
+        `samples` lists as pairs), as one array."""
+        return self.samples.positions()
 
 
 def lookahead_window(costs_per_batch, num_ranks: int, window: int,

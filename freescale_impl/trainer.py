@@ -210,20 +210,20 @@ class FreeScaleTrainer(DataParallelTrainer):
         opts = FreeScaleOptions.parse(options, prefix="freescale")
         planner = PARTITIONERS[opts.partitioner]
 
-        def plan(lengths: list[np.ndarray], n: int, inputs: PlanInputs) -> list[list[np.ndarray]]:
+        def plan(lengths: list[np.ndarray], n: int, inputs: PlanInputs
+                 ) -> tuple[list[list[np.ndarray]], float]:
             if opts.balance == "off":
                 return contiguous_plan(lengths, n)
             # The costs the trainer would predict on that device (its calibrated fit
             # there when the store holds one, else FLOPs), not the simulator's own.
             cost = cost_model(inputs.workload, inputs.store, inputs.device, opts.cost)
+            # What the input stage computes (BalancedShare), timed as it times it.
+            cpu0 = time.thread_time_ns()
             steps = partition.lookahead_window([cost(L) for L in lengths], n, opts.window,
                                                partitioner=planner)
-            offsets = np.cumsum([0] + [c.size for c in lengths])
-            out = []
-            for ws in steps:  # indices into the window's concatenated samples
-                flat = np.array([offsets[off] + i for off, i in ws.samples], dtype=np.int64)
-                out.append([flat[idx] for idx in ws.plan.assignment])
-            return out
+            planning_ms = (time.thread_time_ns() - cpu0) / 1e6
+            # Indices into the window's concatenated samples, per step and rank.
+            return [[ws.positions()[idx] for idx in ws.plan.assignment] for ws in steps], planning_ms
 
         exchange = "none"
         if opts.tables == "sharded":

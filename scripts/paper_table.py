@@ -87,7 +87,8 @@ def simulate_all(presets: list[str], steps: int) -> pd.DataFrame:
         rows.append({"preset": preset, "batch_per_rank": batch, "gpus": n, "config": name,
                      "bubble": s["bubble_ratio"], "straggler": s["straggler_bubble_ratio"],
                      "exposed_comm": s["exposed_comm_ratio"], "samples_per_s": s["samples_per_s"],
-                     "bound": s["whole_sample_bound_bubble"]})
+                     "bound": s["whole_sample_bound_bubble"],
+                     "plan_ms": s["plan_ms_per_step"], "step_ms": s["step_time_ms_median"]})
     df = pd.DataFrame(rows)
     key = ["preset", "batch_per_rank", "gpus"]
     ddp = df[df["config"] == "ddp"].set_index(key)["bubble"]
@@ -173,9 +174,31 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str) 
             cells.append(f"**{cell}**" if s <= 1.1 * b + 1e-4 else cell)
         lines.append("| bound / freescale straggler | " + " | ".join(cells) + " |")
         lines.append("")
+    lines += planner_section(df)
     if sens is not None:
         lines += sensitivity_section(sens)
     return "\n".join(lines) + "\n"
+
+
+def planner_section(df: pd.DataFrame) -> list[str]:
+    """The points where FreeScale's planning (timed on this machine's CPU at the point's
+    size) takes at least half its step: there it is input stall, or close to it."""
+    if "plan_ms" not in df:  # a CSV written before the planner was timed
+        return []
+    fs = df[df["config"].str.startswith(("freescale", "balance")) & (df["plan_ms"] >= 0.5 * df["step_ms"])]
+    lines = ["## Where the planner sets the pace\n",
+             "The balanced plan is computed by each rank's input stage ahead of its step; the "
+             "simulator times it at each point's size on this machine's CPU (one thread of the "
+             "2-core VM, the compiled planner from 2,048 samples on, warm; the median over the "
+             "run's windows) and books it as input stall where it outlasts the step. At these "
+             "points it takes at least half the step, so their bubbles depend on this CPU and "
+             "move between runs of this script (up to ~7 points where the two are close).\n",
+             "| preset | batch/rank | GPUs | config | planning ms/step | step ms | bubble |",
+             "|---|--:|--:|---|--:|--:|--:|"]
+    for _, r in fs.sort_values(["preset", "batch_per_rank", "gpus"]).iterrows():
+        lines.append(f"| {r['preset']} | {r['batch_per_rank']} | {r['gpus']} | {r['config']} | "
+                     f"{r['plan_ms']:.2f} | {r['step_ms']:.2f} | {100 * r['bubble']:.1f}% |")
+    return lines + [""]
 
 
 SENSITIVITY_POINT = ("medium", 128, 256)  # preset, samples per GPU, GPUs

@@ -666,8 +666,9 @@ def test_each_switch_alone_moves_the_projection_the_way_the_trainer_moves(switch
 
 def test_a_planner_slower_than_the_step_is_input_stall():
     """The plan is timed at the simulated size: hidden while it is shorter than the step,
-    an input stall of the difference when longer. A planner made to take 40 ms of CPU per
-    call against steps of about 5 ms."""
+    an input stall of the difference when longer. FreeScale's planner against steps of
+    ~100 ms, then a planner made to take 40 ms of CPU per window against steps under a
+    millisecond; the baselines plan nothing."""
     import time
 
     from fsbench.scaling.sim_inputs import contiguous_plan
@@ -676,17 +677,20 @@ def test_a_planner_slower_than_the_step_is_input_stall():
         t0 = time.thread_time_ns()
         while time.thread_time_ns() - t0 < 40e6:
             pass
-        return contiguous_plan(lengths, n)
+        plans, _ = contiguous_plan(lengths, n)
+        return plans, (time.thread_time_ns() - t0) / 1e6
 
     w = small(64 * 8)
-    run = RunConfig(workload=w, trainer="ddp", world_size=8)
-    quick, _ = simulate_run(run, H100, ".")
-    base = simulate_run(run, H100, ".", planner_time=False)[0]
-    assert quick["input_stall_ratio"] == base["input_stall_ratio"] == 0.0
-    assert 0 < quick["plan_ms_per_step"] < base["step_time_ms_median"]
+    run = RunConfig(workload=w, trainer="freescale", world_size=8)
+    fs = simulate_run(run, SLOW, ".")[0]  # steps of ~100 ms
+    assert fs["input_stall_ratio"] == 0.0
+    assert 0 < fs["plan_ms_per_step"] < fs["step_time_ms_median"]
+    assert simulate_run(dataclasses.replace(run, trainer="ddp"), H100, ".")[0]["plan_ms_per_step"] == 0.0
+    exact = simulate_run(run, H100, ".", planner_time=False)[0]
+    assert exact["input_stall_ratio"] == 0.0
     slow, rows = simulate_run(run, H100, ".", profile=SimProfile(plan=slow_plan))
     for row in rows:
         assert row["plan_ms"] >= 40.0
         assert row["step_time_ms"] == pytest.approx(row["plan_ms"], rel=1e-9)  # the plan sets the pace
-        assert row["input_stall_ms"] >= 8 * (row["plan_ms"] - base["step_time_ms_median"]) * 0.9
+        assert row["input_stall_ms"] >= 8 * (row["plan_ms"] - exact["step_time_ms_median"]) * 0.9
     assert slow["input_stall_ratio"] > 0.8

@@ -28,11 +28,13 @@ class SimProfile:
     """Embedding rows of sharded tables: blocking, overlapped or prioritized (EXCHANGES)."""
     sm_free: bool = False
     """The embedding exchange runs on copy engines: it slows no compute."""
-    plan: Callable[[list[np.ndarray], int, "PlanInputs"], list[list[np.ndarray]]] | None = None
-    """lengths of a window's batches, N, what a planner may know -> per step, each rank's
-    indices into the window's concatenated samples; None: each batch split contiguously
-    (the baselines). A planner predicts costs as the trainer would (its own cost model),
-    while the simulator books the cluster's costs: prediction error is residual straggler."""
+    plan: Callable[[list[np.ndarray], int, "PlanInputs"], tuple[list[list[np.ndarray]], float]] | None = None
+    """lengths of a window's batches, N, what a planner may know -> (per step, each rank's
+    indices into the window's concatenated samples; the CPU ms the trainer's input stage
+    spends planning the window); None: each batch split contiguously (the baselines,
+    which plan nothing). A planner predicts costs as the trainer would (its own cost
+    model), while the simulator books the cluster's costs: prediction error is residual
+    straggler."""
     window: int = 1
     chunks: int = 1
     """Pieces of the row exchange: the first is waited for, the rest hide under compute."""
@@ -214,11 +216,13 @@ def load_cluster(spec: str, overrides: list[str] = ()) -> Cluster:
 
 
 def contiguous_plan(lengths: list[np.ndarray], n: int, inputs: PlanInputs | None = None
-                    ) -> list[list[np.ndarray]]:
+                    ) -> tuple[list[list[np.ndarray]], float]:
+    """Each batch split into N contiguous pieces: the baselines' split, planned by nobody
+    (0 ms of planning)."""
     from fsbench.workloads.batch import contiguous_split
 
     out, offset = [], 0
     for c in lengths:
         out.append([np.asarray(idx, dtype=np.int64) + offset for idx in contiguous_split(c.size, n)])
         offset += c.size
-    return out
+    return out, 0.0

@@ -42,10 +42,12 @@ batches (the same length draws the generator makes for that seed and step):
               it updates (fresh: expected from the popularity, `expected_fresh`) can only
               be sent after its update, and are waited for as the overlapped exchange
               waits for its rows.
-  input     the trainer's plan at the simulated size (a window's at its first step),
-            timed on this machine's CPU (one thread, warm): the input stage prepares it
-            ahead of the step, so it costs nothing until it takes longer than the step;
-            beyond that every rank waits for it (input stall, `plan_stall_ms`).
+  input     the trainer's planning at the simulated size (what its input stage computes:
+            predicted costs and the partitioner, a window's spread over its steps), timed
+            on this machine's CPU (one thread, warm; the median over the run's windows);
+            the baselines plan nothing. The input stage prepares it ahead of the step, so
+            it costs nothing until it takes longer than the step; beyond that every rank
+            waits for it (input stall, `plan_stall_ms`).
   SM        overlapped communication on SMs slows the compute it overlaps by
             `sm_slowdown` (a preset's parameter; `fsbench micro sm-contention` measures it
             where a GPU exists); copy-engine transport (FreeScale's sm_free) costs nothing.
@@ -73,7 +75,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -139,24 +140,27 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # are not this machine's: no fit of theirs is stored, so the trainer would use FLOPs.
     planning = (PlanInputs(w, store, "cpu") if cluster.compute == "fit"
                 else PlanInputs(w, None, "cuda"))
+    # The trainer plans with its own predicted costs; the cluster's costs are booked.
+    # Its planning is the input stage's work at the simulated size, timed on this
+    # machine's CPU: the first window is planned once more untimed (compiling the planner
+    # is once per process), and every step is charged the median over the windows, per
+    # step, so one preempted plan does not make a step.
+    windows = []
+    for start in range(0, w.steps, prof.window):
+        window = range(start, min(start + prof.window, w.steps))
+        lengths = [dist.sample(step_rng(run.seed, k), w.global_batch_size, w.max_seq_len) for k in window]
+        if planner_time and start == 0:
+            plan(lengths, n, planning)
+        plans, planning_ms = plan(lengths, n, planning)
+        windows.append((window, lengths, plans, planning_ms / len(window)))
+    plan_ms = float(np.median([ms for *_, ms in windows])) if planner_time else 0.0
     # The previous step's global item draws (negatives shared by all ranks) and samples:
     # the rows it updated, which the prioritized exchange cannot send before its update.
     prev = None
     rows = []
-    for start in range(0, w.steps, prof.window):
-        window = range(start, min(start + prof.window, w.steps))
-        lengths = [dist.sample(step_rng(run.seed, k), w.global_batch_size, w.max_seq_len) for k in window]
+    for window, lengths, plans, _ in windows:
         costs = [costs_model.sample_ms(L) for L in lengths]  # alone on a core
         all_lengths, all_costs = np.concatenate(lengths), np.concatenate(costs)
-        # The trainer plans with its own predicted costs; the cluster's costs are booked.
-        # The plan is the input stage's work at the simulated size, timed here on this
-        # machine's CPU (warm: the first window is planned once untimed, as compiling
-        # the planner is once per process).
-        if planner_time and start == 0:
-            plan(lengths, n, planning)
-        cpu0 = time.thread_time_ns()
-        plans = plan(lengths, n, planning)
-        plan_ms = (time.thread_time_ns() - cpu0) / 1e6 / len(window) if planner_time else 0.0
         for k, owners in zip(window, plans):
             enc = np.array([all_costs[idx].sum() + costs_model.batch_extra_ms(all_lengths[idx])
                             for idx in owners])
