@@ -224,7 +224,8 @@ def sensitivity_section(sens: pd.DataFrame) -> list[str]:
              "smallest of the three.\n",
              "| figure | assumed value | x0.5 | x1 | x2 | swing |", "|---|--:|--:|--:|--:|--:|"]
     for _, r in sens.iterrows():
-        lines.append(f"| {r['figure']} | {r['value']:g} {r['unit']} | {100 * r['reduction_x0.5']:.1f}% | "
+        unit = r["unit"] if isinstance(r["unit"], str) else ""  # empty: NaN from a CSV
+        lines.append(f"| {r['figure']} | {r['value']:g} {unit} | {100 * r['reduction_x0.5']:.1f}% | "
                      f"{100 * r['reduction_x1']:.1f}% | {100 * r['reduction_x2']:.1f}% | "
                      f"{100 * r['swing']:.1f} pts |")
     return lines + [""]
