@@ -29,9 +29,9 @@ from freescale_impl.partition import (  # noqa: E402
     best_of,
     contiguous,
     karmarkar_karp,
-    lookahead_window,
     lpt,
 )
+from freescale_impl.window import lookahead_window  # noqa: E402
 from fsbench.workloads.distributions import LENGTH_PRESETS  # noqa: E402
 
 # preset -> max_len: the benchmark's usual clip, and 4096 for KuaiRand's long histories.

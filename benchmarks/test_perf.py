@@ -34,10 +34,10 @@ def test_plan_32768_samples_onto_256_ranks(benchmark, partitioner):
 
 
 def test_plan_window_of_4_batches_of_32768_onto_256_ranks(benchmark):
-    from freescale_impl import partition
+    from freescale_impl.window import lookahead_window
 
     batches = [_costs("movielens-100k", 32768, seed=k) for k in range(4)]
-    steps = benchmark(partition.lookahead_window, batches, 256, 4)
+    steps = benchmark(lookahead_window, batches, 256, 4)
     assert len(steps) == 4
 
 

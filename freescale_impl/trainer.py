@@ -47,6 +47,7 @@ from fsbench.measurement.timeline import span
 from fsbench.training.trainer import Preparer, StepInput, StepStats, measured_steps
 from fsbench.workloads.batch import JaggedBatch, concat_batches, contiguous_split
 from freescale_impl import partition
+from freescale_impl.window import WindowStep, lookahead_window
 from freescale_impl.balance import CostModel, analytical_cost, cost_model
 from freescale_impl.routing import RoutedShare
 from freescale_impl.sample_exchange import exchange_samples
@@ -109,7 +110,7 @@ class BalancedShare:
         self.source, self.rank, self.world_size = source, rank, world_size
         self.cost, self.opts, self.steps = cost, opts, steps
         self.partitioner = PARTITIONERS[opts.partitioner]
-        self._window: tuple[int, list[JaggedBatch], dict[int, partition.WindowStep]] | None = None
+        self._window: tuple[int, list[JaggedBatch], dict[int, WindowStep]] | None = None
         self._planned: tuple[int, JaggedBatch, partition.Plan] | None = None  # last step's
         self._planning_ns = 0  # planning since the last plan_stats: a window's, at its first step
 
@@ -172,7 +173,7 @@ class BalancedShare:
         start = step - step % k
         if self._window is None or self._window[0] != start:
             batches = [self.source.global_batch(s) for s in range(start, min(start + k, self.steps))]
-            plans = self._timed(lambda: partition.lookahead_window(
+            plans = self._timed(lambda: lookahead_window(
                 [self.cost(b.lengths.numpy()) for b in batches], self.world_size, k,
                 partitioner=self.partitioner))
             self._window = (start, batches, {start + i: p for i, p in enumerate(plans)})
@@ -219,7 +220,7 @@ class FreeScaleTrainer(DataParallelTrainer):
             cost = cost_model(inputs.workload, inputs.store, inputs.device, opts.cost)
             # What the input stage computes (BalancedShare), timed as it times it.
             cpu0 = time.thread_time_ns()
-            steps = partition.lookahead_window([cost(L) for L in lengths], n, opts.window,
+            steps = lookahead_window([cost(L) for L in lengths], n, opts.window,
                                                partitioner=planner)
             planning_ms = (time.thread_time_ns() - cpu0) / 1e6
             # Indices into the window's concatenated samples, per step and rank.
@@ -246,7 +247,7 @@ class FreeScaleTrainer(DataParallelTrainer):
             return lambda batches, n: [fn(cost(batches[0]), n)]
 
         def windowed(fn):
-            return lambda batches, n: [s.plan for s in partition.lookahead_window(
+            return lambda batches, n: [s.plan for s in lookahead_window(
                 [cost(b) for b in batches], n, len(batches), partitioner=fn)]
 
         out = {}

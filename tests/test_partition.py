@@ -18,10 +18,10 @@ from freescale_impl.partition import (
     best_of,
     contiguous,
     karmarkar_karp,
-    lookahead_window,
     lpt,
     random_split,
 )
+from freescale_impl.window import lookahead_window
 
 BALANCED = {"lpt": lpt, "kk": karmarkar_karp, "best_of": best_of}
 ALL = {**BALANCED, "contiguous": contiguous,

@@ -12,8 +12,9 @@ import sys
 import numpy as np
 import pytest
 
-from freescale_impl import partition, plan_kernels
-from freescale_impl.partition import best_of, karmarkar_karp, lookahead_window, lpt
+from freescale_impl import partition, plan_kernels, window
+from freescale_impl.partition import best_of, karmarkar_karp, lpt
+from freescale_impl.window import lookahead_window
 
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 needs_numba = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed: the "
@@ -138,7 +139,8 @@ def test_without_numba_the_python_path_plans(monkeypatch):
 def test_without_numba_installed_in_a_fresh_process():
     code = ("import sys; sys.modules['numba'] = None  # `import numba` raises ImportError\n"
             "import numpy as np\n"
-            "from freescale_impl.partition import karmarkar_karp, lookahead_window\n"
+            "from freescale_impl.partition import karmarkar_karp\n"
+            "from freescale_impl.window import lookahead_window\n"
             "c = np.arange(5000.0) % 97\n"
             "assert karmarkar_karp(c, 16).max_load > 0\n"
             "assert len(lookahead_window([c, c], 8, 2)) == 2\n")
@@ -159,5 +161,5 @@ def test_cheapest_is_the_head_of_a_stable_argsort():
     for _ in range(200):
         c = np.floor(rng.uniform(0, 5, int(rng.integers(1, 60)))) * rng.choice([1.0, -0.0])
         s = int(rng.integers(1, c.size + 2))
-        np.testing.assert_array_equal(partition._cheapest(c, s),
+        np.testing.assert_array_equal(window._cheapest(c, s),
                                       np.argsort(c, kind="stable")[:s])
