@@ -14,7 +14,9 @@ from fsbench.config import WorkloadConfig
 from fsbench.errors import ConfigError
 from fsbench.scaling.sim_inputs import Cluster
 
-OVERHEAD_KEYS = ("wall_ms", "cpu_ms", "busy_ms", "input_ms")
+# worker_ms: the rank's loader worker's CPU per step (its own process: in none of the
+# others). Fits from before it lack it and read 0.
+OVERHEAD_KEYS = ("wall_ms", "cpu_ms", "busy_ms", "input_ms", "worker_ms")
 
 
 def encoder_flops(workload: WorkloadConfig, lengths: np.ndarray) -> np.ndarray:
@@ -25,7 +27,7 @@ def encoder_flops(workload: WorkloadConfig, lengths: np.ndarray) -> np.ndarray:
     proj = 5 if m.family == "hstu" else 12
     L = np.asarray(lengths, dtype=np.float64)
     fwd = m.num_layers * (2 * proj * m.dim**2 * L + 2 * m.dim * L * L) \
-        + 2 * (1 + workload.num_negatives) * m.dim * L
+        + 2 * (1 + workload.negatives_per_step) * m.dim * L
     return 3 * fwd
 
 
@@ -73,6 +75,11 @@ class Costs:
             return 1.0
         cores = self.fit.corun_processes or 1
         return max(1.0, world_size / cores)
+
+    def cores(self) -> int | None:
+        """`local`: this host's cores as the fit counted them (its co-run count); GPU
+        presets: None (a host's cores are not what their ranks compute on)."""
+        return (self.fit.corun_processes or 1) if self.cluster.compute == "fit" else None
 
     def batch_extra_ms(self, lengths: np.ndarray) -> float:
         """A rank's batch beyond its samples' cost (`local`: the fit's batch terms; GPU

@@ -26,7 +26,11 @@ batches (the same length draws the generator makes for that seed and step):
             there only the real CPU work (table step, overhead) time-shares.
   overhead  `local`: each trainer's per-step work beyond this model in each compute mode,
             measured by a real 1-rank run (fsbench.scaling.step_overhead): its wall time, the
-            part that is the rank's CPU (time-shares), the part counted busy, input waits.
+            part that is the rank's CPU (time-shares), the part counted busy, input waits,
+            and its loader worker's CPU (a process of its own, on a spare core at 1 rank):
+            at n ranks the n workers' CPU beyond what the spare cores take lengthens the
+            step by its share per core, booked as the preempted rank's run-queue wait
+            (other idle) and its peers' wait in communication (`worker_preemption_ms`).
   comm      an alpha-beta model per collective: fitted on this machine by
             `fsbench calibrate --comm` (`local`: a line per measured world size), or a preset's links (`h100`: 8 GPUs per
             node on NVLink 4, 400 Gb/s per GPU across nodes).
@@ -133,6 +137,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # Waiting for input is waiting for the loader worker's CPU work, which time-shares
     # too; the rest of the overhead off the rank's CPU (other waits) does not.
     input_wait = over["input_ms"] * share
+    cores = costs_model.cores()
     over_wall = (over["cpu_ms"] * corun * share + input_wait
                  + (over["wall_ms"] - over["cpu_ms"] - over["input_ms"]))
     plan = prof.plan or contiguous_plan
@@ -174,7 +179,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             tokens = np.array([all_lengths[idx].sum() for idx in owners], dtype=np.float64)
             samples = np.array([len(idx) for idx in owners], dtype=np.float64)
             pre = post_emb = hidden_emb = t_x = sent = 0.0
-            draws = tokens + samples + w.num_negatives
+            draws = tokens + samples + w.negatives_per_step
             if prof.exchange != "none":
                 # Unique rows a rank reads: items and targets (one table), shared negatives,
                 # one user row and one row per context table per sample.
@@ -204,7 +209,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                     pre = max(first, t_x - fwd_min)
                     post_emb = max(first, t_x - bwd_min)
                 hidden_emb = sent - pre - post_emb
-            prev = (float(tokens.sum() + samples.sum() + w.num_negatives), float(samples.sum()))
+            prev = (float(tokens.sum() + samples.sum() + w.negatives_per_step), float(samples.sum()))
             # The buckets' calls follow each other and cost as one transfer of their sum:
             # one latency (measured: DDP's two calls of small at 16 emulated ranks are in
             # flight 118 and 123 ms, not twice the 67 ms one costs alone). They start when
@@ -231,7 +236,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             if prof.tables.placement == "replicated":
                 updated = held_rows
             else:
-                updated = (float(expected_distinct(np.array([tokens.sum() + samples.sum() + w.num_negatives]),
+                updated = (float(expected_distinct(np.array([tokens.sum() + samples.sum() + w.negatives_per_step]),
                                                    w.item_vocab, zipf_s)[0])
                            + samples.sum() * (1 + len(w.context_vocabs))) / n
             upd = costs_model.table_ms(updated * w.model.dim, replicated=prof.tables.placement == "replicated")
@@ -243,6 +248,12 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             # step nothing until it takes longer than the step: then every rank waits for it.
             plan_stall = max(0.0, plan_ms - t)
             c, t = c + plan_stall, t + plan_stall
+            # Each rank's loader worker is a process of its own: spare cores run it, and
+            # what they cannot take preempts the ranks, a share per core. A preempted
+            # rank waits in the run queue (other idle) and delays its peers at their next
+            # collective (they wait in communication).
+            steal = worker_preemption_ms(n, cores, over["worker_ms"], t)
+            c, t = c + steal / n, t + steal
             # A rank waits in communication for the rest of the step (for its peers
             # included); the metrics' one split of idle time into causes does the rest.
             causes = rank_causes(t, busy, t - c, np.full(n, input_wait + plan_stall))
@@ -264,6 +275,15 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                                          + (0.0 if emulated else upd * table_corun)),
             })
     return summarize_steps(run, rows, cluster), rows
+
+
+def worker_preemption_ms(n: int, cores: int | None, worker_ms: float, step_ms: float) -> float:
+    """How much n ranks' loader workers (worker_ms of CPU each per step) lengthen a step of
+    step_ms on a host of `cores` cores: the spare cores (cores - n) take what they can in
+    the step, the rest shares the cores with the ranks. None: ranks compute elsewhere."""
+    if not cores or worker_ms <= 0:
+        return 0.0
+    return max(0.0, n * worker_ms - max(0, cores - n) * step_ms) / cores
 
 
 def summarize_steps(run: RunConfig, rows: list[dict], cluster: Cluster) -> dict:

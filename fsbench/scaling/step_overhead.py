@@ -10,6 +10,7 @@ import numpy as np
 
 from fsbench.config import RunConfig, WorkloadConfig
 from fsbench.errors import ConfigError
+from fsbench.scaling.sim_costs import OVERHEAD_KEYS
 from fsbench.scaling.sim_inputs import CLUSTERS
 from fsbench.scaling.simulate import simulate_run
 
@@ -21,7 +22,8 @@ def measure_step_overhead(workload: WorkloadConfig, trainer: str, store: str | P
     validation run's batches) against the `local` simulation of the same run without
     overhead, per step (medians): the wall time beyond it, the part of that which was the
     rank's own thread CPU (so time-shares at N ranks; the rest, such as waiting for
-    input, does not), the part the metrics counted busy, and the input wait.
+    input, does not), the part the metrics counted busy, the input wait, and the loader
+    worker's CPU (its own process, on a spare core at 1 rank).
 
     It is a difference of two large numbers, and this machine's speed drifts between
     minutes (one 1-rank comm-heavy ddp run gave 47 ms, three more gave 0): `repeats`
@@ -61,7 +63,10 @@ def _one_step_overhead(workload: WorkloadConfig, trainer: str, store: str | Path
     busy_ms = (1 - measured["bubble_ratio"]) * measured["step_time_ms_mean"]
     busy = min(cpu, max(0.0, busy_ms - float(np.median([r["busy_mean_ms"] for r in sim]))))
     input_ms = min(wall - cpu, measured["input_stall_ratio"] * measured["step_time_ms_mean"])
-    return {"wall_ms": wall, "cpu_ms": cpu, "busy_ms": busy, "input_ms": input_ms}
+    # The loader worker's CPU: on this 1-rank run it had a core of its own, so none of
+    # the above; with as many ranks as cores it takes theirs (fsbench.scaling.simulate).
+    worker = measured.get("input_worker_cpu_ratio", 0.0) * measured["step_time_ms_mean"]
+    return {"wall_ms": wall, "cpu_ms": cpu, "busy_ms": busy, "input_ms": input_ms, "worker_ms": worker}
 
 
 def store_step_overheads(workload: WorkloadConfig, trainers: list[str], store: str | Path,
@@ -75,7 +80,9 @@ def store_step_overheads(workload: WorkloadConfig, trainers: list[str], store: s
     if fit is None:
         raise ConfigError(f"no cost fit for {workload.name} in {store}: run fsbench calibrate first")
     held = dict(fit.step_overhead or {})
-    missing = [(t, c) for t in trainers for c in ("model", "emulated") if f"{t}/{c}" not in held]
+    # An entry from before a part was measured (the loader worker's CPU) is measured again.
+    missing = [(t, c) for t in trainers for c in ("model", "emulated")
+               if not set(OVERHEAD_KEYS) <= set(held.get(f"{t}/{c}", {}))]
     for trainer, compute in progress(missing):
         held[f"{trainer}/{compute}"] = measure_step_overhead(workload, trainer, store, compute)
         # stored after each: a Ctrl-C keeps what was measured
