@@ -71,7 +71,7 @@ COLUMNS: tuple[Column, ...] = (
     # report tables (median=False): a report of speed alone stays as it was.
     Column("hr_at_10", "HR@10", lambda v: f"{v:.4f}", summary=True),
     Column("ndcg_at_10", "NDCG@10", lambda v: f"{v:.4f}", summary=True),
-    # The same with popularity-corrected scores (+ log q: fsbench.running.evaluate).
+    # The same with popularity-boosted scores (+ log q: fsbench.running.evaluate).
     Column("hr_at_10_logq", "HR@10 logq", lambda v: f"{v:.4f}", summary=True),
     Column("ndcg_at_10_logq", "NDCG@10 logq", lambda v: f"{v:.4f}", summary=True),
     Column("eval_users", "eval users", summary=True),

@@ -29,6 +29,9 @@ def _positive(name: str, value: int | float, minimum: int | float = 1) -> None:
 
 
 MODEL_FAMILIES = ("hstu", "sasrec")
+LOSSES = ("sampled", "full")
+DATA_ORDERS = ("recent", "epochs")
+EVAL_SPLITS = ("last", "valid_test")
 OPTIMIZERS = ("adam", "sgd", "adagrad")
 COMPUTE_MODES = ("model", "synthetic", "emulated")
 
@@ -43,9 +46,14 @@ class ModelConfig:
     """Encoder blocks."""
     num_heads: int = 2
     """Attention heads; must divide dim."""
+    loss: str = "sampled"
+    """`sampled`: softmax over the target and the batch's shared negatives (real data draws
+    them uniformly, so the logit learns log p(item | history) up to a constant); `full`:
+    softmax over every item (the negatives are all item ids; for small catalogues)."""
 
     def __post_init__(self) -> None:
         _one_of("model.family", self.family, MODEL_FAMILIES)
+        _one_of("model.loss", self.loss, LOSSES)
         _positive("model.dim", self.dim)
         _positive("model.num_layers", self.num_layers)
         _positive("model.num_heads", self.num_heads)
@@ -117,6 +125,11 @@ class WorkloadConfig:
     lr: float = 1e-3
     data: str = "synthetic"
     """Where histories come from: synthetic, sasrec:PATH, recbole:PATH or otto:PATH."""
+    data_order: str = "recent"
+    """Real data only. `recent`: each step a seeded draw of users, each sample a user's most
+    recent max_seq_len + 1 items; `epochs`: every training target once per epoch, in
+    windows of max_seq_len + 1 items from each history's end, shuffled per epoch
+    (fsbench quality)."""
     compute: str = "model"
     """What a sample's compute is: `model` (the reference model), `synthetic` (a CPU
     spin of known cost per token: the harness's ground truth) or `emulated` (the real
@@ -139,11 +152,22 @@ class WorkloadConfig:
         _one_of("optimizer", self.optimizer, OPTIMIZERS)
         _require(self.lr > 0, f"lr={self.lr} must be > 0")
         _one_of("compute", self.compute, COMPUTE_MODES)
+        _one_of("data_order", self.data_order, DATA_ORDERS)
         # Parse the distribution and data specs now, so a typo fails before any rank starts.
         # fsbench.specs is standard library only: no numpy, no torch, no fsbench.workloads.
         specs.parse_lengths(self.lengths)
         specs.parse_popularity(self.popularity)
-        specs.parse_data(self.data)
+        data = specs.parse_data(self.data)
+        _require(self.data_order == "recent" or data.kind != "synthetic",
+                 f"data_order={self.data_order!r} orders real histories: "
+                 "--set data=sasrec:PATH|recbole:PATH|otto:PATH")
+
+
+    @property
+    def negatives_per_step(self) -> int:
+        """The negatives each step's loss scores: `num_negatives`, or with model.loss=full
+        every item id (item_vocab - 1; a real data set sizes item_vocab to its items)."""
+        return self.item_vocab - 1 if self.model.loss == "full" else self.num_negatives
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -156,9 +180,14 @@ class EvalConfig:
     """Also evaluate after every `every` steps (0: only after the last step)."""
     target_hr10: float | None = None
     """Time to quality: training time until HR@10 first reaches this (None: not asked)."""
+    split: str = "last"
+    """`last`: each user's last item is held out and tested; `valid_test` (RecBole's
+    leave-one-out `valid_and_test`): the second-to-last item is held out too and scored as
+    validation, every evaluation scoring both."""
 
     def __post_init__(self) -> None:
         _positive("eval.every", self.every, 0)
+        _one_of("eval.split", self.split, EVAL_SPLITS)
         if self.target_hr10 is not None:
             _require(0 < self.target_hr10 <= 1,
                      f"eval.target_hr10={self.target_hr10!r} must be in (0, 1]")
@@ -208,6 +237,12 @@ class RunConfig:
             _require(self.workload.compute == "model",
                      f"--eval needs compute=model (compute={self.workload.compute!r} trains "
                      "no reference model to evaluate)")
+
+    @property
+    def held_out_items(self) -> int:
+        """Items held out of training at the end of each user's history: 0 without
+        evaluation, 1 (test), or 2 (validation and test)."""
+        return 0 if not self.eval.on else (2 if self.eval.split == "valid_test" else 1)
 
     @property
     def resolved_backend(self) -> str:

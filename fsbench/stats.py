@@ -229,3 +229,30 @@ def median_ratio_interval(base, new, seed: int = 0) -> tuple[float, float]:
              / np.median(base[rng.integers(0, len(base), (BOOTSTRAP, len(base)))], axis=1))
     lo, hi = np.quantile(draws, [0.025, 0.975])
     return float(lo), float(hi)
+
+
+def mean_interval(values, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of `values` (one per user, say),
+    resampling them; (nan, nan) for fewer than 2."""
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    draws = values[rng.integers(0, len(values), (BOOTSTRAP, len(values)))].mean(axis=1)
+    lo, hi = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def equivalence(differences, margin: float, seed: int = 0) -> tuple[str, tuple[float, float]]:
+    """Two one-sided tests at 5% as one 90% interval of the mean paired difference
+    (per user: new minus base): `equivalent` when it lies inside (-margin, margin),
+    `different` when it lies wholly outside, else `inconclusive` (too few users or too
+    noisy to tell), with the interval."""
+    lo, hi = mean_interval(differences, level=0.90, seed=seed)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "inconclusive", (lo, hi)
+    if -margin < lo and hi < margin:
+        return "equivalent", (lo, hi)
+    if hi <= -margin or lo >= margin:
+        return "different", (lo, hi)
+    return "inconclusive", (lo, hi)

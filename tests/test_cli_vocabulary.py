@@ -22,14 +22,15 @@ FORMATS = {"run": TEXT_JSON, "summarize": TEXT_JSON, "sweep": TEXT_JSON, "list":
            "gate": ("md", "json", "junit"), "bisect": ("md", "json"), "simulate": TEXT_JSON, "calibrate": TEXT_JSON,
            "validate": TEXT_JSON, "overhead": TEXT_JSON, "history": TEXT_JSON,
            "reference": TEXT_JSON, "micro sm-contention": TEXT_JSON, "micro planner": TEXT_JSON,
-           "trace": None}  # trace writes a file and prints where: no table to format
+           "quality": TEXT_JSON, "trace": None}  # trace writes a file and prints where: no table to format
 # Commands that read or write a store of runs (`--store`).
-STORES = {"run", "sweep", "calibrate", "validate", "report", "history", "simulate", "gate", "bisect"}
+STORES = {"run", "sweep", "calibrate", "validate", "report", "history", "simulate", "gate", "bisect",
+          "quality"}
 # Commands whose `--out` is an artifact (a folder or file that is not a store of runs).
-ARTIFACTS = {"report", "history", "trace", "compare", "micro sm-contention"}
+ARTIFACTS = {"report", "history", "trace", "compare", "micro sm-contention", "quality"}
 # Positional or required arguments, to parse a command line of each command.
 REQUIRED = {"summarize": ["RUN"], "trace": ["RUN"], "compare": ["A", "B"], "gate": ["--base", "HEAD"], "bisect": ["HEAD~1", "HEAD"],
-            "reference": ["check"]}
+            "reference": ["check"], "quality": ["--data", "recbole:X"]}
 # Old name -> (command, new flag's dest) for every flag renamed to the vocabulary.
 RENAMED = [("run", "--out", "store"), ("sweep", "--out", "store"), ("calibrate", "--out", "store"),
            ("validate", "--out", "store"), ("gate", "--out", "store"), ("report", "--runs", "store"),

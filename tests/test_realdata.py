@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fsbench.config import ConfigError, WorkloadConfig
+from fsbench.config import ConfigError, ModelConfig, WorkloadConfig
 from fsbench.workloads import (
     DataSpec,
     RealDataBatches,
@@ -143,14 +143,59 @@ def test_context_ids_are_a_fixed_nonzero_hash_of_the_user():
     np.testing.assert_array_equal(context_ids_for_users(users[::-1], (2, 3, 1000)), ctx[::-1])
 
 
-def test_negatives_follow_the_empirical_item_popularity(tmp_path):
+def test_sampled_negatives_are_uniform_and_full_takes_every_item(tmp_path):
+    """Popularity-drawn negatives without a correction teach the logit log p - log q
+    (rare items first); uniform ones teach log p up to a constant. On a file where item
+    1 is 9 times as popular as item 2, the negatives are drawn half and half."""
     path = tmp_path / "x.txt"
-    # item 1 has 90 interactions, item 2 has 10
     path.write_text("".join(f"{u} 1\n" for u in range(90)) + "".join(f"{u} 2\n" for u in range(10)))
-    w = workload(f"sasrec:{path}", user_vocab=101, num_negatives=20_000)
+    w = workload(f"sasrec:{path}", user_vocab=101, item_vocab=3, num_negatives=20_000)
     neg = make_batch_source(w, 0).global_batch(0).negative_ids
     assert set(neg.tolist()) == {1, 2}
-    assert float((neg == 1).double().mean()) == pytest.approx(0.9, abs=0.01)
+    assert float((neg == 1).double().mean()) == pytest.approx(0.5, abs=0.02)
+    full = workload(f"sasrec:{path}", user_vocab=101, item_vocab=3,
+                    model=ModelConfig(loss="full"))
+    assert make_batch_source(full, 0).global_batch(0).negative_ids.tolist() == [1, 2]
+    assert full.negatives_per_step == 2 and w.negatives_per_step == 20_000
+
+
+def test_epochs_train_every_target_once_per_epoch(tmp_path):
+    """data_order=epochs: over one epoch's steps every (input window, target) of the
+    training histories comes exactly once (bar the dropped partial batch), each target
+    with the items before it in its history as inputs, and the next epoch reshuffles."""
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 40, 30)
+    lines = [f"{u} {i}" for u, n in enumerate(lengths) for i in rng.integers(0, 25, n)]
+    path = tmp_path / "x.txt"
+    path.write_text("\n".join(lines) + "\n")
+    w = workload(f"sasrec:{path}", user_vocab=31, item_vocab=26, max_seq_len=7,
+                 global_batch_size=5, data_order="epochs")
+    source = make_batch_source(w, 0, held_out=2)
+    h = source.histories
+    assert h.lengths.tolist() == np.maximum(lengths - 2, 0).tolist()
+    spe = source.steps_per_epoch
+    windows = sum(-(-(n - 1) // 7) for n in h.lengths if n >= 2)
+    assert spe == windows // 5 >= 2
+    seen = []
+    for step in range(spe):
+        b = source.global_batch(step)
+        assert b.batch_size == 5 and int(b.lengths.max()) <= 7
+        for u, s, e in zip(b.user_ids.tolist(), b.offsets[:-1].tolist(), b.offsets[1:].tolist()):
+            hist = h.history(u).tolist()
+            inputs, targets = b.item_ids[s:e].tolist(), b.targets[s:e].tolist()
+            # a contiguous stretch of the history: inputs, and each input's next item
+            start = next(i for i in range(len(hist)) if hist[i:i + len(inputs)] == inputs
+                         and hist[i + 1:i + 1 + len(targets)] == targets)
+            seen += [(u, start + 1 + j) for j in range(len(targets))]
+    assert len(seen) == len(set(seen))  # no target twice in an epoch
+    dropped = windows - spe * 5
+    all_targets = {(u, p) for u in range(1, h.num_users + 1) for p in range(1, int(h.lengths[u - 1]))}
+    assert set(seen) <= all_targets and len(all_targets - set(seen)) <= dropped * 7
+    first = [source.global_batch(k).user_ids.tolist() for k in range(spe)]
+    second = [source.global_batch(spe + k).user_ids.tolist() for k in range(spe)]
+    assert first != second  # reshuffled
+    with pytest.raises(ConfigError, match="data_order='epochs' orders real histories"):
+        workload("synthetic", data_order="epochs")
 
 
 def test_too_small_vocab_tells_which_set_to_use(dataset):

@@ -1,7 +1,7 @@
 """`fsbench`: the entry point. It builds the parser from the command groups and runs one
 command: fsbench.cli.runs (run, summarize, sweep, validate, overhead, micro: what starts
 runs), .results (trace, report, list), .gates (compare, gate, history, reference),
-.scaling (simulate, calibrate).
+.scaling (simulate, calibrate), .quality (quality).
 
 Exit codes, the same for every command (docs/ci.md): 0 success (a gate: unchanged or
 improved); 1 a regression, or a failed rank (with the rank's error); 2 bad input (unknown
@@ -16,7 +16,7 @@ import argparse
 import shlex
 import sys
 
-from fsbench.cli import gates, results, runs, scaling
+from fsbench.cli import gates, quality, results, runs, scaling
 from fsbench.cli.args import DEFAULT_STORE, Parser
 from fsbench.config import ConfigError
 from fsbench.table import set_quiet
@@ -79,12 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     results.add_parsers(sub, _csv, DEFAULT_STORE)
     gates.add_parsers(sub, _csv, DEFAULT_STORE)
     scaling.add_parsers(sub, _csv, DEFAULT_STORE)
+    quality.add_parsers(sub, _csv)
 
     return parser
 
 
 COMMANDS = {**runs.COMMANDS, **results.COMMANDS, **scaling.COMMANDS,
-            **gates.COMMANDS}
+            **gates.COMMANDS, **quality.COMMANDS}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -144,6 +144,13 @@ def quality(record: dict | None, step_time_ms: dict[int, float]) -> dict:
                hr_at_10_logq=final.get("hr_at_10_logq"),
                ndcg_at_10_logq=final.get("ndcg_at_10_logq"),
                eval_users=record["eval_users"], target_hr10=target)
+    # The learning curve: every evaluation with the training time through its step (None
+    # where a step's timeline is missing), for `fsbench quality` and the report.
+    elapsed, through = {}, 0.0
+    for s in range(evals[-1]["step"] + 1):
+        through = through + step_time_ms[s] / 1e3 if s in step_time_ms and through is not None else None
+        elapsed[s] = through
+    out["quality_curve"] = [{**e, "train_s": elapsed[e["step"]]} for e in evals]
     reached = next((e for e in evals if target is not None and e["hr_at_10"] >= target), None)
     if reached is not None:
         steps = range(reached["step"] + 1)

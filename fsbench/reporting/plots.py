@@ -47,6 +47,8 @@ PLOTS = {
                     "Scaling efficiency, throughput(N) / (N x throughput(1)), against world size; "
                     "a line without a 1-rank run is drawn relative to its smallest world size N0, "
                     "throughput(N) / ((N / N0) x throughput(N0)), as its label says."),
+    "learning": Plot("learning_curves.png", "Quality against training time: HR@10 of every "
+                     "evaluation of each evaluated run (fsbench quality: the test item)."),
     "busy_idle": Plot("rank_busy_idle.png", "One step's busy and idle time per rank (the step with "
                       "the median step time)."),
     "timeline": Plot("step_timeline.png", "One step per trainer, rank by rank: compute, "
@@ -280,6 +282,36 @@ def _first_drawable(candidates: list[str], read: dict) -> tuple[str, pd.DataFram
     return None
 
 
+def learning_curves(runs: pd.DataFrame) -> dict[str, list[dict]]:
+    """Evaluated runs' learning curves (summary `quality_curve`), by a label naming the
+    trainer, world size and seed; runs without one (no --eval, older runs) are left out."""
+    import json
+
+    out = {}
+    if "hr_at_10" not in runs or "run_dir" not in runs:
+        return out
+    for _, row in runs[pd.to_numeric(runs["hr_at_10"], errors="coerce").notna()].iterrows():
+        try:
+            curve = json.loads((Path(row["run_dir"]) / "summary.json").read_text()).get("quality_curve")
+        except (OSError, ValueError):
+            continue
+        if curve:
+            out[f"{row['trainer']} n={row['world_size']} seed {row.get('seed', '?')}"] = curve
+    return out
+
+
+def plot_learning_curves(curves: dict[str, list[dict]]):
+    """Test HR@10 against training time (each run's summed step times), one line a run."""
+    fig, (ax,) = _figure()
+    for label, curve in sorted(curves.items()):
+        points = [(e["train_s"], e["hr_at_10"]) for e in curve if e.get("train_s") is not None]
+        if points:
+            ax.plot(*zip(*points), marker=".", label=label)
+    ax.set(xlabel="training time s (summed step times)", ylabel="HR@10")
+    _legend_below(fig, [ax])
+    return fig
+
+
 def render_plots(table: pd.DataFrame, runs: pd.DataFrame, baseline: str,
                  step_run: str | None = None) -> dict[str, bytes]:
     """Every plot of a report as PNG bytes, keyed by PLOTS' keys, in PLOTS' order.
@@ -295,6 +327,9 @@ def render_plots(table: pd.DataFrame, runs: pd.DataFrame, baseline: str,
         "throughput": png(_assumptions_on(plot_vs_world_size(table, "samples_per_s", "samples/s", 1), assumed)),
         "scaling": png(_assumptions_on(plot_scaling(table), assumed)),
     }
+    curves = learning_curves(runs)
+    if curves:
+        out["learning"] = png(plot_learning_curves(curves))
     read: dict[str, pd.DataFrame | None] = {}
     if step_run is not None:
         try:

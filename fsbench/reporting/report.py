@@ -34,6 +34,7 @@ KEYS = ["workload", "trainer", "world_size", "simulated"]
 # Medians over repeats of every numeric metric; wall-clock columns (T is in every one of
 # them, the straggler bubble included, via its denominator) are marked in flagged rows.
 MEDIANS = list(columns.MEDIANS)
+QUALITY = ("hr_at_10", "ndcg_at_10")
 WALL_CLOCK = columns.WALL_CLOCK
 PROGRESS_MIN_RUNS = 20  # below this, reading runs is instant and a bar is only noise
 # Row marks of LaTeX and the page; † and ‡ also mark wall-clock cells, as in markdown.
@@ -139,6 +140,14 @@ def report_table(runs: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
     cols = KEYS + ["repeats"] + MEDIANS + ["samples_per_s_spread", "scaling_efficiency",
                                            f"throughput_vs_{baseline}", *CI_COLUMNS, *columns.FLAGS,
                                            "contention_unknown", "assumptions"]
+    # Quality beside speed, only where runs were evaluated (a speed report stays as it was):
+    # medians over repeats of the final evaluation (fsbench quality's own table picks the
+    # best-validation epoch: STORE/quality/quality.md).
+    if "hr_at_10" in runs and runs["hr_at_10"].notna().any():
+        scores = runs.reindex(columns=list(QUALITY)).apply(pd.to_numeric, errors="coerce")
+        quality = runs[KEYS].join(scores).groupby(KEYS, sort=False).median()
+        table = table.join(quality, on=KEYS)
+        cols += list(QUALITY)
     return table[cols].reset_index(drop=True)
 
 

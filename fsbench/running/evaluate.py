@@ -4,8 +4,10 @@ With evaluation on (`fsbench run --eval`, real data only) the protocol is leave-
 as SASRec and RecBole evaluate sequential recommenders:
 
 - **Held out**: each user's last (most recent) interaction. Training batches are drawn from
-  the histories without it (`RealDataBatches(holdout_last=True)`), identical for every
-  trainer; it is never a training input, target or sampled negative.
+  the histories without it (`RealDataBatches(held_out=1)`), identical for every trainer;
+  it is never a training input or target. With `eval.split=valid_test` (RecBole's
+  `valid_and_test`, what `fsbench quality` uses) the second-to-last is held out too and
+  scored as validation, its inputs the items before it (`held_out=2`).
 - **Evaluated users**: every user with >= 2 interactions (at least one input before the
   held-out item). `eval_users` in the summary counts them.
 - **Input**: the user's most recent `max_seq_len` items before the held-out one, with the
@@ -28,16 +30,15 @@ as SASRec and RecBole evaluate sequential recommenders:
   1. A NaN target score (a diverged model) ranks last.
 - `HR@10 = mean(rank <= 10)`; `NDCG@10 = mean(1 / log2(rank + 1) if rank <= 10 else 0)`
   (one relevant item per user, so the ideal DCG is 1).
-- **Popularity-corrected variant**, reported beside (`hr_at_10_logq`, `ndcg_at_10_logq`):
-  the loss's negatives are drawn by training popularity q, and a sampled softmax without
-  correction learns about `log p(i | history) - log q(i)`, so by the dot product alone rare
-  items rank first (MovieLens-100K, `small`, 200 steps: the top-10 items' median training
-  count is 7, and 250 with the correction; HR@10 0.003, below random's 10/V = 0.006). The
-  variant adds `log q(i)` back to every score (the sampling-bias correction of Bengio and
-  Senecal 2008, Yi et al. 2019), estimating `log p(i | history)`; q counts each item in the
-  training histories plus one, so an item seen only as a held-out one stays rankable.
-  `hr_at_10` (the plain dot product, the loss's own logit) stays the primary figure, and
-  the one time to quality uses.
+- **Popularity-boosted variant**, reported beside (`hr_at_10_logq`, `ndcg_at_10_logq`):
+  every score plus `log q(i)`, q each item's training count plus one (an item seen only
+  as a held-out one stays rankable). The loss learns `log p(i | history)` up to a
+  constant (real data's negatives are uniform, or all items with `model.loss=full`:
+  fsbench.workloads.realdata), so `hr_at_10`, the model's own logit with nothing added,
+  is the primary figure and the one time to quality uses; the variant shows what a
+  popularity prior adds. (Before the loss was corrected, negatives were drawn by
+  popularity without correction, the logit learned `log p - log q`, and this variant
+  was the one that ranked sensibly.)
 
 Every trainer exposes its trained weights as one `fsbench.models.RecModel` on rank 0
 (`trained_model()`: replicas copied, sharded tables gathered), and rank 0 scores it with
@@ -74,8 +75,11 @@ EVAL_FILE = "eval.json"
 turns it into the summary's quality keys)."""
 RANKS_FILE = "eval-ranks.npy"
 """The final evaluation's rank of each evaluated user's held-out item (int32, (2, U): the
-plain then the popularity-corrected score; users in id order): paired comparisons of two
+plain then the popularity-boosted score; users in id order): paired comparisons of two
 runs' quality, user by user."""
+RANKS_DIR = "eval-ranks"
+"""eval.split=valid_test: every evaluation's test ranks (RANKS_FILE's layout), as
+`step-K.npy`: the evaluation early stopping selects, compared user by user."""
 
 
 def hit_ndcg(ranks: np.ndarray, k: int = K) -> tuple[float, float]:
@@ -135,7 +139,7 @@ class EvalResult:
     ndcg_at_10_logq: float
     eval_users: int
     ranks: np.ndarray       # (U,) per evaluated user, in EvalSet order
-    ranks_logq: np.ndarray  # (U,) the same, popularity-corrected scores
+    ranks_logq: np.ndarray  # (U,) the same, popularity-boosted scores (+ log q)
 
 
 @torch.no_grad()
@@ -192,13 +196,21 @@ def check_trainer(run: RunConfig, trainer_cls: type) -> None:
 
 class Evaluator:
     """A run's evaluations, driven by the rank's loop between steps. Every rank takes part
-    (gathering a sharded model is a collective); rank 0 scores and writes `eval.json`."""
+    (gathering a sharded model is a collective); rank 0 scores and writes `eval.json`.
+    With `eval.split=valid_test` each evaluation also scores the validation item (each
+    user's second-to-last: `valid_hr_at_10`, `valid_ndcg_at_10`) and keeps its test
+    ranks (`eval-ranks/step-K.npy`), so a reader can pick the evaluation the validation
+    score selects (early stopping) and compare runs user by user there."""
 
     def __init__(self, run: RunConfig, ctx, run_dir: Path) -> None:
         self.run, self.ctx, self.run_dir = run, ctx, Path(run_dir)
         self.every, self.steps = run.eval.every, run.workload.steps
-        self.data = (eval_set(load_histories(run.workload.data), run.workload.max_seq_len)
-                     if ctx.is_main else None)
+        self.data = self.valid = None
+        if ctx.is_main:
+            histories = load_histories(run.workload.data)
+            self.data = eval_set(histories, run.workload.max_seq_len)
+            if run.eval.split == "valid_test":
+                self.valid = eval_set(histories.without_last(), run.workload.max_seq_len)
         self.records: list[dict] = []
 
     def after_step(self, step: int, trainer) -> None:
@@ -217,18 +229,28 @@ class Evaluator:
         model = trainer.trained_model()  # collective; the model on rank 0, None elsewhere
         if not self.ctx.is_main:
             return
-        result = evaluate(model.to(self.ctx.device), self.data, self.run.workload.context_vocabs)
-        self.records.append({"step": step, "hr_at_10": result.hr_at_10,
-                             "ndcg_at_10": result.ndcg_at_10,
-                             "hr_at_10_logq": result.hr_at_10_logq,
-                             "ndcg_at_10_logq": result.ndcg_at_10_logq,
-                             "eval_s": time.perf_counter() - t0})
+        model = model.to(self.ctx.device)
+        result = evaluate(model, self.data, self.run.workload.context_vocabs)
+        record = {"step": step, "hr_at_10": result.hr_at_10, "ndcg_at_10": result.ndcg_at_10,
+                  "hr_at_10_logq": result.hr_at_10_logq,
+                  "ndcg_at_10_logq": result.ndcg_at_10_logq}
+        ranks = np.stack([result.ranks, result.ranks_logq]).astype(np.int32)
+        if self.valid is not None:
+            valid = evaluate(model, self.valid, self.run.workload.context_vocabs)
+            record.update(valid_hr_at_10=valid.hr_at_10, valid_ndcg_at_10=valid.ndcg_at_10)
+            (self.run_dir / RANKS_DIR).mkdir(exist_ok=True)
+            _save_atomic(self.run_dir / RANKS_DIR / f"step-{step}.npy", ranks)
+        self.records.append({**record, "eval_s": time.perf_counter() - t0})
         if step == self.steps - 1:
-            tmp = self.run_dir / f".{RANKS_FILE}.tmp"
-            with open(tmp, "wb") as f:
-                np.save(f, np.stack([result.ranks, result.ranks_logq]).astype(np.int32))
-            os.replace(tmp, self.run_dir / RANKS_FILE)
+            _save_atomic(self.run_dir / RANKS_FILE, ranks)
         write_json_atomic(self.run_dir / EVAL_FILE, {
             "k": K, "eval_users": result.eval_users, "num_items": self.data.num_items,
             "every": self.every, "target_hr10": self.run.eval.target_hr10,
-            "seen_items": "kept", "evaluations": self.records})
+            "split": self.run.eval.split, "seen_items": "kept", "evaluations": self.records})
+
+
+def _save_atomic(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, array)
+    os.replace(tmp, path)

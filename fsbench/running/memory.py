@@ -164,8 +164,8 @@ def estimate(run: RunConfig, table_memory: TableMemory | None = None,
     layers, heads = w.model.num_layers, w.model.num_heads
     activations = FLOAT * (tokens * dim * PER_TOKEN_LAYER * layers
                            + squares * heads * PER_SCORE * layers
-                           + tokens * w.num_negatives * 3     # logits, softmax, gradient
-                           + (3 * tokens + w.num_negatives) * dim * 2)  # lookups and grads
+                           + tokens * w.negatives_per_step * 3     # logits, softmax, gradient
+                           + (3 * tokens + w.negatives_per_step) * dim * 2)  # lookups and grads
     training = {"tables": held, "table_grads": held * tm.grads,
                 "optimizer": (held * tm.states + dense) * states
                 + (held * tm.optimizer_transient if states else 0.0),

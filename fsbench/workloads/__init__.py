@@ -64,19 +64,19 @@ def __dir__() -> list[str]:
 
 
 def make_batch_source(workload: WorkloadConfig, seed: int,
-                      holdout_last: bool = False) -> SyntheticBatches | RealDataBatches:
+                      held_out: int = 0) -> SyntheticBatches | RealDataBatches:
     """The batch source `workload.data` names; both have `global_batch(step)`.
-    `holdout_last` (real data only, a run with evaluation on): train without each
-    user's last item, which `fsbench.running.evaluate` tests on."""
+    `held_out` (real data only, a run with evaluation on): train without each user's
+    last `held_out` items, which `fsbench.running.evaluate` validates and tests on."""
     from fsbench.workloads.generator import SyntheticBatches
     from fsbench.workloads.realdata import RealDataBatches, load_histories
 
     spec = parse_data(workload.data)
     if spec.kind == "synthetic":
-        if holdout_last:
-            raise ValueError("holdout_last needs real data (data=sasrec|recbole|otto:PATH)")
+        if held_out:
+            raise ValueError("held-out items need real data (data=sasrec|recbole|otto:PATH)")
         return SyntheticBatches(workload, seed)
-    return RealDataBatches(workload, seed, load_histories(spec), holdout_last=holdout_last)
+    return RealDataBatches(workload, seed, load_histories(spec), held_out=held_out)
 
 
 __all__ = [

@@ -63,7 +63,9 @@ class SyntheticBatches:
         context = np.empty((w.global_batch_size, len(w.context_vocabs)), dtype=np.int64)
         for c, vocab in enumerate(w.context_vocabs):
             context[:, c] = uniform_ids(rng, w.global_batch_size, vocab)
-        negatives = self.popularity.sample(rng, w.num_negatives, w.item_vocab)
+        # model.loss=full: every item is a negative (the softmax over all items).
+        negatives = (np.arange(1, w.item_vocab, dtype=np.int64) if w.model.loss == "full"
+                     else self.popularity.sample(rng, w.num_negatives, w.item_vocab))
         return JaggedBatch(
             item_ids=torch.from_numpy(item_ids),
             targets=torch.from_numpy(targets),

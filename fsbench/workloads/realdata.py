@@ -11,8 +11,9 @@ chronological item list, ids remapped to 1..V):
                   "ts": t, "type": ...}, ...]}; every event type counts as an interaction
 
 Batches stay a pure function of (seed, step), like the synthetic ones, so every rank can
-build the global batch itself. With `holdout_last` (a run's `--eval`) they are drawn from the
-histories without each user's last item, which `fsbench.running.evaluate` holds out to test on.
+build the global batch itself. With `held_out` items (a run's `--eval`) they are drawn from
+the histories without each user's last item or two, which `fsbench.running.evaluate` holds
+out to validate and test on.
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ from fsbench.workloads.batch import JaggedBatch
 from fsbench.workloads.generator import step_rng
 
 __all__ = ["DATA_KINDS", "DataSpec", "Histories", "RealDataBatches", "context_ids_for_users",
-           "histories_from_events", "load_histories", "parse_data_spec", "recent_windows"]
+           "epoch_windows", "histories_from_events", "load_histories", "pack_windows",
+           "parse_data_spec", "recent_windows"]
 
 
 def parse_data_spec(spec: str) -> DataSpec:
@@ -58,14 +60,17 @@ class Histories:
     def history(self, user_id: int) -> np.ndarray:
         return self.items[self.offsets[user_id - 1]:self.offsets[user_id]]
 
-    def without_last(self) -> "Histories":
-        """The same users and item ids with each user's last (most recent) item removed:
-        what a model trains on when that item is held out for evaluation. The item count
-        stays that of the full data (a held-out item is still a candidate)."""
-        keep = np.ones(len(self.items), dtype=bool)
-        keep[self.offsets[1:] - 1] = False  # every user has >= 1 item: these are distinct
-        return Histories(items=self.items[keep],
-                         offsets=self.offsets - np.arange(len(self.offsets), dtype=np.int64),
+    def without_last(self, k: int = 1) -> "Histories":
+        """The same users and item ids with each user's last (most recent) k items
+        removed (all of a shorter history's): what a model trains on when they are held
+        out for evaluation. The item count stays that of the full data (a held-out item is
+        still a candidate)."""
+        lengths = self.lengths
+        kept = lengths - np.minimum(lengths, k)
+        pos = (np.repeat(self.offsets[:-1] - np.cumsum(kept) + kept, kept)
+               + np.arange(int(kept.sum())))
+        return Histories(items=self.items[pos],
+                         offsets=np.concatenate([[0], np.cumsum(kept)]).astype(np.int64),
                          num_items=self.num_items)
 
 
@@ -191,22 +196,50 @@ def recent_windows(h: Histories, users: np.ndarray,
     """(item_ids, targets, lengths) of each user's most recent `max_seq_len + 1` items,
     packed: inputs and their next items, shifted by one. Every user needs >= 2 items."""
     ends = h.offsets[users]
-    starts = np.maximum(h.offsets[users - 1], ends - (max_seq_len + 1))
+    return pack_windows(h.items, np.maximum(h.offsets[users - 1], ends - (max_seq_len + 1)), ends)
+
+
+def pack_windows(items: np.ndarray, starts: np.ndarray,
+                 ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(item_ids, targets, lengths) of the windows items[starts:ends] (each >= 2 items),
+    packed: every item but the last an input, its next item its target."""
     lengths = ends - starts - 1
-    # positions of each window's inputs in h.items; its targets sit one further on
+    # positions of each window's inputs in items; its targets sit one further on
     pos = (np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
            + np.arange(int(lengths.sum())))
-    return h.items[pos], h.items[pos + 1], lengths.astype(np.int64)
+    return items[pos], items[pos + 1], lengths.astype(np.int64)
+
+
+def epoch_windows(h: Histories, max_seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(users, starts, ends) of windows that hold every target of every history exactly
+    once: from each history's end backwards, max_seq_len targets a window, each window's
+    first item the previous window's last target (its input, as in the history)."""
+    lengths = h.lengths
+    per_user = np.where(lengths >= 2, -(-(lengths - 1) // max_seq_len), 0)
+    users = np.repeat(np.arange(1, h.num_users + 1), per_user)
+    j = np.arange(int(per_user.sum())) - np.repeat(np.cumsum(per_user) - per_user, per_user)
+    ends = h.offsets[users] - j * max_seq_len
+    starts = np.maximum(h.offsets[users - 1], ends - (max_seq_len + 1))
+    return users, starts, ends
 
 
 class RealDataBatches:
-    """Global batches of real users: each sample is one user's most recent
-    `max_seq_len + 1` items, inputs and targets shifted by one. With `holdout_last`, of
-    the histories without each user's last item (`Histories.without_last`): the item
-    held out for evaluation is then never a training input, target or negative."""
+    """Global batches of real users' windows, inputs and targets shifted by one, drawn
+    from the histories without each user's last `held_out` items (held out for
+    evaluation: never a training input or target).
+
+    `workload.data_order`: `recent` draws users per step (seeded), each sample a user's
+    most recent `max_seq_len + 1` items; `epochs` covers every training target once per
+    epoch (`epoch_windows`, shuffled per epoch, the last partial batch of an epoch
+    dropped so every step has the same global batch size: `steps_per_epoch`).
+
+    Negatives (`model.loss`): `sampled` draws `num_negatives` item ids uniformly from
+    1..V, so the sampled softmax's logit learns log p(item | history) up to a constant
+    (popularity-drawn negatives would teach log p - log q); `full` takes every item id as
+    a negative: the softmax over all items."""
 
     def __init__(self, workload: WorkloadConfig, seed: int, histories: Histories,
-                 holdout_last: bool = False) -> None:
+                 held_out: int = 0) -> None:
         for what, have, key, vocab in (("items", histories.num_items, "item_vocab",
                                         workload.item_vocab),
                                        ("users", histories.num_users, "user_vocab",
@@ -217,29 +250,46 @@ class RealDataBatches:
                                   f"use --set {key}={have + 1}")
         self.workload = workload
         self.seed = seed
-        self.holdout_last = holdout_last
-        if holdout_last:
-            histories = histories.without_last()
+        self.held_out = held_out
+        histories = histories.without_last(held_out) if held_out else histories
         self.histories = histories  # what is trained on
         self.eligible = np.flatnonzero(histories.lengths >= 2) + 1  # user ids
         if len(self.eligible) == 0:
-            held = " besides the held-out last one (--eval)" if holdout_last else ""
+            held = f" besides the {held_out} held out for evaluation" if held_out else ""
             raise ConfigError(f"data={workload.data!r}: no user has the 2 interactions{held} "
                               "a sample needs (one input, one target)")
-        counts = np.bincount(histories.items, minlength=histories.num_items + 1)
-        self.negative_cdf = np.cumsum(counts) / counts.sum()  # counts[0] = 0: no padding
+        self.windows = (epoch_windows(histories, workload.max_seq_len)
+                        if workload.data_order == "epochs" else None)
+        if self.windows is not None and self.steps_per_epoch == 0:
+            raise ConfigError(f"data_order=epochs: {len(self.windows[0])} training windows hold "
+                              f"no global batch of {workload.global_batch_size}; lower "
+                              "global_batch_size")
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """data_order=epochs: full global batches per pass over the training targets."""
+        return len(self.windows[0]) // self.workload.global_batch_size if self.windows else 0
 
     def global_batch(self, step: int) -> JaggedBatch:
         w, h = self.workload, self.histories
         rng = step_rng(self.seed, step)
-        # Distinct users when there are enough of them; small datasets repeat users.
-        users = rng.choice(self.eligible, w.global_batch_size,
-                           replace=w.global_batch_size > len(self.eligible))
-        item_ids, targets, lengths = recent_windows(h, users, w.max_seq_len)
-        negatives = np.searchsorted(self.negative_cdf, rng.random(w.num_negatives),
-                                    side="right")
-        # Hazard: float rounding can leave the cdf's last entry a hair below 1.0.
-        negatives = np.minimum(negatives, h.num_items).astype(np.int64)
+        if self.windows is None:
+            # Distinct users when there are enough of them; small datasets repeat users.
+            users = rng.choice(self.eligible, w.global_batch_size,
+                               replace=w.global_batch_size > len(self.eligible))
+            item_ids, targets, lengths = recent_windows(h, users, w.max_seq_len)
+        else:
+            # Each epoch its own shuffle (a stream apart from the steps' own draws).
+            epoch, k = divmod(step, self.steps_per_epoch)
+            order = np.random.default_rng(np.random.SeedSequence([self.seed, epoch, 0x3E9]))
+            pick = order.permutation(len(self.windows[0]))[k * w.global_batch_size:
+                                                           (k + 1) * w.global_batch_size]
+            users, starts, ends = (a[pick] for a in self.windows)
+            item_ids, targets, lengths = pack_windows(h.items, starts, ends)
+        if w.model.loss == "full":
+            negatives = np.arange(1, h.num_items + 1, dtype=np.int64)
+        else:
+            negatives = rng.integers(1, h.num_items + 1, w.num_negatives, dtype=np.int64)
         return JaggedBatch(
             item_ids=torch.from_numpy(item_ids),
             targets=torch.from_numpy(targets),

@@ -106,6 +106,57 @@ class InjectedDDP(DDPTrainer):
         return stats
 
 
+class StaleEmbeddingDDP(DDPTrainer):
+    """A broken trainer (`fsbench quality` must flag it): the semi-synchronous shortcut.
+    Each step's forward and backward read the embedding tables as they were one update
+    ago; the gradients are applied to the current tables. Its losses and gradients are
+    those of another function, so its training follows another trajectory."""
+
+    def setup(self, ctx, run, source) -> None:
+        super().setup(ctx, run, source)
+        self._tables = list(self.model.module.sparse.parameters())
+        self._previous = None  # the tables before the last update
+        self.optimizer = _RestoreThenStep(self.optimizer, self)
+
+    def step(self, inputs) -> StepStats:
+        self._current = [t.detach().clone() for t in self._tables]
+        if self._previous is not None:
+            with torch.no_grad():
+                for table, stale in zip(self._tables, self._previous):
+                    table.copy_(stale)
+        return super().step(inputs)
+
+
+class _RestoreThenStep:
+    """StaleEmbeddingDDP's optimizer: put the current tables back, then update them."""
+
+    def __init__(self, optimizer, trainer: StaleEmbeddingDDP) -> None:
+        self.optimizer, self.trainer = optimizer, trainer
+
+    def step(self) -> None:
+        t = self.trainer
+        with torch.no_grad():
+            for table, current in zip(t._tables, t._current):
+                table.copy_(current)
+        t._previous = t._current
+        self.optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+
+class DroppedRankDDP(DDPTrainer):
+    """A broken trainer (`fsbench quality` must flag it): the last rank's gradients never
+    reach the all-reduce (zeroed as they are computed), so every update misses its share
+    of the global batch. Its reported losses are the true ones."""
+
+    def setup(self, ctx, run, source) -> None:
+        super().setup(ctx, run, source)
+        if ctx.rank == ctx.world_size - 1:
+            for p in self.model.parameters():
+                p.register_hook(torch.zeros_like)
+
+
 def wrap_with_model_dump(trainer_cls):
     """A subclass of a real trainer that also saves the model its `trained_model()` hands
     to the evaluation (rank 0) to $FSBENCH_TEST_DUMP/trained-model.pt: the last call,

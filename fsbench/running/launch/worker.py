@@ -48,7 +48,7 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
                         emulated=emulated)
     set_current(timeline)
     # --eval: every trainer trains without each user's last item (fsbench.running.evaluate).
-    source = MeteredSource(make_batch_source(run.workload, run.seed, holdout_last=run.eval.on),
+    source = MeteredSource(make_batch_source(run.workload, run.seed, held_out=run.held_out_items),
                            run.workload.synthetic.input_delay_ms)
     cls = resolve_trainer_class(run.trainer)
     trainer = cls()

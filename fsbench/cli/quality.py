@@ -1,0 +1,137 @@
+"""`fsbench quality`: train each trainer on real data to convergence and hold its model
+against DDP's (fsbench.running.quality); fsbench.cli dispatches here through `COMMANDS`.
+
+Exit codes: 0 every trainer equivalent to the baseline; 1 one is NOT equivalent (it
+trains another function, or a worse model); 3 one is inconclusive (and why)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Callable
+
+from fsbench.cli.args import add_format, add_store
+from fsbench.cli.run_config import parse_sets
+from fsbench.config import ConfigError
+from fsbench.table import dumps, note, progress
+
+DEFAULT_STORE = "runs/quality"
+
+
+def add_parsers(sub, _csv: Callable) -> None:
+    p = sub.add_parser(
+        "quality", help="train to convergence on real data; quality per trainer vs DDP's",
+        description="Train every trainer on real interaction data, epoch by epoch (every "
+                    "training target once per epoch), with RecBole's leave-one-out protocol: "
+                    "each user's second-to-last item validates (picks the epoch), the last "
+                    "tests; all items ranked, seen items kept. Prints HR@10 and NDCG@10 per "
+                    "trainer (mean over seeds, 95%% interval over users), steps and time to a "
+                    "target HR@10, and whether each trainer is equivalent to the baseline: the "
+                    "same losses over the first epoch (the same function) and a test HR@10 "
+                    "within the margin (paired over users). Exit 0 all equivalent, 1 one is "
+                    "not, 3 inconclusive.")
+    p.add_argument("--data", required=True, metavar="KIND:PATH",
+                   help="interaction data: recbole:PATH (a RecBole .inter file), sasrec:PATH "
+                        "or otto:PATH")
+    p.add_argument("--trainers", type=_csv(str), default=["ddp", "freescale"],
+                   help="comma-separated trainers; the first is the baseline the others are "
+                        "held against")
+    p.add_argument("--world-sizes", type=_csv(int), default=[2], help="comma-separated world sizes")
+    p.add_argument("--model", default="sasrec", choices=["sasrec", "hstu"], help="encoder family")
+    p.add_argument("--epochs", type=int, default=20,
+                   help="epochs to train; the reported test score is the best-validation epoch's")
+    p.add_argument("--seeds", type=_csv(int), default=[0, 1],
+                   help="comma-separated seeds (weights and batch order); each is a run per "
+                        "trainer and world size")
+    p.add_argument("--workload", default="small",
+                   help="preset the protocol starts from (optimizer, context tables)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a workload field (after the protocol: max_seq_len=50, "
+                        "model.dim=64, 2 layers, 2 heads, 128 windows a step, model.loss=full "
+                        "up to 50,000 items) or a trainer switch (<trainer>.<key>=value)")
+    p.add_argument("--target-fraction", type=float, default=0.9,
+                   help="time to quality: the target HR@10 is this fraction of the best "
+                        "trainer's")
+    p.add_argument("--margin", type=float, default=0.1,
+                   help="equivalence margin on test HR@10, relative to the baseline's")
+    add_store(p, "the store the runs go to (a stopped quality run resumes from it)",
+              default=DEFAULT_STORE)
+    p.add_argument("--out", metavar="DIR",
+                   help="write quality.md and learning_curves.png here (default: STORE/quality)")
+    p.add_argument("--no-plots", action="store_true", help="no learning-curve PNG")
+    add_format(p)
+
+
+def cmd_quality(args: argparse.Namespace) -> int:
+    from fsbench.running.quality import analyze, quality_runs, quality_workload, read_run, run_all
+    from fsbench.training.trainer import resolve_trainer_class, trainer_options
+    from fsbench.running.evaluate import check_trainer
+
+    if not 0 < args.target_fraction <= 1:
+        raise ConfigError(f"--target-fraction={args.target_fraction} must be in (0, 1]")
+    if args.margin <= 0:
+        raise ConfigError(f"--margin={args.margin} must be > 0")
+    if not args.seeds or not args.world_sizes or not args.trainers:
+        raise ConfigError("--trainers, --world-sizes and --seeds each need at least one value")
+    sets, trainer_sets = parse_sets(args.set)
+    workload, per_epoch = quality_workload(args.workload, args.data, args.model, args.epochs, sets)
+    options = {t: trainer_options(t, trainer_sets.get(t, {})) for t in args.trainers}
+    runs = quality_runs(workload, per_epoch, args.trainers, args.world_sizes, args.seeds, options)
+    for run in runs[:len(args.trainers) * len(args.world_sizes)]:  # every check before any rank
+        check_trainer(run, resolve_trainer_class(run.trainer))
+    note(f"{workload.name}: {per_epoch} steps an epoch x {args.epochs} epochs, "
+         f"{len(runs)} runs (model.loss={workload.model.loss})")
+    done = run_all(runs, args.store, lambda todo: progress(todo, "quality runs", "run"))
+    result = analyze([read_run(*d) for d in done], per_epoch, baseline=args.trainers[0],
+                     target_fraction=args.target_fraction, margin=args.margin)
+    result.update(workload=workload.name, epochs=args.epochs, seeds=args.seeds, store=args.store,
+                  data=args.data, model=args.model, loss=workload.model.loss)
+    out = Path(args.out or Path(args.store) / "quality")
+    out.mkdir(parents=True, exist_ok=True)
+    text = markdown(result)
+    (out / "quality.md").write_text(text + "\n")
+    if not args.no_plots:
+        (out / "learning_curves.png").write_bytes(learning_curves([read_run(*d) for d in done]))
+    print(dumps(result) if args.format == "json" else text)
+    note(f"runs in {args.store}/, report in {out}/")
+    verdicts = [r["equivalent"] for r in result["rows"] if r["equivalent"] != "(baseline)"]
+    if any(v.startswith("NOT") for v in verdicts):
+        return 1
+    return 3 if any(v.startswith("inconclusive") for v in verdicts) else 0
+
+
+def markdown(result: dict) -> str:
+    def ci(pair) -> str:
+        return f"[{pair[0]:.4f}, {pair[1]:.4f}]"
+
+    def opt(v, fmt: str) -> str:
+        return "not reached" if v is None else format(v, fmt)
+
+    lines = [
+        f"Quality on {result['data']} ({result['model']}, model.loss={result['loss']}, "
+        f"{result['epochs']} epochs of {result['steps_per_epoch']} steps, seeds "
+        f"{','.join(map(str, result['seeds']))}); test scores at each run's best-validation "
+        f"epoch; target HR@10 {result['target_hr10']:.4f} ({result['target_fraction']:.0%} of "
+        f"the best trainer's).", "",
+        "| trainer | ranks | HR@10 | 95% interval | NDCG@10 | 95% interval | epoch picked "
+        "| steps to target | train s to target | loss vs baseline (max rel.) | equivalent to "
+        f"{result['baseline']} |",
+        "|---|--:|--:|---|--:|---|---|--:|--:|--:|---|",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['trainer']} | {r['world_size']} | {r['hr_at_10']:.4f} | {ci(r['hr_at_10_ci'])} "
+            f"| {r['ndcg_at_10']:.4f} | {ci(r['ndcg_at_10_ci'])} | "
+            f"{','.join(map(str, r['epochs_selected']))} | {opt(r['steps_to_target'], '.0f')} | "
+            f"{opt(r['time_to_target_s'], '.1f')} | {r['loss_max_rel_diff']:.1e} | {r['equivalent']} |")
+    return "\n".join(lines)
+
+
+def learning_curves(results) -> bytes:
+    """The report's learning-curve plot (fsbench.reporting.plots) of these runs."""
+    from fsbench.reporting.plots import plot_learning_curves, png
+
+    return png(plot_learning_curves({f"{r.trainer} n={r.world_size} seed {r.seed}": r.curve
+                                     for r in results}))
+
+
+COMMANDS = {"quality": cmd_quality}

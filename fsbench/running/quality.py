@@ -1,0 +1,214 @@
+"""`fsbench quality`: a trainer that is fast because it is wrong shows here. Each trainer
+trains on real data to convergence, and its model is held against DDP's.
+
+Protocol (RecBole's sequential leave-one-out, `LS: valid_and_test`, full ranking):
+- each user's last item is the test item and the second-to-last the validation item;
+  training sees neither (`eval.split=valid_test`, fsbench.running.evaluate);
+- an epoch trains every training target once (`data_order=epochs`,
+  fsbench.workloads.realdata); after each epoch the model is scored on validation and on
+  test, every item ranked, seen items not masked;
+- a run's score is its test score at the epoch of its best validation NDCG@10 (early
+  stopping's choice, as RecBole reports it);
+- seeds repeat the whole run (initial weights and batch order).
+
+Per trainer and world size: HR@10 and NDCG@10 (mean over seeds, 95% bootstrap interval
+over users), the steps and training time to a target HR@10 (default: 90% of the best
+trainer's), and whether the trainer is equivalent to DDP, by two checks:
+- trajectory: every trainer computes the same function on the same global batch, so its
+  per-step losses over the first epoch are DDP's up to float rounding (`LOSS_RTOL`). A
+  trainer that trains on stale embeddings or drops a rank's gradients leaves them.
+- quality: per user, the test hit (NDCG) minus DDP's, averaged over seeds; equivalent when
+  the 90% interval of the mean lies within +-margin x DDP's HR@10 (two one-sided tests,
+  fsbench.stats.equivalence), different when wholly outside it.
+`equivalent` needs both; either finding a difference makes it `NOT equivalent`; anything
+else is `inconclusive`, with the reason.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from fsbench.config import ConfigError, EvalConfig, RunConfig, WorkloadConfig, override_all
+
+# RecBole's SASRec as the reference compares it (results/quality_ml100k_cpu.md): 50 items of
+# history, width 64, 2 layers, 2 heads. 128 windows of up to 50 targets a step.
+PROTOCOL = (("max_seq_len", "50"), ("model.dim", "64"), ("model.num_layers", "2"),
+            ("model.num_heads", "2"), ("global_batch_size", "128"))
+FULL_LOSS_MAX_ITEMS = 50_000
+"""Catalogues up to this size train the softmax over every item (RecBole's CE); larger
+ones the sampled softmax."""
+LOSS_RTOL = 1e-3
+"""Largest relative difference from DDP's loss at any step of the first epoch that float
+rounding explains (docs/quality.md: what the real trainers show, and the broken ones)."""
+SELECT_BY = "valid_ndcg_at_10"
+"""The validation score that picks a run's epoch."""
+
+
+def quality_workload(preset: str, data: str, family: str, epochs: int,
+                     sets: list[tuple[str, str]]) -> tuple[WorkloadConfig, int]:
+    """The workload `fsbench quality` trains (PROTOCOL on `preset`, sized to the data set,
+    `sets` applied last) and its steps per epoch."""
+    from fsbench.workloads.presets import get_workload
+    from fsbench.workloads.realdata import RealDataBatches, load_histories
+
+    if epochs < 1:
+        raise ConfigError(f"--epochs={epochs} must be >= 1")
+    histories = load_histories(data)
+    loss = "full" if histories.num_items <= FULL_LOSS_MAX_ITEMS else "sampled"
+    pairs = [("data", data), ("data_order", "epochs"), ("model.family", family),
+             ("model.loss", loss), ("item_vocab", str(histories.num_items + 1)),
+             ("user_vocab", str(histories.num_users + 1)), *PROTOCOL, *sets]
+    w = override_all(get_workload(preset), pairs)
+    steps_per_epoch = RealDataBatches(w, 0, histories, held_out=2).steps_per_epoch
+    steps = epochs * steps_per_epoch
+    name = f"{preset}+quality:{Path(data.partition(':')[2]).name},{family}" + "".join(
+        f",{k}={v}" for k, v in sets)
+    return dataclasses.replace(w, name=name, steps=steps, warmup=min(2, steps - 1)), steps_per_epoch
+
+
+def quality_runs(workload: WorkloadConfig, steps_per_epoch: int, trainers: list[str],
+                 world_sizes: list[int], seeds: list[int],
+                 options: dict[str, dict[str, str]]) -> list[RunConfig]:
+    """Every (seed, world size, trainer) run, seeds outermost (drift hits all alike)."""
+    evaluation = EvalConfig(on=True, every=steps_per_epoch, split="valid_test")
+    return [RunConfig(workload=workload, trainer=t, world_size=n, seed=s,
+                      trainer_options=options.get(t, {}), eval=evaluation)
+            for s in seeds for n in world_sizes for t in trainers]
+
+
+def run_all(runs: list[RunConfig], store: str | Path,
+            progress: Callable[[Iterable], Iterable] = lambda it: it) -> list[tuple[RunConfig, Path, dict]]:
+    """Run what the store does not hold complete yet (a stopped `fsbench quality` resumes)."""
+    import json
+
+    from fsbench.config import to_dict
+    from fsbench.running.runner import finished_runs, run_once
+
+    done = finished_runs(store)
+    out, todo = [], []
+    for run in runs:
+        key = (json.dumps(to_dict(run), sort_keys=True), 0)
+        if key in done:
+            out.append((run, *done[key]))
+        else:
+            todo.append(run)
+    for run in progress(todo):
+        out.append((run, *run_once(run, store, repeat=0)))
+    return out
+
+
+@dataclasses.dataclass
+class RunQuality:
+    """One run's outcome: its curve, the epoch validation picks and its test ranks there."""
+    trainer: str
+    world_size: int
+    seed: int
+    curve: list[dict]          # per evaluation: step, train_s, test and validation scores
+    selected: dict             # the evaluation with the best validation score
+    ranks: np.ndarray          # (U,) test rank of each user's item at `selected`
+    losses: list[float]        # per step, the global loss
+    run_dir: Path
+
+
+def read_run(run: RunConfig, run_dir: Path, summary: dict) -> RunQuality:
+    from fsbench.running.evaluate import RANKS_DIR
+
+    curve = summary.get("quality_curve") or []
+    if not curve or SELECT_BY not in curve[0]:
+        raise ConfigError(f"{run_dir}: no validation scores (a run of fsbench quality stores "
+                          "them; rerun it with --rerun)")
+    best = max(curve, key=lambda e: (e[SELECT_BY], -e["step"]))  # ties: the earliest
+    ranks = np.load(Path(run_dir) / RANKS_DIR / f"step-{best['step']}.npy")[0]
+    return RunQuality(run.trainer, run.world_size, run.seed, curve, best, ranks,
+                      list(summary.get("losses") or []), Path(run_dir))
+
+
+def _hits(ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return (ranks <= 10).astype(float), np.where(ranks <= 10, 1.0 / np.log2(ranks + 1.0), 0.0)
+
+
+def first_reaching(curve: list[dict], target: float) -> dict | None:
+    return next((e for e in curve if e["hr_at_10"] >= target), None)
+
+
+def trajectory(run: RunQuality, base: RunQuality, steps: int) -> tuple[str, float]:
+    """(`same` | `departs at step K`, largest relative loss difference) over `steps`."""
+    n = min(steps, len(run.losses), len(base.losses))
+    if n == 0:
+        return "no losses", math.nan
+    a, b = np.asarray(run.losses[:n]), np.asarray(base.losses[:n])
+    rel = np.abs(a - b) / np.maximum(np.abs(b), 1e-12)
+    worst = float(rel.max())
+    off = np.flatnonzero(~(rel <= LOSS_RTOL))
+    return ("same" if len(off) == 0 else f"departs at step {int(off[0])}"), worst
+
+
+def analyze(results: list[RunQuality], steps_per_epoch: int, baseline: str = "ddp",
+            target_fraction: float = 0.9, margin: float = 0.1) -> dict:
+    """The quality table (one row per trainer and world size) and its target."""
+    from fsbench.stats import equivalence, mean_interval
+
+    groups: dict[tuple[str, int], list[RunQuality]] = {}
+    for r in results:
+        groups.setdefault((r.trainer, r.world_size), []).append(r)
+    mean_hr = {k: float(np.mean([_hits(r.ranks)[0].mean() for r in rs])) for k, rs in groups.items()}
+    target = target_fraction * max(mean_hr.values())
+    rows = []
+    for (trainer, n), runs in groups.items():
+        runs = sorted(runs, key=lambda r: r.seed)
+        hit, gain = (np.mean(a, axis=0) for a in zip(*(_hits(r.ranks) for r in runs)))
+        reached = [first_reaching(r.curve, target) for r in runs]
+        row = {"trainer": trainer, "world_size": n, "seeds": len(runs),
+               "hr_at_10": float(hit.mean()), "hr_at_10_ci": mean_interval(hit),
+               "ndcg_at_10": float(gain.mean()), "ndcg_at_10_ci": mean_interval(gain),
+               "epochs_selected": [r.selected["step"] // steps_per_epoch + 1 for r in runs],
+               "steps_to_target": _median([e["step"] + 1 if e else None for e in reached]),
+               "time_to_target_s": _median([e["train_s"] if e else None for e in reached]),
+               "reached_target": sum(e is not None for e in reached),
+               "train_s": _median([r.curve[-1]["train_s"] for r in runs])}
+        row.update(_against(runs, groups.get((baseline, n), []), trainer == baseline,
+                            steps_per_epoch, margin, equivalence))
+        rows.append(row)
+    rows.sort(key=lambda r: (r["world_size"], r["trainer"] != baseline, r["trainer"]))
+    return {"rows": rows, "target_hr10": target, "target_fraction": target_fraction,
+            "margin": margin, "baseline": baseline, "loss_rtol": LOSS_RTOL,
+            "steps_per_epoch": steps_per_epoch}
+
+
+def _against(runs: list[RunQuality], base: list[RunQuality], is_base: bool, steps_per_epoch: int,
+             margin: float, equivalence) -> dict:
+    """The equivalence columns of one trainer's row against the baseline's runs."""
+    if is_base:
+        return {"trajectory": "(baseline)", "loss_max_rel_diff": 0.0, "quality_vs_baseline": "(baseline)",
+                "hr_diff_ci": (0.0, 0.0), "equivalent": "(baseline)"}
+    paired = [(r, b) for r in runs for b in base if b.seed == r.seed]
+    if not paired:
+        return {"trajectory": "no baseline run", "loss_max_rel_diff": math.nan,
+                "quality_vs_baseline": "no baseline run", "hr_diff_ci": (math.nan, math.nan),
+                "equivalent": "inconclusive: no baseline run with the same seed"}
+    paths = [trajectory(r, b, steps_per_epoch) for r, b in paired]
+    departed = [p for p, _ in paths if p != "same"]
+    worst = max(w for _, w in paths)
+    diff = np.mean([_hits(r.ranks)[0] - _hits(b.ranks)[0] for r, b in paired], axis=0)
+    base_hr = float(np.mean([_hits(b.ranks)[0].mean() for _, b in paired]))
+    said, ci = equivalence(diff, margin * base_hr)
+    if departed or said == "different":
+        why = [f"trajectory {departed[0]} (loss off by {worst:.1e} relative)"] if departed else []
+        why += [f"test HR@10 differs beyond {margin:.0%} of the baseline's"] if said == "different" else []
+        verdict = "NOT equivalent: " + "; ".join(why)
+    elif said == "equivalent":
+        verdict = "equivalent"
+    else:
+        verdict = (f"inconclusive: same trajectory, but the HR@10 difference's 90% interval "
+                   f"[{ci[0]:+.4f}, {ci[1]:+.4f}] is not within +-{margin * base_hr:.4f}; more seeds narrow it")
+    return {"trajectory": departed[0] if departed else "same", "loss_max_rel_diff": worst,
+            "quality_vs_baseline": said, "hr_diff_ci": ci, "equivalent": verdict}
+
+
+def _median(values: list) -> float | None:
+    known = [v for v in values if v is not None]
+    return float(np.median(known)) if len(known) == len(values) and known else None
