@@ -46,7 +46,7 @@ def analytical_cost(workload: WorkloadConfig) -> CostModel:
                          "synthetic compute (exact per-token cost)")
     proj = 5 if m.family == "hstu" else 12
     fwd_a = m.num_layers * 2 * m.dim                       # 2 matmuls x (L^2/2) x D x 2
-    fwd_b = m.num_layers * 2 * proj * m.dim ** 2 + 2 * (1 + workload.num_negatives) * m.dim
+    fwd_b = m.num_layers * 2 * proj * m.dim ** 2 + 2 * (1 + workload.negatives_per_step) * m.dim
     return CostModel(3 * fwd_a, 3 * fwd_b, 0.0, "flop",
                      f"analytical FLOPs ({m.family}, dim {m.dim}, {m.num_layers} layers)")
 
