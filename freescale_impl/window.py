@@ -14,7 +14,11 @@ import numpy as np
 
 from freescale_impl.partition import Plan, _check, _descending, _from_owner, karmarkar_karp
 
-__all__ = ["WindowStep", "lookahead_window"]
+__all__ = ["MIN_GAIN", "WindowStep", "lookahead_window"]
+
+MIN_GAIN = 0.005
+"""A window re-packs only when its per-batch plans' summed step maxima exceed the
+group's total load / N (which no packing beats) by more than this fraction."""
 
 # ---------------------------------------------------------------------------
 # Look-ahead window: whales.
@@ -108,13 +112,18 @@ def lookahead_window(costs_per_batch, num_ranks: int, window: int,
         cuts = np.cumsum([0] + [c.size for c in group])
         plain = [WindowStep(start, _Pairs(cuts, j), partitioner(c, num_ranks))
                  for j, c in enumerate(group)]
-        if len(group) == 1:
+        plain_total = sum(s.plan.max_load for s in plain)
+        # No re-packing takes a step's max below its mean load, so none takes the group's
+        # summed max below its total / N: plans already within MIN_GAIN of that leave
+        # less to win than the pooled plan costs to compute (at 32,768 samples onto 256
+        # ranks, more than the four plans themselves), and are kept.
+        floor = sum(float(c.sum()) for c in group) / num_ranks
+        if len(group) == 1 or plain_total <= floor * (1 + MIN_GAIN):
             steps.extend(plain)
             continue
         packed = _pack_window(group, cuts, num_ranks, partitioner, start)
         # Never worse than no window: keep the data order unless re-packing saves time,
         # more than float rounding (a different summation order can shave an ulp).
-        plain_total = sum(s.plan.max_load for s in plain)
         if sum(s.plan.max_load for s in packed) < plain_total * (1 - 1e-9):
             steps.extend(packed)
         else:

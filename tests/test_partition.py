@@ -358,6 +358,25 @@ def test_window_beats_per_batch_plans_on_whales():
     assert windowed < 0.75 * per_batch
 
 
+def test_window_keeps_per_batch_plans_that_leave_nothing_to_win(monkeypatch):
+    """Per-batch plans within MIN_GAIN of total / N (no packing goes below it) are kept
+    without planning the pool; plans further from it are still re-packed when that wins."""
+    import freescale_impl.window as window_mod
+
+    rng = np.random.default_rng(6)
+    even = [rng.lognormal(1.0, 0.3, 512) for _ in range(4)]  # no whales: near the floor
+    plans = [karmarkar_karp(c, 8) for c in even]
+    floor = sum(c.sum() for c in even) / 8
+    assert sum(p.max_load for p in plans) <= floor * (1 + window_mod.MIN_GAIN)
+    pooled = []
+    real = window_mod._pack_window
+    monkeypatch.setattr(window_mod, "_pack_window", lambda *a, **k: pooled.append(1) or real(*a, **k))
+    steps = lookahead_window(even, 8, 4)
+    assert not pooled and all(s.plan.method == "kk" for s in steps)
+    lookahead_window(whale_batches(rng, 4, 128), 16, 4)
+    assert pooled  # whales: the pool is planned
+
+
 def test_window_of_one_is_the_per_batch_plan():
     rng = np.random.default_rng(5)
     batches = whale_batches(rng, 3, 64)
