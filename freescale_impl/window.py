@@ -116,7 +116,8 @@ def lookahead_window(costs_per_batch, num_ranks: int, window: int,
         # No re-packing takes a step's max below its mean load, so none takes the group's
         # summed max below its total / N: plans already within MIN_GAIN of that leave
         # less to win than the pooled plan costs to compute (at 32,768 samples onto 256
-        # ranks, more than the four plans themselves), and are kept.
+        # ranks, more than the four plans themselves), and less than the cost model's own
+        # error per rank (several %: a run's cost_prediction_error), so they are kept.
         floor = sum(float(c.sum()) for c in group) / num_ranks
         if len(group) == 1 or plain_total <= floor * (1 + MIN_GAIN):
             steps.extend(plain)

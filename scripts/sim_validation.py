@@ -29,7 +29,7 @@ import torch
 from fsbench.running.calibrate import calibrate, fit_path, load_fit, measure_corun_slowdown
 from fsbench.running.store import write_json_atomic
 from fsbench.scaling.commcal import calibrate_comm, load_comm_fits
-from fsbench.config import RunConfig
+from fsbench.config import RunConfig, override_all
 from fsbench.running.runner import run_once
 from fsbench.scaling.sim_inputs import CLUSTERS
 from fsbench.scaling.simulate import simulate_run
@@ -40,6 +40,21 @@ from fsbench.workloads.presets import get_workload
 HERE = Path(__file__).resolve().parent.parent
 CAUSES = ("straggler_bubble_ratio", "exposed_comm_ratio", "input_stall_ratio", "other_idle_ratio")
 POINTS = ((1, "model"), (2, "model"), (4, "emulated"), (8, "emulated"), (16, "emulated"))
+# The development points: the presets as they are, at every point (the model was revised
+# against them and against scripts/sim_hist_check.py's bimodal lengths).
+DEVELOPMENT = tuple((preset, (), POINTS) for preset in ("small", "comm-heavy"))
+# Held back: never looked at while the model was written or revised. Each is a preset
+# changed where calibration does not look (lengths, batch size) or a model calibration
+# has to measure anew (sasrec); calibration runs on the preset (with the variant's model
+# changes only), as a user calibrates once and then projects variants.
+HELD_BACK = (
+    ("small", (("lengths", "yelp"),), ((1, "model"), (2, "model"), (8, "emulated"))),
+    ("small", (("lengths", "movielens-1m"), ("global_batch_size", "64")),
+     ((2, "model"), (4, "emulated"))),
+    ("comm-heavy", (("lengths", "otto-sessions"),), ((2, "model"), (16, "emulated"))),
+    ("small", (("model.family", "sasrec"),), ((2, "model"), (8, "emulated"))),
+    ("small", (("lengths", "movielens-20m"), ("global_batch_size", "256")), ((4, "emulated"),)),
+)
 
 
 def stored_summary(store: Path, workload: str, trainer: str, n: int, steps: int) -> dict | None:
@@ -63,7 +78,8 @@ def stored_summary(store: Path, workload: str, trainer: str, n: int, steps: int)
 
 def fit_line(preset: str, fit) -> str:
     over = "; ".join(f"{key} {o['wall_ms']:.1f} ms ({o['cpu_ms']:.1f} CPU, {o['busy_ms']:.1f} busy, "
-                     f"{o['input_ms']:.1f} input)" for key, o in sorted((fit.step_overhead or {}).items()))
+                     f"{o['input_ms']:.1f} input, {o.get('worker_ms', 0.0):.1f} loader worker)"
+                     for key, o in sorted((fit.step_overhead or {}).items()))
     return (f"{preset}: {fit.table_ns_per_element:.2f} ns sharded, {fit.replicated_ns_per_element:.2f} ns "
             f"replicated, batch {fit.batch_ms:.2f} ms + {fit.bucket_ms:.2f} ms per bucket, "
             f"co-run {fit.corun_slowdown:.2f}x (tables {fit.table_corun_slowdown or 0:.2f}x), "
@@ -101,13 +117,18 @@ def main() -> None:
     ap.add_argument("--store", default="runs/sim_validation")
     ap.add_argument("--presets", default="small,comm-heavy")
     ap.add_argument("--trainers", default="ddp,freescale")
-    ap.add_argument("--table", default="results/sim_validation_cpu.md")
+    ap.add_argument("--table", help="default: results/sim_validation_cpu.md, or with --held-back "
+                                     "results/sim_validation_heldback_cpu.md")
+    ap.add_argument("--held-back", action="store_true",
+                    help="the held-back points (HELD_BACK), into results/sim_validation_heldback_cpu.md")
     ap.add_argument("--reuse", action="store_true",
                     help="take measured points already in the store (re-simulate only)")
     ap.add_argument("--summarize", metavar="TABLE",
                     help="only print the cause summary of a validation file written before "
                          "(e.g. an older commit's: git show SHA:results/sim_validation_cpu.md)")
     args = ap.parse_args()
+    args.table = args.table or ("results/sim_validation_heldback_cpu.md" if args.held_back
+                                else "results/sim_validation_cpu.md")
     if args.summarize:
         print("\n".join(cause_summary(read_table(args.summarize))))
         return
@@ -117,8 +138,12 @@ def main() -> None:
     if load_comm_fits(store) is None:
         calibrate_comm(store, [2, 4, 8, 16])
     rows = []
-    for preset in args.presets.split(","):
-        base = dataclasses.replace(get_workload(preset), steps=args.steps, warmup=4)
+    points = HELD_BACK if args.held_back else tuple(
+        p for p in DEVELOPMENT if p[0] in args.presets.split(","))
+    for preset, sets, where in points:
+        # Calibrated on the preset with the variant's model changes only.
+        base = override_all(get_workload(preset), [kv for kv in sets if kv[0].startswith("model.")])
+        base = dataclasses.replace(base, steps=args.steps, warmup=4)
         fit = load_fit(store, base, "cpu")
         if fit is None:
             calibrate(base, store)
@@ -133,10 +158,12 @@ def main() -> None:
         # Each trainer's per-step overhead in each compute mode, from 1-rank runs at the
         # calibration seed.
         store_step_overheads(base, args.trainers.split(","), store)
-        for n, compute in POINTS:
-            w = dataclasses.replace(base, compute=compute)
+        label = preset + "".join(f"+{k}={v}" for k, v in sets)
+        variant = dataclasses.replace(override_all(base, list(sets)), name=label)
+        for n, compute in where:
+            w = dataclasses.replace(variant, compute=compute)
             if compute != "model":  # an emulated workload is a different workload
-                w = dataclasses.replace(w, name=f"{preset}+compute=emulated")
+                w = dataclasses.replace(w, name=f"{label}+compute=emulated")
             for trainer in args.trainers.split(","):
                 run = RunConfig(workload=w, trainer=trainer, world_size=n,
                                 trainer_options=trainer_options(trainer, {}))
@@ -145,7 +172,7 @@ def main() -> None:
                     _, measured = run_once(run, store)
                 # The simulator models the run as it ran: an emulated encoder waits (no core).
                 sim, _ = simulate_run(run, CLUSTERS["local"], store)
-                row = {"preset": preset, "trainer": trainer, "ranks": n, "against": compute,
+                row = {"preset": label, "trainer": trainer, "ranks": n, "against": compute,
                        "contended": measured["contended"],
                        "step_ms measured": measured["step_time_ms_median"],
                        "step_ms simulated": sim["step_time_ms_median"],
@@ -159,6 +186,9 @@ def main() -> None:
                 rows.append(row)
                 print(pd.DataFrame([row]).to_string(index=False))
     df = pd.DataFrame(rows)
+    bases = {preset + "".join(f"+{k}={v}" for k, v in sets if k.startswith("model.")):
+             override_all(get_workload(preset), [kv for kv in sets if kv[0].startswith("model.")])
+             for preset, sets, _ in points}
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                          cwd=HERE).stdout.strip()
     within = df["step error %"].abs() <= 15
@@ -169,17 +199,28 @@ def main() -> None:
         "Simulator: `--cluster local` (encoder cost and the optimizer's cost per table element "
         "from `fsbench calibrate`, collectives from `fsbench calibrate --comm` at 2, 4, 8, 16 "
         "ranks). 1-2 ranks: real model; 4-16 ranks: `compute=emulated`. Command: "
-        "`python scripts/sim_validation.py`.\n",
+        f"`python scripts/sim_validation.py{' --held-back' if args.held_back else ''}`.\n",
         "Per preset, from the fit: the optimizer step per updated table element (sharded), a "
         "replica's table work per element at the real table sizes, a batch's fixed and "
         "per-bucket encoder cost, the slowdown when both cores run the encoder (the table work) "
         "at once (applied to 2+ ranks; beyond 2 ranks CPU work also time-shares, ranks / 2), and "
         "each trainer's per-step overhead per compute mode (median of three 1-rank runs at the "
-        "calibration seed: wall, of it the rank's CPU, busy, input wait): "
-        + ", ".join(fit_line(p, load_fit(store, get_workload(p), "cpu")) for p in args.presets.split(","))
+        "calibration seed: wall, of it the rank's CPU, busy, input wait, the loader worker's CPU): "
+        + ", ".join(fit_line(label, load_fit(store, w, "cpu")) for label, w in bases.items())
         + ".\n",
+        ("**Held-back points**: none of them was looked at while the simulator was written or "
+         "revised; calibration ran on the presets (with a variant's model change), never on a "
+         "variant's lengths or batch size. The development points, which the model was revised "
+         "against, are in `results/sim_validation_cpu.md` (with the bimodal lengths of "
+         "`results/sim_hist_check_cpu.md`).\n" if args.held_back else
+         "**Development points**: the simulator was revised against these (and the bimodal "
+         "lengths of `results/sim_hist_check_cpu.md`). Points it was never tuned on: "
+         "`results/sim_validation_heldback_cpu.md` (`--held-back`).\n"),
         f"- Step time within 15%: **{int(within.sum())} of {len(df)}** points; median absolute "
         f"error {df['step error %'].abs().median():.1f}%, worst {df['step error %'].abs().max():.1f}%.",
+        "- Per trainer, median absolute step error (worst): " + ", ".join(
+            f"{t} {g['step error %'].abs().median():.1f}% ({g['step error %'].abs().max():.1f}%)"
+            for t, g in df.groupby("trainer")) + ".",
         "- Causes: `meas`/`sim` in % of capacity; relative errors only where the measured cause "
         "is >= 2% (below that a ratio of small numbers says nothing).",
         *cause_summary(df), "",
