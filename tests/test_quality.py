@@ -44,6 +44,15 @@ def test_trajectory_tells_rounding_from_another_function():
     assert trajectory(late, base, SPE)[0] == "same"
     nan = run("x", [1, 2, 3], losses=[5.0, float("nan"), 3.5, 3.2, 3.0])
     assert trajectory(nan, base, SPE)[0] == "departs at step 1"
+    # a look-ahead window trains other batches at each step by design: not compared
+    windowed = run("x", [1, 2, 3], losses=[5.0, 4.2, 3.7, 3.3, 3.1])
+    windowed.step_alignment = 4
+    assert trajectory(windowed, base, SPE)[0] == "not comparable (re-packs samples across 4 steps)"
+    users = np.random.default_rng(2).integers(1, 40, 4000)
+    windowed.ranks = users
+    rows = {r["trainer"]: r for r in analyze([run("ddp", users), windowed], SPE)["rows"]}
+    assert rows["x"]["equivalent"] == "equivalent in quality; trajectory not comparable " \
+                                      "(re-packs samples across 4 steps)"
 
 
 def test_analyze_flags_a_trainer_that_departs_or_scores_worse():

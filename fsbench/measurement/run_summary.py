@@ -81,6 +81,8 @@ def summarize(files: RunFiles) -> dict:
     if files.inputs:  # 0 on every rank: no trainer generated data in its training process
         summary["batches_generated_in_rank"] = max(i["batches_generated_in_rank"] for _, i in files.inputs)
         summary["input_workers"] = files.inputs[0][1]["input_workers"]
+        # Steps a trainer re-packs samples across (FreeScale's window; absent: runs before it)
+        summary["step_alignment"] = files.inputs[0][1].get("step_alignment", 1)
     return summary
 
 

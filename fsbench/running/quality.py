@@ -112,6 +112,7 @@ class RunQuality:
     ranks: np.ndarray          # (U,) test rank of each user's item at `selected`
     losses: list[float]        # per step, the global loss
     run_dir: Path
+    step_alignment: int = 1    # > 1: the trainer re-packs samples across that many steps
 
 
 def read_run(run: RunConfig, run_dir: Path, summary: dict) -> RunQuality:
@@ -124,7 +125,8 @@ def read_run(run: RunConfig, run_dir: Path, summary: dict) -> RunQuality:
     best = max(curve, key=lambda e: (e[SELECT_BY], -e["step"]))  # ties: the earliest
     ranks = np.load(Path(run_dir) / RANKS_DIR / f"step-{best['step']}.npy")[0]
     return RunQuality(run.trainer, run.world_size, run.seed, curve, best, ranks,
-                      list(summary.get("losses") or []), Path(run_dir))
+                      list(summary.get("losses") or []), Path(run_dir),
+                      int(summary.get("step_alignment") or 1))
 
 
 def _hits(ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -136,7 +138,11 @@ def first_reaching(curve: list[dict], target: float) -> dict | None:
 
 
 def trajectory(run: RunQuality, base: RunQuality, steps: int) -> tuple[str, float]:
-    """(`same` | `departs at step K`, largest relative loss difference) over `steps`."""
+    """(`same` | `departs at step K`, largest relative loss difference) over `steps`.
+    A trainer that re-packs samples across steps (a look-ahead window) trains other
+    batches at each step by design: its trajectory is not comparable, and says so."""
+    if run.step_alignment > 1:
+        return f"not comparable (re-packs samples across {run.step_alignment} steps)", math.nan
     n = min(steps, len(run.losses), len(base.losses))
     if n == 0:
         return "no losses", math.nan
@@ -191,8 +197,9 @@ def _against(runs: list[RunQuality], base: list[RunQuality], is_base: bool, step
                 "quality_vs_baseline": "no baseline run", "hr_diff_ci": (math.nan, math.nan),
                 "equivalent": "inconclusive: no baseline run with the same seed"}
     paths = [trajectory(r, b, steps_per_epoch) for r, b in paired]
-    departed = [p for p, _ in paths if p != "same"]
-    worst = max(w for _, w in paths)
+    departed = [p for p, _ in paths if p.startswith("departs")]
+    unlike = next((p for p, _ in paths if p.startswith("not comparable")), None)
+    worst = max((w for _, w in paths), default=math.nan)
     diff = np.mean([_hits(r.ranks)[0] - _hits(b.ranks)[0] for r, b in paired], axis=0)
     base_hr = float(np.mean([_hits(b.ranks)[0].mean() for _, b in paired]))
     said, ci = equivalence(diff, margin * base_hr)
@@ -201,11 +208,12 @@ def _against(runs: list[RunQuality], base: list[RunQuality], is_base: bool, step
         why += [f"test HR@10 differs beyond {margin:.0%} of the baseline's"] if said == "different" else []
         verdict = "NOT equivalent: " + "; ".join(why)
     elif said == "equivalent":
-        verdict = "equivalent"
+        verdict = "equivalent" if unlike is None else f"equivalent in quality; trajectory {unlike}"
     else:
-        verdict = (f"inconclusive: same trajectory, but the HR@10 difference's 90% interval "
+        verdict = (f"inconclusive: {'trajectory ' + unlike if unlike else 'same trajectory'}, but "
+                   f"the HR@10 difference's 90% interval "
                    f"[{ci[0]:+.4f}, {ci[1]:+.4f}] is not within +-{margin * base_hr:.4f}; more seeds narrow it")
-    return {"trajectory": departed[0] if departed else "same", "loss_max_rel_diff": worst,
+    return {"trajectory": departed[0] if departed else (unlike or "same"), "loss_max_rel_diff": worst,
             "quality_vs_baseline": said, "hr_diff_ci": ci, "equivalent": verdict}
 
 

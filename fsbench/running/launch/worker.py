@@ -126,7 +126,7 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
                            "threads_runq_ns": wait, "helper_cpu_ns": helper_cpu,
                            "window_ns": end_ns - start_ns})
         write_json_atomic(run_dir / f"input-rank-{ctx.rank}.json",
-                          {"input_workers": run.input_workers,
+                          {"input_workers": run.input_workers, "step_alignment": align,
                            "batches_generated_in_rank": source.generated,
                            "worker_cpu_ns": inputs.worker_cpu_ns})
         write_json_atomic(run_dir / f"memory-rank-{ctx.rank}.json", peak_memory(ctx.device))
