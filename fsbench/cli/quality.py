@@ -24,7 +24,7 @@ def add_parsers(sub, _csv: Callable) -> None:
                     "training target once per epoch), with RecBole's leave-one-out protocol: "
                     "each user's second-to-last item validates (picks the epoch), the last "
                     "tests; all items ranked, seen items kept. Prints HR@10 and NDCG@10 per "
-                    "trainer (mean over seeds, 95%% interval over users), steps and time to a "
+                    "trainer (mean over seeds, 95% interval over users), steps and time to a "
                     "target HR@10, and whether each trainer is equivalent to the baseline: the "
                     "same losses over the first epoch (the same function) and a test HR@10 "
                     "within the margin (paired over users). Exit 0 all equivalent, 1 one is "
@@ -46,7 +46,7 @@ def add_parsers(sub, _csv: Callable) -> None:
                    help="preset the protocol starts from (optimizer, context tables)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a workload field (after the protocol: max_seq_len=50, "
-                        "model.dim=64, 2 layers, 2 heads, 128 windows a step, model.loss=full "
+                        "model.dim=64, 2 layers, 2 heads, 32 windows a step, model.loss=full "
                         "up to 50,000 items) or a trainer switch (<trainer>.<key>=value)")
     p.add_argument("--target-fraction", type=float, default=0.9,
                    help="time to quality: the target HR@10 is this fraction of the best "
