@@ -88,7 +88,7 @@ def test_calibrate_measures_the_optimizer_step_per_table_element():
 def test_corun_slowdown_is_measured_in_real_processes_and_applies_from_two_ranks():
     from types import SimpleNamespace
 
-    from fsbench.running.calibrate import measure_corun_slowdown
+    from fsbench.running.corun import measure_corun_slowdown
 
     factor, processes = measure_corun_slowdown(get_workload("tiny"), processes=2, repeats=3)
     # Two processes computing at once on this host: not faster than one alone (the noise

@@ -319,51 +319,6 @@ def measure_replicated_ns_per_element(workload: WorkloadConfig, device: str = "c
     return statistics.median(times) * 1e9 / elements
 
 
-def _time_encoder(workload: WorkloadConfig, length: int, repeats: int, start=None) -> float:
-    """Median encoder forward+backward seconds of one fixed batch, on one thread; `start`
-    (a barrier) lines up co-running processes before timing."""
-    torch.set_num_threads(1)
-    model, batch, _ = fixed_length_batch(workload, length)
-    return time_encoder_ms(model, batch, repeats, warmup=2, start=start) / 1e3
-
-
-def _time_table_work(workload: WorkloadConfig, length: int, repeats: int, start=None) -> float:
-    """A replica's table work per element (ns), on one thread (`length` unused)."""
-    torch.set_num_threads(1)
-    return measure_replicated_ns_per_element(workload, repeats=repeats, start=start)
-
-
-CORUN_WORK = {"encoder": _time_encoder, "tables": _time_table_work}
-
-
-def _corun_child(work, workload, length, repeats, start, results, index) -> None:
-    results[index] = CORUN_WORK[work](workload, length, repeats, start)
-
-
-def measure_corun_slowdown(workload: WorkloadConfig, processes: int | None = None,
-                           length: int = 64, repeats: int = 10, work: str = "encoder") -> tuple[float, int]:
-    """(median co-run time / solo time, processes): `work` (the encoder's fixed batch, or
-    a replica's table work: CORUN_WORK) timed alone, then in `processes` (default: this
-    host's cores) processes at once."""
-    import multiprocessing as mp
-
-    processes = processes or os.cpu_count() or 1
-    solo = CORUN_WORK[work](workload, length, repeats)
-    if processes < 2:
-        return 1.0, 1
-    ctx = mp.get_context("spawn")  # fresh interpreters: no forked torch thread pools
-    start, results = ctx.Barrier(processes), ctx.Array("d", processes)
-    procs = [ctx.Process(target=_corun_child, args=(work, workload, length, repeats, start, results, i))
-             for i in range(processes)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    if any(p.exitcode for p in procs):
-        raise RuntimeError("co-run calibration: a process failed")
-    return float(statistics.median(results[:]) / solo), processes
-
-
 def calibrate(workload: WorkloadConfig, out_dir: str | Path, device: str = "cpu",
               lengths: list[int] | None = None, repeats: int = 5, progress=lambda it: it) -> CostFit:
     """Measure, fit, store; returns the fit."""
@@ -379,6 +334,8 @@ def calibrate(workload: WorkloadConfig, out_dir: str | Path, device: str = "cpu"
     batch_ms, bucket_ms = measure_batch_terms(workload, fit.cost_ms, device)
     fit = dataclasses.replace(fit, batch_ms=batch_ms, bucket_ms=bucket_ms)
     if device == "cpu":
+        from fsbench.running.corun import measure_corun_slowdown
+
         slowdown, processes = measure_corun_slowdown(workload)
         tables, _ = measure_corun_slowdown(workload, processes, repeats=3, work="tables")
         fit = dataclasses.replace(fit, corun_slowdown=slowdown, corun_processes=processes,

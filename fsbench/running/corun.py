@@ -1,0 +1,72 @@
+"""The co-run slowdown: how much slower a rank's CPU work runs when every core of the host
+runs it at once (shared caches, memory bandwidth, hyperthread siblings), measured in real
+processes for `fsbench calibrate` (fsbench.running.calibrate stores it in the fit; the
+simulator applies it from 2 ranks on)."""
+from __future__ import annotations
+
+import os
+import statistics
+
+import torch
+
+from fsbench.config import WorkloadConfig
+from fsbench.running.calibrate import (fixed_length_batch, measure_replicated_ns_per_element,
+                                       time_encoder_ms)
+
+
+def _time_encoder(workload: WorkloadConfig, length: int, repeats: int, start=None) -> float:
+    """Median encoder forward+backward seconds of one fixed batch, on one thread; `start`
+    (a barrier) lines up co-running processes before timing."""
+    torch.set_num_threads(1)
+    model, batch, _ = fixed_length_batch(workload, length)
+    return time_encoder_ms(model, batch, repeats, warmup=2, start=start) / 1e3
+
+
+def _time_table_work(workload: WorkloadConfig, length: int, repeats: int, start=None) -> float:
+    """A replica's table work per element (ns), on one thread (`length` unused)."""
+    torch.set_num_threads(1)
+    return measure_replicated_ns_per_element(workload, repeats=repeats, start=start)
+
+
+CORUN_WORK = {"encoder": _time_encoder, "tables": _time_table_work}
+
+
+def _corun_child(work, workload, length, repeats, start, results, index) -> None:
+    results[index] = CORUN_WORK[work](workload, length, repeats, start)
+
+
+def measure_corun_slowdown(workload: WorkloadConfig, processes: int | None = None,
+                           length: int = 64, repeats: int = 10, work: str = "encoder",
+                           rounds: int = 2) -> tuple[float, int]:
+    """(median co-run time / median solo time, processes): `work` (the encoder's fixed
+    batch, or a replica's table work: CORUN_WORK) timed in one fresh process alone, then
+    in `processes` (default: this host's cores) fresh processes at once, `rounds` times
+    in turn. Solo and co-run run under the same conditions (a fresh interpreter each):
+    timed in the calling process instead, two busy cores measured "faster" than one
+    (0.94-0.96x in three calibrations of `small`)."""
+    processes = processes or os.cpu_count() or 1
+    if processes < 2:
+        return 1.0, 1
+    solo, corun = [], []
+    for _ in range(rounds):
+        solo += _time_in_processes(work, workload, length, repeats, 1)
+        corun += _time_in_processes(work, workload, length, repeats, processes)
+    return float(statistics.median(corun) / statistics.median(solo)), processes
+
+
+def _time_in_processes(work: str, workload: WorkloadConfig, length: int, repeats: int,
+                       processes: int) -> list[float]:
+    """`work`'s time in each of `processes` fresh processes started together."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # fresh interpreters: no forked torch thread pools
+    start, results = ctx.Barrier(processes), ctx.Array("d", processes)
+    procs = [ctx.Process(target=_corun_child, args=(work, workload, length, repeats, start, results, i))
+             for i in range(processes)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    if any(p.exitcode for p in procs):
+        raise RuntimeError("co-run calibration: a process failed")
+    return list(results[:])
