@@ -244,7 +244,7 @@ def test_html_report_of_2_rank_runs_plots_scaling_against_2_ranks(two_rank, tmp_
     out = tmp_path / "report"
     assert main(["report", "--store", str(store), "--format", "html", "--out", str(out)]) == 0
     page = (out / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == len(plots.PLOTS)
+    assert page.count("data:image/png;base64,") == len(plots.PLOTS) - 1  # no learning curves: no run was evaluated
     assert plots.PLOTS["scaling"].caption in page
     table = report.report_table(report.select_runs([], store), None)
     assert table["scaling_efficiency"].isna().all()  # n/a: no 1-rank run
