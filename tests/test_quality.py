@@ -113,8 +113,6 @@ def test_quality_passes_the_real_trainers_and_flags_the_broken_ones(tmp_path, ra
     """The issue's check: a trainer that trains on one-step-stale embeddings, and one that
     drops a rank's gradients, are NOT equivalent to DDP; FreeScale, TorchRec and DeepSpeed
     are (or the verdict says why it cannot tell; never a silent pass)."""
-    from fsbench.training.trainer import OPTIONAL_PACKAGES  # noqa: F401  (extras are installed in CI)
-
     data = write_learnable(tmp_path / "d.txt")
     trainers = ["ddp", "freescale", "torchrec", "deepspeed",
                 "trainers_for_tests:StaleEmbeddingDDP", "trainers_for_tests:DroppedRankDDP"]
