@@ -43,7 +43,7 @@ def measure_corun_slowdown(workload: WorkloadConfig, processes: int | None = Non
     in `processes` (default: this host's cores) fresh processes at once, `rounds` times
     in turn, so that solo and co-run run under the same conditions (a fresh interpreter
     each; solo used to be timed in the calling process). On the shared 2-core VM this is
-    still noisy: the encoder's factor read 0.94-1.03 and the tables' 0.89-1.05 in the
+    still noisy: the encoder's factor read 0.94-1.03 and the tables' 0.88-1.05 in the
     calibrations of 2026-12-05 (below 1: two busy cores "faster" than one), which the
     simulator's `local` step times inherit (results/sim_validation_heldback_cpu.md)."""
     processes = processes or os.cpu_count() or 1
