@@ -162,7 +162,6 @@ class WorkloadConfig:
                  f"data_order={self.data_order!r} orders real histories: "
                  "--set data=sasrec:PATH|recbole:PATH|otto:PATH")
 
-
     @property
     def negatives_per_step(self) -> int:
         """The negatives each step's loss scores: `num_negatives`, or with model.loss=full

@@ -77,6 +77,13 @@ def stored_summary(store: Path, workload: str, trainer: str, n: int, steps: int)
     return json.loads((Path(runs.iloc[-1]["run_dir"]) / "summary.json").read_text())
 
 
+def calibration_base(preset: str, sets) -> tuple[str, object]:
+    """(label, workload) a point is calibrated on: its preset with the variant's model
+    changes only (lengths and batch sizes stay the preset's)."""
+    model = [kv for kv in sets if kv[0].startswith("model.")]
+    return preset + "".join(f"+{k}={v}" for k, v in model), override_all(get_workload(preset), model)
+
+
 def fit_line(preset: str, fit) -> str:
     over = "; ".join(f"{key} {o['wall_ms']:.1f} ms ({o['cpu_ms']:.1f} CPU, {o['busy_ms']:.1f} busy, "
                      f"{o['input_ms']:.1f} input, {o.get('worker_ms', 0.0):.1f} loader worker)"
@@ -142,9 +149,7 @@ def main() -> None:
     points = HELD_BACK if args.held_back else tuple(
         p for p in DEVELOPMENT if p[0] in args.presets.split(","))
     for preset, sets, where in points:
-        # Calibrated on the preset with the variant's model changes only.
-        base = override_all(get_workload(preset), [kv for kv in sets if kv[0].startswith("model.")])
-        base = dataclasses.replace(base, steps=args.steps, warmup=4)
+        base = dataclasses.replace(calibration_base(preset, sets)[1], steps=args.steps, warmup=4)
         fit = load_fit(store, base, "cpu")
         if fit is None:
             calibrate(base, store)
@@ -187,9 +192,7 @@ def main() -> None:
                 rows.append(row)
                 print(pd.DataFrame([row]).to_string(index=False))
     df = pd.DataFrame(rows)
-    bases = {preset + "".join(f"+{k}={v}" for k, v in sets if k.startswith("model.")):
-             override_all(get_workload(preset), [kv for kv in sets if kv[0].startswith("model.")])
-             for preset, sets, _ in points}
+    bases = dict(calibration_base(preset, sets) for preset, sets, _ in points)
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                          cwd=HERE).stdout.strip()
     within = df["step error %"].abs() <= 15

@@ -19,7 +19,7 @@ def run(trainer: str, ranks: np.ndarray, losses=None, seed: int = 0, hr=(0.1, 0.
     curve = [{"step": SPE * (k + 1) - 1, "train_s": 1.0 * (k + 1), "hr_at_10": h,
               "valid_ndcg_at_10": h / 2} for k, h in enumerate(hr)]
     return RunQuality(trainer, 2, seed, curve, curve[-1], np.asarray(ranks),
-                      list(losses if losses is not None else [5.0, 4.0, 3.5, 3.2, 3.0]), Path("."))
+                      list(losses if losses is not None else [5.0, 4.0, 3.5, 3.2, 3.0]))
 
 
 def test_equivalence_needs_the_whole_interval_inside_the_margin():
@@ -70,6 +70,12 @@ def test_analyze_flags_a_trainer_that_departs_or_scores_worse():
     assert rows["weak"]["equivalent"].startswith("NOT equivalent: test HR@10 differs")
     assert out["target_hr10"] == pytest.approx(0.9 * float((good <= 10).mean()))
     assert rows["ddp"]["hr_at_10"] == pytest.approx(float((good <= 10).mean()))
+    # a baseline that hits nothing leaves no margin, and a run without losses no
+    # trajectory: neither can tell, and each says so (not "equivalent", not "NOT")
+    zero = analyze([run("ddp", np.full(50, 500)), run("copy", np.full(50, 500))], SPE)
+    assert zero["rows"][1]["equivalent"].startswith("inconclusive: the baseline's HR@10 is 0")
+    lost = analyze([run("ddp", good), run("copy", good, losses=[])], SPE)
+    assert lost["rows"][1]["equivalent"].startswith("inconclusive: a run stored no losses")
     # no baseline run of the same seed: it cannot tell, and says so
     alone = analyze([run("ddp", good), run("copy", good, seed=1)], SPE)
     assert {r["trainer"]: r["equivalent"] for r in alone["rows"]}["copy"].startswith("inconclusive")

@@ -80,8 +80,9 @@ def cmd_quality(args: argparse.Namespace) -> int:
         check_trainer(run, resolve_trainer_class(run.trainer))
     note(f"{workload.name}: {per_epoch} steps an epoch x {args.epochs} epochs, "
          f"{len(runs)} runs (model.loss={workload.model.loss})")
-    done = run_all(runs, args.store, lambda todo: progress(todo, "quality runs", "run"))
-    result = analyze([read_run(*d) for d in done], per_epoch, baseline=args.trainers[0],
+    done = [read_run(*d) for d in run_all(runs, args.store,
+                                           lambda todo: progress(todo, "quality runs", "run"))]
+    result = analyze(done, per_epoch, baseline=args.trainers[0],
                      target_fraction=args.target_fraction, margin=args.margin)
     result.update(workload=workload.name, epochs=args.epochs, seeds=args.seeds, store=args.store,
                   data=args.data, model=args.model, loss=workload.model.loss)
@@ -90,7 +91,7 @@ def cmd_quality(args: argparse.Namespace) -> int:
     text = markdown(result)
     (out / "quality.md").write_text(text + "\n")
     if not args.no_plots:
-        (out / "learning_curves.png").write_bytes(learning_curves([read_run(*d) for d in done]))
+        (out / "learning_curves.png").write_bytes(learning_curves(done))
     print(dumps(result) if args.format == "json" else text)
     note(f"runs in {args.store}/, report in {out}/")
     verdicts = [r["equivalent"] for r in result["rows"] if r["equivalent"] != "(baseline)"]

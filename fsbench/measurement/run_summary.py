@@ -150,15 +150,13 @@ def quality(record: dict | None, step_time_ms: dict[int, float]) -> dict:
     # where a step's timeline is missing), for `fsbench quality` and the report.
     elapsed, through = {}, 0.0
     for s in range(evals[-1]["step"] + 1):
-        through = through + step_time_ms[s] / 1e3 if s in step_time_ms and through is not None else None
-        elapsed[s] = through
+        through = None if through is None or s not in step_time_ms else through + step_time_ms[s]
+        elapsed[s] = None if through is None else through / 1e3
     out["quality_curve"] = [{**e, "train_s": elapsed[e["step"]]} for e in evals]
     reached = next((e for e in evals if target is not None and e["hr_at_10"] >= target), None)
     if reached is not None:
-        steps = range(reached["step"] + 1)
-        out["steps_to_target"] = len(steps)
-        if all(s in step_time_ms for s in steps):  # else a step's timeline is missing
-            out["time_to_target_s"] = sum(step_time_ms[s] for s in steps) / 1e3
+        out["steps_to_target"] = reached["step"] + 1
+        out["time_to_target_s"] = elapsed[reached["step"]]  # None: a step's timeline is missing
     return out
 
 

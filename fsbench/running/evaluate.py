@@ -84,12 +84,18 @@ RANKS_DIR = "eval-ranks"
 
 def hit_ndcg(ranks: np.ndarray, k: int = K) -> tuple[float, float]:
     """(HR@k, NDCG@k) of 1-based ranks of one relevant item per user."""
+    hit, gain = per_user_hit_gain(ranks, k)
+    return float(hit.mean()), float(gain.mean())
+
+
+def per_user_hit_gain(ranks: np.ndarray, k: int = K) -> tuple[np.ndarray, np.ndarray]:
+    """Each user's hit (1.0 if rank <= k) and NDCG gain (1 / log2(rank + 1) if rank <= k),
+    of 1-based ranks of one relevant item per user: what HR@k and NDCG@k average."""
     ranks = np.asarray(ranks, dtype=np.int64)
     if ranks.size == 0 or (ranks < 1).any():
         raise ValueError(f"ranks must be a non-empty array of ranks >= 1, got {ranks!r}")
     hit = ranks <= k
-    gain = np.where(hit, 1.0 / np.log2(ranks + 1.0), 0.0)
-    return float(hit.mean()), float(gain.mean())
+    return hit.astype(float), np.where(hit, 1.0 / np.log2(ranks + 1.0), 0.0)
 
 
 def target_ranks(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

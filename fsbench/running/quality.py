@@ -113,7 +113,6 @@ class RunQuality:
     selected: dict             # the evaluation with the best validation score
     ranks: np.ndarray          # (U,) test rank of each user's item at `selected`
     losses: list[float]        # per step, the global loss
-    run_dir: Path
     step_alignment: int = 1    # > 1: the trainer re-packs samples across that many steps
 
 
@@ -123,16 +122,22 @@ def read_run(run: RunConfig, run_dir: Path, summary: dict) -> RunQuality:
     curve = summary.get("quality_curve") or []
     if not curve or SELECT_BY not in curve[0]:
         raise ConfigError(f"{run_dir}: no validation scores (a run of fsbench quality stores "
-                          "them; rerun it with --rerun)")
+                          "them; delete the run directory to run it again)")
     best = max(curve, key=lambda e: (e[SELECT_BY], -e["step"]))  # ties: the earliest
-    ranks = np.load(Path(run_dir) / RANKS_DIR / f"step-{best['step']}.npy")[0]
+    path = Path(run_dir) / RANKS_DIR / f"step-{best['step']}.npy"
+    try:
+        ranks = np.load(path)[0]
+    except (OSError, ValueError, IndexError) as e:
+        raise ConfigError(f"{path}: the selected evaluation's ranks cannot be read ({e}); "
+                          "delete the run directory to run it again") from None
     return RunQuality(run.trainer, run.world_size, run.seed, curve, best, ranks,
-                      list(summary.get("losses") or []), Path(run_dir),
-                      int(summary.get("step_alignment") or 1))
+                      list(summary.get("losses") or []), int(summary.get("step_alignment") or 1))
 
 
 def _hits(ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return (ranks <= 10).astype(float), np.where(ranks <= 10, 1.0 / np.log2(ranks + 1.0), 0.0)
+    from fsbench.running.evaluate import per_user_hit_gain
+
+    return per_user_hit_gain(ranks)
 
 
 def first_reaching(curve: list[dict], target: float) -> dict | None:
@@ -201,21 +206,29 @@ def _against(runs: list[RunQuality], base: list[RunQuality], is_base: bool, step
     paths = [trajectory(r, b, steps_per_epoch) for r, b in paired]
     departed = [p for p, _ in paths if p.startswith("departs")]
     unlike = next((p for p, _ in paths if p.startswith("not comparable")), None)
-    worst = max((w for _, w in paths), default=math.nan)
+    unchecked = next((p for p, _ in paths if p == "no losses"), None)
+    worst = float(np.nanmax([w for _, w in paths])) if any(w == w for _, w in paths) else math.nan
     diff = np.mean([_hits(r.ranks)[0] - _hits(b.ranks)[0] for r, b in paired], axis=0)
     base_hr = float(np.mean([_hits(b.ranks)[0].mean() for _, b in paired]))
-    said, ci = equivalence(diff, margin * base_hr)
+    # No margin around a baseline that hits nothing: nothing to be equivalent within.
+    said, ci = (equivalence(diff, margin * base_hr) if base_hr > 0
+                else ("inconclusive", (math.nan, math.nan)))
     if departed or said == "different":
         why = [f"trajectory {departed[0]} (loss off by {worst:.1e} relative)"] if departed else []
         why += [f"test HR@10 differs beyond {margin:.0%} of the baseline's"] if said == "different" else []
         verdict = "NOT equivalent: " + "; ".join(why)
+    elif unchecked:
+        verdict = "inconclusive: a run stored no losses, so its trajectory cannot be compared"
+    elif base_hr == 0:
+        verdict = "inconclusive: the baseline's HR@10 is 0, no margin to be equivalent within"
     elif said == "equivalent":
         verdict = "equivalent" if unlike is None else f"equivalent in quality; trajectory {unlike}"
     else:
         verdict = (f"inconclusive: {'trajectory ' + unlike if unlike else 'same trajectory'}, but "
                    f"the HR@10 difference's 90% interval "
                    f"[{ci[0]:+.4f}, {ci[1]:+.4f}] is not within +-{margin * base_hr:.4f}; more seeds narrow it")
-    return {"trajectory": departed[0] if departed else (unlike or "same"), "loss_max_rel_diff": worst,
+    return {"trajectory": departed[0] if departed else (unlike or unchecked or "same"),
+            "loss_max_rel_diff": worst,
             "quality_vs_baseline": said, "hr_diff_ci": ci, "equivalent": verdict}
 
 
