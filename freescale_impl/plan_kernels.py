@@ -7,9 +7,8 @@ rank; KK's spread, seq and (sum, tie), as kk_core).
 
 Fast, not only compiled: greedy steps keep the keys sorted in a gap buffer and move the
 gap to each new key; costs come descending, so a key lands next to the last one (~2 moves
-a sample on every length preset; a heap sifts log2(ranks) levels). KK tuples stay sorted,
-so combining two is a merge (the paired sums are nearly always sorted already), and joins
-are logged for ranks to flow back at the end. Sorts are LSD radix sorts of the costs' bits
+a sample on every length preset; a heap sifts log2(ranks) levels). KK tuples stay sorted
+(combining two is a merge); joins are logged for ranks to flow back at the end. Sorts are LSD radix sorts of the costs' bits
 (non-negative doubles order like their bits) over the bits that vary (24-30 of 64). Scratch
 is kept per thread: on this VM a fresh megabyte can cost 0.3 ms of page faults.
 
@@ -17,7 +16,8 @@ FSBENCH_PLANNER=auto (the default) compiles batches of >= THRESHOLD samples if n
 imports, so that short-lived processes with small batches (CI's ranks) never load numba
 (0.4 s with the code cached) nor compile (15 s, once: cache=True keeps it in __pycache__); =python
 forces the python path, =compiled the kernels at any size. Importing this module does not
-import numba. All kernels share this file: numba's cache misses a callee's edit elsewhere.
+import numba. Kernels share this file (numba's cache misses a callee's edit elsewhere);
+window_kernels' call none of these.
 """
 from __future__ import annotations
 
@@ -30,28 +30,30 @@ import numpy as np
 THRESHOLD = 2048
 ENV = "FSBENCH_PLANNER"
 METHODS = ("lpt", "kk", "best_of:kk(=lpt)", "best_of:kk", "best_of:lpt")
-_KERNELS: list[tuple[str, str]] = []  # (name, numba's inline option)
+_KERNELS: list[tuple[dict, str, str]] = []  # (its module's globals, name, numba's inline option)
 _loaded: bool | None = None  # None: numba not tried yet
+_njit = None  # numba.njit once loaded
 _work = threading.local()
 
 
 def _kernel(fn, inline: str = "never"):
-    _KERNELS.append((fn.__name__, inline))
-    return fn
+    """Register fn (here or in window_kernels) for _load; compiled now if numba is loaded."""
+    _KERNELS.append((fn.__globals__, fn.__name__, inline))
+    return _njit(cache=True, inline=inline)(fn) if _loaded else fn
 
 
 def _load() -> bool:
     """Import numba and swap each kernel for its dispatcher (compiled at its first call,
     finding the others as globals); False without numba."""
-    global _loaded
+    global _loaded, _njit
     if _loaded is None:
         try:
-            import numba
+            from numba import njit as _njit
         except ImportError:
             _loaded = False
             return False
-        for name, inline in _KERNELS:
-            globals()[name] = numba.njit(cache=True, inline=inline)(globals()[name])
+        for module_globals, name, inline in _KERNELS:
+            module_globals[name] = _njit(cache=True, inline=inline)(module_globals[name])
         _loaded = True
     return _loaded
 

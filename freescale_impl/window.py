@@ -12,6 +12,7 @@ from typing import Callable
 
 import numpy as np
 
+from freescale_impl import plan_kernels, window_kernels
 from freescale_impl.partition import Plan, _check, _descending, _from_owner, karmarkar_karp
 
 __all__ = ["MIN_GAIN", "WindowStep", "lookahead_window"]
@@ -110,25 +111,40 @@ def lookahead_window(costs_per_batch, num_ranks: int, window: int,
     for start in range(0, len(batches), window):
         group = batches[start:start + window]
         cuts = np.cumsum([0] + [c.size for c in group])
-        plain = [WindowStep(start, _Pairs(cuts, j), partitioner(c, num_ranks))
-                 for j, c in enumerate(group)]
-        plain_total = sum(s.plan.max_load for s in plain)
-        # No re-packing takes a step's max below its mean load, so none takes the group's
-        # summed max below its total / N: plans already within MIN_GAIN of that leave
-        # less to win than the pooled plan costs to compute (at 32,768 samples onto 256
-        # ranks, more than the four plans themselves), and less than the cost model's own
-        # error per rank (several %: a run's cost_prediction_error), so they are kept.
+
+        def plain() -> list[WindowStep]:
+            return [WindowStep(start, _Pairs(cuts, j), partitioner(c, num_ranks))
+                    for j, c in enumerate(group)]
+
+        # No plan takes a step's max below max(its mean load, its largest sample), so none
+        # takes the group's summed max below `floor` (its total / N), nor the per-batch
+        # plans' below `bound` (both up to float rounding: the slack of 1e-9 covers it).
         floor = sum(float(c.sum()) for c in group) / num_ranks
-        if len(group) == 1 or plain_total <= floor * (1 + MIN_GAIN):
-            steps.extend(plain)
-            continue
-        packed = _pack_window(group, cuts, num_ranks, partitioner, start)
+        bound = sum(max(float(c.sum()) / num_ranks, float(c.max(initial=0))) for c in group)
+        if len(group) == 1 or bound <= floor * (1 + MIN_GAIN) * (1 + 1e-9):
+            # No whales, or hardly: per-batch plans within MIN_GAIN of `floor` leave less
+            # to win than the pooled plan costs to compute (at 32,768 samples onto 256
+            # ranks, more than the four plans themselves), and less than the cost model's
+            # own error per rank (several %: a run's cost_prediction_error): kept as they are.
+            kept = plain()
+            if len(group) == 1 or sum(s.plan.max_load for s in kept) <= floor * (1 + MIN_GAIN):
+                steps.extend(kept)
+                continue
+            packed = _pack_window(group, cuts, num_ranks, partitioner, start)
+        else:
+            # Whales: the per-batch plans are above MIN_GAIN, and re-packing nearly always
+            # beats `bound`; then they need not be made (the same choice, at half the cost).
+            packed = _pack_window(group, cuts, num_ranks, partitioner, start)
+            if sum(s.plan.max_load for s in packed) < bound * (1 - 2e-9):
+                steps.extend(packed)
+                continue
+            kept = plain()
         # Never worse than no window: keep the data order unless re-packing saves time,
         # more than float rounding (a different summation order can shave an ulp).
-        if sum(s.plan.max_load for s in packed) < plain_total * (1 - 1e-9):
+        if sum(s.plan.max_load for s in packed) < sum(s.plan.max_load for s in kept) * (1 - 1e-9):
             steps.extend(packed)
         else:
-            steps.extend(plain)
+            steps.extend(kept)
     return steps
 
 
@@ -147,8 +163,12 @@ def _pack_window(batches: list[np.ndarray], cuts: np.ndarray, n: int, partitione
         group = np.sort(by_load[j * n:(j + 1) * n])  # ranks keep the bins' own order
         step_of_bin[group] = j
         rank_of_bin[group] = np.arange(n)
-    step, rank = np.empty(pooled.size, step_of_bin.dtype), np.empty(pooled.size, rank_of_bin.dtype)
     bins, lens = np.concatenate(packed.assignment), [len(a) for a in packed.assignment]
+    if plan_kernels.use(pooled.size):  # the same steps and plans, compiled
+        return [WindowStep(start, _Pairs(cuts, at), Plan(assignment, loads, method, largest))
+                for at, assignment, loads, largest in window_kernels.settle(
+                    pooled, bins, np.cumsum(lens), step_of_bin, rank_of_bin, sizes, n)]
+    step, rank = np.empty(pooled.size, step_of_bin.dtype), np.empty(pooled.size, rank_of_bin.dtype)
     step[bins], rank[bins] = np.repeat(step_of_bin, lens), np.repeat(rank_of_bin, lens)
     _keep_step_sizes(pooled, step, rank, sizes, n)
     steps = [np.flatnonzero(step == j) for j in range(k)]

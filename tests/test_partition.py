@@ -377,6 +377,34 @@ def test_window_keeps_per_batch_plans_that_leave_nothing_to_win(monkeypatch):
     assert pooled  # whales: the pool is planned
 
 
+@pytest.mark.parametrize("partitioner", [karmarkar_karp, lpt, best_of])
+def test_window_chooses_as_if_it_made_both_plans(partitioner):
+    """The window skips the per-batch plans when whales make re-packing beat their bound;
+    its choice is still the rule's, with both made: per-batch unless within MIN_GAIN of
+    total / N or beaten by re-packing."""
+    import freescale_impl.window as window_mod
+
+    rng = np.random.default_rng(8)
+    groups = [whale_batches(rng, 4, 96), [rng.lognormal(1.0, 0.3, 200) for _ in range(3)],
+              [rng.lognormal(3, 1.5, 40) for _ in range(4)], [np.full(64, 2.0), np.ones(64)],
+              [np.array([0.0, -0.0, 5.0]), np.array([5.0, 0.0]), np.zeros(0)],
+              [np.array([10.0, 1.0]), np.array([1.0, 1.0])]]  # a whale, nothing to win
+    for n in (2, 8, 16):
+        for group in groups:
+            cuts = np.cumsum([0] + [c.size for c in group])
+            plain = [partitioner(c, n) for c in group]
+            packed = window_mod._pack_window(group, cuts, n, partitioner, 0)
+            plain_total = sum(p.max_load for p in plain)
+            repack = (plain_total > sum(c.sum() for c in group) / n * (1 + window_mod.MIN_GAIN)
+                      and sum(s.plan.max_load for s in packed) < plain_total * (1 - 1e-9))
+            steps = lookahead_window(group, n, len(group), partitioner)
+            want = [s.plan for s in packed] if repack else plain
+            assert [s.plan.method for s in steps] == [p.method for p in want]
+            for got, ref in zip(steps, want):
+                assert [a.tolist() for a in got.plan.assignment] == \
+                    [a.tolist() for a in ref.assignment]
+
+
 def test_window_of_one_is_the_per_batch_plan():
     rng = np.random.default_rng(5)
     batches = whale_batches(rng, 3, 64)

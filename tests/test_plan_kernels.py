@@ -89,6 +89,25 @@ def test_compiled_plans_at_cluster_scale(monkeypatch):
 
 
 @needs_numba
+def test_compiled_window_at_cluster_scale(monkeypatch):
+    """4 x 32,768 samples onto 256 ranks, whales in every batch: the window re-packs and
+    moves samples between steps to keep their sizes (window_kernels), as in Python."""
+    rng = np.random.default_rng(5)
+    batches = []
+    for _ in range(4):
+        lengths = np.minimum(np.rint(4 + np.exp(0.94 + 1.29 * rng.standard_normal(32768))), 1024)
+        c = 3.0 * lengths ** 2 + 5.0 * lengths
+        c[rng.choice(c.size, 2, replace=False)] = 2 * c.sum() / 256
+        batches.append(c)
+    slow, fast = both(monkeypatch, lookahead_window, batches, 256, 4)
+    assert all(s.plan.method == "kk+window4" for s in fast)
+    assert len({o for o, _ in fast[0].samples}) > 1  # a step holds samples of several batches
+    for a, b in zip(slow, fast):
+        assert list(a.samples) == list(b.samples)
+        assert_same(a.plan, b.plan)
+
+
+@needs_numba
 @pytest.mark.parametrize("name", sorted(PARTITIONERS))
 def test_compiled_window_is_the_python_window(monkeypatch, name):
     rng = np.random.default_rng(4)
