@@ -120,8 +120,9 @@ class _Free:
 def local_with(fit):
     """`Costs` of the local cluster with a given fit and free collectives."""
     class LocalCosts(Costs):
-        def __init__(self, cluster, workload, store):
+        def __init__(self, cluster, workload, store, timeshare_efficiency=None):
             self.cluster, self.workload, self.fit = cluster, workload, fit
+            self._timeshare = timeshare_efficiency
             self.comm = {"all_reduce": _Free(), "all_to_all": _Free()}
     return LocalCosts
 
@@ -165,6 +166,67 @@ def test_local_ranks_beyond_the_cores_time_share_unless_their_encoder_is_emulate
         for row in rows:
             assert row["step_time_ms"] == pytest.approx(
                 share * encoder_ms(source, row["step"], n).max() + overhead, rel=1e-9)
+
+
+def test_beyond_the_cores_ranks_meet_the_measured_share_of_time_sharing(monkeypatch):
+    """With ddp's measured efficiency of 0.5 (the trainers' mean is 0.9), 4 ranks on 2
+    cores stretch its CPU work 1 + 0.5 x (4/2 - 1) = 1.5x, not 2x; at 2 ranks (no
+    time-sharing) the efficiency changes nothing."""
+    from fsbench.scaling import simulate
+
+    monkeypatch.setattr(simulate, "Costs", local_with(planted_fit(
+        timeshare={"efficiency": 0.9, "ranks": 4, "per_trainer": {"ddp": 0.5, "freescale": 1.3}})))
+    w = small(64)
+    source = SyntheticBatches(w, seed=0)
+    for n, share in ((2, 1.0), (4, 1.5)):
+        _, rows = simulate_run(RunConfig(workload=w, trainer="ddp", world_size=n), CLUSTERS["local"], ".")
+        for row in rows:
+            overhead = 3.0 * share + 1.0  # the overhead's CPU stretches, its wait does not
+            assert row["step_time_ms"] == pytest.approx(
+                share * encoder_ms(source, row["step"], n).max() + overhead, rel=1e-9)
+
+
+def test_loader_workers_beyond_the_cores_preempt_by_the_measured_efficiency():
+    from fsbench.scaling.simulate import worker_preemption_ms
+
+    # 4 workers of 3 ms on 2 busy cores: 6 ms a core at full time-sharing, half at 0.5
+    assert worker_preemption_ms(4, 2, 3.0, 10.0) == pytest.approx(6.0)
+    assert worker_preemption_ms(4, 2, 3.0, 10.0, 0.5) == pytest.approx(3.0)
+    # as many ranks as cores: no time-sharing, the efficiency does not apply
+    assert worker_preemption_ms(2, 2, 3.0, 10.0, 0.5) == pytest.approx(3.0)
+
+
+def test_solve_efficiency_meets_the_measured_step_and_clips_to_its_range():
+    from fsbench.scaling.timeshare import solve_efficiency
+
+    def simulated(e):
+        return 100.0 + 50.0 * e
+
+    assert solve_efficiency(simulated, 125.0) == pytest.approx(0.5, abs=1e-3)
+    assert solve_efficiency(simulated, 90.0) == 0.0  # faster than no time-sharing at all
+    assert solve_efficiency(simulated, 200.0) == 1.0  # slower than full time-sharing
+
+
+def test_measure_timeshare_finds_the_efficiency_a_run_was_simulated_with(monkeypatch):
+    """Round trip through the real simulator: a "measured" 4-rank run that took what the
+    simulator gives at efficiency 0.3 is calibrated back to 0.3."""
+    from fsbench.running import calibrate as calibrate_mod
+    from fsbench.scaling import simulate, timeshare
+
+    fit = planted_fit()
+    fit.step_overhead["ddp/emulated"] = {"wall_ms": 4.0, "cpu_ms": 3.0, "busy_ms": 0.0,
+                                         "input_ms": 0.0, "worker_ms": 2.0}
+    monkeypatch.setattr(simulate, "Costs", local_with(fit))
+    monkeypatch.setattr(calibrate_mod, "load_fit", lambda *a, **k: fit)
+    run = RunConfig(workload=dataclasses.replace(small(64), compute="emulated"), trainer="ddp",
+                    world_size=4)
+    truth = simulate_run(run, CLUSTERS["local"], ".", timeshare_efficiency=0.3)[0]
+    assert truth["step_time_ms_median"] > simulate_run(
+        run, CLUSTERS["local"], ".", timeshare_efficiency=0.0)[0]["step_time_ms_median"]
+    monkeypatch.setattr(timeshare, "calibration_run", lambda w, t, store, compute, steps, ranks:
+                        (dataclasses.replace(run, trainer=t), truth, None))
+    found = timeshare.measure_timeshare(run.workload, ["ddp"], ".")
+    assert found["ranks"] == 4 and found["efficiency"] == pytest.approx(0.3, abs=2e-3)
 
 
 def test_local_causes_are_booked_as_the_metrics_book_a_measured_run(monkeypatch):

@@ -78,8 +78,10 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
                    help="world sizes --comm measures")
     p.add_argument("--overhead", type=csv(str), default=[], metavar="TRAINERS",
                    help="also measure these trainers' per-step overhead beyond the cost model "
-                        "(a real 1-rank run each, with the model and emulated), for fsbench "
-                        "simulate --cluster local; e.g. ddp,freescale; default: none")
+                        "(a real 1-rank run each, with the model and emulated) and how much "
+                        "time-sharing ranks beyond the cores meet (an emulated run each at twice "
+                        "the cores), for fsbench simulate --cluster local; e.g. ddp,freescale; "
+                        "default: none")
     add_format(p)
 
 
@@ -220,15 +222,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     fit = calibrate(workload, args.store, device=args.device, repeats=args.repeats,
                     progress=lambda lengths: progress(lengths, "lengths", "length"))
-    held = {}
+    held, timeshare = {}, None
     if args.overhead:
         from fsbench.scaling.step_overhead import store_step_overheads
+        from fsbench.scaling.timeshare import store_timeshare
 
         held = store_step_overheads(workload, args.overhead, args.store,
                                     progress=lambda it: progress(it, "runs", "run"))
+        timeshare = store_timeshare(workload, args.overhead, args.store)
+        if timeshare is None:
+            note(f"time-sharing beyond the cores not measured: no collective fits in {args.store} "
+                 f"(fsbench calibrate --comm first); simulations take full time-sharing")
     path = fit_path(args.store, workload, args.device)
     if args.format == "json":
-        print(dumps({"fit": dataclasses.asdict(fit), "overheads": held, "stored_in": path}))
+        print(dumps({"fit": dataclasses.asdict(fit), "overheads": held, "timeshare": timeshare,
+                     "stored_in": path}))
         note(f"stored in {path}")
         return 0
     print(f"cost(L) = {fit.a:.4g} L^2 + {fit.b:.4g} L + {fit.c:.4g} ms   R^2 = {fit.r2:.4f}   "
@@ -245,6 +253,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(grid(["trainer/compute", "overhead ms", "of it CPU", "busy", "input wait"],
                    [[key, *(f"{o[k]:.2f}" for k in ("wall_ms", "cpu_ms", "busy_ms", "input_ms"))]
                     for key, o in sorted(held.items())], align=["left", *["right"] * 4]))
+    if timeshare:
+        print(f"time-sharing beyond the cores: efficiency {timeshare['efficiency']:.2f} at "
+              f"{timeshare['ranks']} emulated ranks ("
+              + ", ".join(f"{t} {e:.2f}" for t, e in sorted(timeshare["per_trainer"].items())) + ")")
     note(f"stored in {path}")
     return 0
 

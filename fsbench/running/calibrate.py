@@ -90,6 +90,11 @@ class CostFit:
     table_corun_slowdown: float | None = None
     """A replica's table work (memory-bound, unlike the encoder) in `corun_processes`
     processes at once against alone. None in older fits (then the encoder's)."""
+    timeshare: dict | None = None
+    """Ranks beyond the host's cores (`corun_processes`): how much of full time-sharing
+    (every rank's CPU work waiting for all the others') their steps meet, measured at
+    twice as many emulated ranks as cores (fsbench.scaling.timeshare): `efficiency` in
+    [0, 1], `ranks`, and each trainer's own. None: 1 (full time-sharing)."""
 
     def batch_extra_ms(self, lengths: np.ndarray) -> float:
         """What a batch of these lengths costs beyond the sum of cost(L) (0 when empty)."""

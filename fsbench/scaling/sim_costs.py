@@ -34,8 +34,10 @@ def encoder_flops(workload: WorkloadConfig, lengths: np.ndarray) -> np.ndarray:
 class Costs:
     """Per-sample encoder cost in ms, and the communication model, of one cluster."""
 
-    def __init__(self, cluster: Cluster, workload: WorkloadConfig, store: str | Path) -> None:
+    def __init__(self, cluster: Cluster, workload: WorkloadConfig, store: str | Path,
+                 timeshare_efficiency: float | None = None) -> None:
         self.cluster, self.workload = cluster, workload
+        self._timeshare = timeshare_efficiency  # None: the fit's
         if cluster.compute == "fit":
             from fsbench.running.calibrate import fit_path, load_fit
             from fsbench.scaling.commcal import comm_fit_path, load_comm_fits
@@ -68,13 +70,25 @@ class Costs:
             return 1.0
         return self.fit.corun_slowdown or 1.0
 
-    def time_sharing(self, world_size: int) -> float:
+    def time_sharing(self, world_size: int, trainer: str | None = None) -> float:
         """`local`: ranks beyond this host's cores (the fit's co-run count) take turns on
-        them, so a rank's CPU work takes ranks / cores as long. GPU presets: 1."""
+        them: with every rank's CPU work waiting for all the others', it would take ranks /
+        cores as long; the measured efficiency says how much of that their steps meet
+        (their CPU work does not all fall at once). GPU presets: 1."""
         if self.cluster.compute != "fit":
             return 1.0
         cores = self.fit.corun_processes or 1
-        return max(1.0, world_size / cores)
+        return 1.0 + self.timeshare_efficiency(trainer) * max(0.0, world_size / cores - 1.0)
+
+    def timeshare_efficiency(self, trainer: str | None = None) -> float:
+        """`local`: the fit's measured time-sharing efficiency (fsbench.scaling.timeshare):
+        the trainer's own where measured (their CPU work falls differently), else the
+        trainers' mean; 1 where the fit predates it. GPU presets: 1 (unused)."""
+        if self._timeshare is not None:
+            return self._timeshare
+        if self.cluster.compute != "fit" or not self.fit.timeshare:
+            return 1.0
+        return float(self.fit.timeshare["per_trainer"].get(trainer, self.fit.timeshare["efficiency"]))
 
     def cores(self) -> int | None:
         """`local`: this host's cores as the fit counted them (its co-run count); GPU

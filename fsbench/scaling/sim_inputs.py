@@ -110,7 +110,7 @@ def assumptions(cluster: Cluster) -> str:
     from, and which are ASSUMED (not measured)."""
     if cluster.compute == "fit":
         return (f"{cluster.name}: costs measured on this machine (fsbench calibrate fits: encoder, "
-                f"tables, collectives, per-step overhead); nothing assumed")
+                f"tables, collectives, per-step overhead, time-sharing beyond the cores); nothing assumed")
     assumed = [_figure(f, getattr(cluster, f)) for f in FIGURES if f in cluster.assumed]
     given = [_figure(f, getattr(cluster, f)) for f in FIGURES if f not in cluster.assumed]
     return (f"{cluster.name} ({cluster.source}): ASSUMED " + (", ".join(assumed) or "nothing")

@@ -21,15 +21,18 @@ batches (the same length draws the generator makes for that seed and step):
   co-run    `local` at 2+ ranks: a rank's CPU work times the fit's measured slowdown when
             every core runs it at once (ranks share the host; the encoder's and the
             memory-bound table work's apart); with more ranks than cores it also waits
-            its turn, its wall time ranks / cores times its CPU time (time-sharing).
-            A run with `compute=emulated` waits for its encoder instead (no core), so
-            there only the real CPU work (table step, overhead) time-shares.
+            its turn (time-sharing): its wall time 1 + e (ranks / cores - 1) times its
+            CPU time, where e, the share of full time-sharing that steps meet (ranks'
+            CPU work does not all fall at once), is measured at twice the cores
+            (fsbench.scaling.timeshare; 1 in a fit without it). A run with
+            `compute=emulated` waits for its encoder instead (no core), so there only
+            the real CPU work (table step, overhead) time-shares.
   overhead  `local`: each trainer's per-step work beyond this model in each compute mode,
             measured by a real 1-rank run (fsbench.scaling.step_overhead): its wall time, the
             part that is the rank's CPU (time-shares), the part counted busy, input waits,
             and its loader worker's CPU (a process of its own, on a spare core at 1 rank):
             at n ranks the n workers' CPU beyond what the spare cores take lengthens the
-            step by its share per core, booked as the preempted rank's run-queue wait
+            step by its share per core (beyond the cores, times e), booked as the preempted rank's run-queue wait
             (other idle) and its peers' wait in communication (`worker_preemption_ms`).
   comm      an alpha-beta model per collective: fitted on this machine by
             `fsbench calibrate --comm` (`local`: a line per measured world size), or a preset's links (`h100`: 8 GPUs per
@@ -100,18 +103,20 @@ def profile_of(trainer: str, options: dict[str, str], n: int) -> SimProfile:
 
 def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                  profile: SimProfile | None = None, step_overhead: bool = True,
-                 planner_time: bool = True) -> tuple[dict, list[dict]]:
+                 planner_time: bool = True, timeshare_efficiency: float | None = None
+                 ) -> tuple[dict, list[dict]]:
     """Summary (the measured schema, `simulated: true`) and per-step rows of one
     (trainer, world size) on `cluster`; `step_overhead=False` leaves out the fit's
     measured per-step overhead (to measure it); `planner_time=False` leaves out the
-    planner's time measured here (for outputs that must not depend on this CPU)."""
+    planner's time measured here (for outputs that must not depend on this CPU);
+    `timeshare_efficiency` replaces the fit's (to measure it)."""
     from fsbench.specs import parse_popularity
     from fsbench.workloads.distributions import parse_length_spec
     from fsbench.workloads.generator import step_rng
 
     w, n = run.workload, run.world_size
     prof = profile or profile_of(run.trainer, run.trainer_options, n)
-    costs_model = Costs(cluster, w, store)
+    costs_model = Costs(cluster, w, store, timeshare_efficiency)
     dist = parse_length_spec(w.lengths)
     zipf_s = float(parse_popularity(w.popularity).s)
     dim_bytes = 4.0 * w.model.dim
@@ -129,7 +134,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # encoder waits without a core and is all busy; the real CPU work around it is not
     # busy (fsbench.models.emulation), so the simulator books it as the metrics do.
     emulated = w.compute == "emulated" and cluster.compute == "fit"
-    corun, share = costs_model.corun_factor(n), costs_model.time_sharing(n)
+    corun, share = costs_model.corun_factor(n), costs_model.time_sharing(n, run.trainer)
     table_corun = costs_model.table_corun_factor(n)
     enc_busy, enc_wall = (1.0, 1.0) if emulated else (corun, corun * share)
     over = (costs_model.step_overhead(run.trainer, w.compute) if step_overhead
@@ -252,7 +257,8 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             # what they cannot take preempts the ranks, a share per core. A preempted
             # rank waits in the run queue (other idle) and delays its peers at their next
             # collective (they wait in communication).
-            steal = worker_preemption_ms(n, cores, over["worker_ms"], t)
+            steal = worker_preemption_ms(n, cores, over["worker_ms"], t,
+                                         costs_model.timeshare_efficiency(run.trainer))
             c, t = c + steal / n, t + steal
             # A rank waits in communication for the rest of the step (for its peers
             # included); the metrics' one split of idle time into causes does the rest.
@@ -277,13 +283,16 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     return summarize_steps(run, rows, cluster), rows
 
 
-def worker_preemption_ms(n: int, cores: int | None, worker_ms: float, step_ms: float) -> float:
+def worker_preemption_ms(n: int, cores: int | None, worker_ms: float, step_ms: float,
+                         efficiency: float = 1.0) -> float:
     """How much n ranks' loader workers (worker_ms of CPU each per step) lengthen a step of
     step_ms on a host of `cores` cores: the spare cores (cores - n) take what they can in
-    the step, the rest shares the cores with the ranks. None: ranks compute elsewhere."""
+    the step, the rest shares the cores with the ranks; beyond the cores, as much of it as
+    the measured time-sharing `efficiency` says. None: ranks compute elsewhere."""
     if not cores or worker_ms <= 0:
         return 0.0
-    return max(0.0, n * worker_ms - max(0, cores - n) * step_ms) / cores
+    share = efficiency if n > cores else 1.0
+    return share * max(0.0, n * worker_ms - max(0, cores - n) * step_ms) / cores
 
 
 def summarize_steps(run: RunConfig, rows: list[dict], cluster: Cluster) -> dict:

@@ -33,8 +33,11 @@ def measure_step_overhead(workload: WorkloadConfig, trainer: str, store: str | P
     return found[len(found) // 2]
 
 
-def _one_step_overhead(workload: WorkloadConfig, trainer: str, store: str | Path, compute: str,
-                       steps: int) -> dict[str, float]:
+def calibration_run(workload: WorkloadConfig, trainer: str, store: str | Path, compute: str,
+                    steps: int, ranks: int = 1):
+    """(run, its summary, its spans): a real run at the calibration seed, in a scratch
+    store that holds a copy of this store's fit (an emulated rank reads its fit beside
+    its run)."""
     import shutil
     import tempfile
 
@@ -44,15 +47,21 @@ def _one_step_overhead(workload: WorkloadConfig, trainer: str, store: str | Path
     from fsbench.training.trainer import trainer_options
 
     w = dataclasses.replace(workload, steps=steps, warmup=4, compute=compute)
-    run = RunConfig(workload=w, trainer=trainer, world_size=1, seed=CALIBRATION_SEED,
+    run = RunConfig(workload=w, trainer=trainer, world_size=ranks, seed=CALIBRATION_SEED,
                     trainer_options=trainer_options(trainer, {}))
-    with tempfile.TemporaryDirectory(prefix="fsbench-overhead-") as tmp:
-        if compute == "emulated":  # the emulated rank reads its fit beside its run
+    with tempfile.TemporaryDirectory(prefix="fsbench-calibration-") as tmp:
+        if compute == "emulated":
             target = fit_path(tmp, w, "cpu")
             target.parent.mkdir(parents=True)
             shutil.copy(fit_path(store, w, "cpu"), target)
         run_dir, measured = run_once(run, tmp)
-        spans = read_timelines(run_dir)
+        return run, measured, read_timelines(run_dir)
+
+
+def _one_step_overhead(workload: WorkloadConfig, trainer: str, store: str | Path, compute: str,
+                       steps: int) -> dict[str, float]:
+    run, measured, spans = calibration_run(workload, trainer, store, compute, steps)
+    w = run.workload
     steps_ = spans[(spans["kind"] == "step") & ~spans["warmup"]]
     # The rank's real thread CPU per step (an emulated span books it as overhead_ns).
     cpu_ms = float((steps_["overhead_ns"] if compute == "emulated" else steps_["cpu_ns"]).median()) / 1e6
