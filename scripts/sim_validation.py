@@ -103,7 +103,9 @@ def fit_line(preset: str, fit) -> str:
                      f"{o['input_ms']:.1f} input, {o.get('worker_ms', 0.0):.1f} loader worker)"
                      for key, o in sorted((fit.step_overhead or {}).items()))
     return (f"{preset}: {fit.table_ns_per_element:.2f} ns sharded, {fit.replicated_ns_per_element:.2f} ns "
-            f"replicated, batch {fit.batch_ms:.2f} ms + {fit.bucket_ms:.2f} ms per bucket, "
+            f"replicated, batch {fit.batch_ms:.2f} ms + {fit.bucket_ms:.2f} ms per bucket + "
+            f"{fit.wide_ms_per_melem:.1f} ms per million attention elements beyond "
+            f"{fit.wide_threshold_melem:.2f} million in a bucket, "
             f"co-run {fit.corun_slowdown:.2f}x (tables {fit.table_corun_slowdown or 0:.2f}x), "
             f"time-sharing efficiency {(fit.timeshare or {}).get('efficiency', 1.0):.2f}, "
             f"step overhead {over}")
@@ -170,9 +172,10 @@ def main() -> None:
         fit = load_fit(store, base, "cpu")
         if fit is None:
             calibrate(base, store)
-        elif fit.corun_slowdown is None or fit.batch_ms is None:
-            raise SystemExit(f"{fit_path(store, base, 'cpu')}: a fit from before batch terms; its "
-                             f"emulated runs waited for another cost. Use a new --store.")
+        elif fit.corun_slowdown is None or fit.batch_ms is None or fit.wide_ms_per_melem is None:
+            raise SystemExit(f"{fit_path(store, base, 'cpu')}: a fit from before its batch terms "
+                             f"(wide buckets); its emulated runs waited for another cost and its "
+                             f"overheads are against another model. Use a new --store.")
         fit = load_fit(store, base, "cpu")
         if fit.table_corun_slowdown is None:  # a fit from before the tables' co-run slowdown
             tables, _ = measure_corun_slowdown(base, fit.corun_processes, repeats=3, work="tables")
@@ -239,8 +242,8 @@ def main() -> None:
         "ranks). 1-2 ranks: real model; 4-16 ranks: `compute=emulated`. Command: "
         f"`python scripts/sim_validation.py{' --held-back' if args.held_back else ''}`.\n",
         "Per preset, from the fit: the optimizer step per updated table element (sharded), a "
-        "replica's table work per element at the real table sizes, a batch's fixed and "
-        "per-bucket encoder cost, the slowdown when both cores run the encoder (the table work) "
+        "replica's table work per element at the real table sizes, a batch's fixed, "
+        "per-bucket and wide-bucket encoder cost, the slowdown when both cores run the encoder (the table work) "
         "at once (applied to 2+ ranks; beyond 2 ranks CPU work also time-shares: ranks / 2 as long "
         "at full efficiency, the efficiency measured at 4 emulated ranks), and "
         "each trainer's per-step overhead per compute mode (median of three 1-rank runs at the "

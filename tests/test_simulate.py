@@ -107,9 +107,29 @@ def test_calibrate_measures_batch_terms_and_a_replicas_table_work():
     w = get_workload("tiny")
     # Against a per-sample model that says "free", the whole encoder time is residual: the
     # fit must then find a positive cost per batch (fixed or per bucket).
-    batch_ms, bucket_ms = measure_batch_terms(w, lambda L: np.zeros(len(L)), batches=2, repeats=2)
-    assert batch_ms >= 0 and bucket_ms >= 0 and batch_ms + bucket_ms > 0
+    batch_ms, bucket_ms, wide_ms, threshold = measure_batch_terms(w, lambda L: np.zeros(len(L)),
+                                                                  batches=2, repeats=2)
+    assert min(batch_ms, bucket_ms, wide_ms, threshold) >= 0 and batch_ms + bucket_ms + wide_ms > 0
     assert 0.01 < measure_replicated_ns_per_element(w, repeats=2) < 1000
+
+
+def test_batch_terms_recover_planted_fixed_bucket_and_wide_costs():
+    """Residuals made from 2 ms a batch, 0.5 ms a bucket and 10 ms per million attention
+    elements beyond a bucket of 16 samples of 200 (padded to 224) are fitted back to
+    those four numbers."""
+    from fsbench.running.batch_terms import attention_melem, fit_batch_terms, wide_excess
+    from fsbench.running.calibrate import bucket_count
+
+    assert attention_melem([200] * 4 + [10]).tolist() == pytest.approx([4 * 224 ** 2 / 1e6, 16 ** 2 / 1e6])
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(1, 200, int(rng.integers(1, 64))) for _ in range(12)]
+    batches += [np.full(n, 200) for n in (8, 16, 32, 64, 128)]  # up to 6.4 million
+    threshold = 16 * 224 ** 2 / 1e6
+    planted = [(L, 2.0 + 0.5 * bucket_count(L) + 10.0 * wide_excess(L, threshold)) for L in batches]
+    assert fit_batch_terms(planted) == pytest.approx((2.0, 0.5, 10.0, threshold), abs=1e-6)
+    # nothing wide: no slope, and the threshold says 0
+    flat = [(L, 2.0 + 0.5 * bucket_count(L)) for L in batches]
+    assert fit_batch_terms(flat) == pytest.approx((2.0, 0.5, 0.0, 0.0), abs=1e-6)
 
 
 class _Free:

@@ -41,6 +41,7 @@ import torch
 from fsbench.config import WorkloadConfig
 from fsbench.models import Bucketing, EmbeddingLookups, build_model
 from fsbench.running.store import read_json, write_json_atomic
+from fsbench.running.batch_terms import measure_batch_terms, wide_excess
 from fsbench.workloads.generator import SyntheticBatches
 
 # Batches no run draws by default (runs use small seeds), so a validation against runs
@@ -96,11 +97,19 @@ class CostFit:
     twice as many emulated ranks as cores (fsbench.scaling.timeshare): `efficiency` in
     [0, 1], `ranks`, and each trainer's own. None: 1 (full time-sharing)."""
 
+    wide_ms_per_melem: float | None = None
+    """A batch's wide attention buckets (samples x padded length^2 beyond
+    `wide_threshold_melem` million elements) cost this much more per million elements
+    (fsbench.running.batch_terms). None in older fits (then 0)."""
+    wide_threshold_melem: float | None = None
+
     def batch_extra_ms(self, lengths: np.ndarray) -> float:
         """What a batch of these lengths costs beyond the sum of cost(L) (0 when empty)."""
         if len(lengths) == 0:
             return 0.0
-        return (self.batch_ms or 0.0) + (self.bucket_ms or 0.0) * bucket_count(lengths)
+        wide = (self.wide_ms_per_melem * wide_excess(lengths, self.wide_threshold_melem or 0.0)
+                if self.wide_ms_per_melem else 0.0)
+        return (self.batch_ms or 0.0) + (self.bucket_ms or 0.0) * bucket_count(lengths) + wide
 
     def cost_ms(self, lengths: np.ndarray) -> np.ndarray:
         L = np.asarray(lengths, dtype=np.float64)
@@ -208,32 +217,6 @@ def measure_per_sample_ms(workload: WorkloadConfig, length: int, repeats: int = 
     return time_encoder_ms(model, batch, repeats, warmup, device) / n
 
 
-def measure_batch_terms(workload: WorkloadConfig, cost_ms, device: str = "cpu", batches: int = 3,
-                        repeats: int = 3, max_split: int = 16) -> tuple[float, float]:
-    """(batch_ms, bucket_ms): jagged batches of the workload's lengths at the per-rank
-    sizes of its global batch over 1, 2, 4, ... `max_split` ranks, timed, less the sum of
-    `cost_ms(L)`; the residual fitted as batch_ms + bucket_ms x buckets (least squares,
-    both >= 0)."""
-    sizes = sorted({max(1, workload.global_batch_size // k) for k in (1, 2, 4, 8, 16) if k <= max_split})
-    model = build_model(workload, seed=0).to(device)
-    rows, residual = [], []
-    for size in sizes:
-        source = SyntheticBatches(dataclasses.replace(workload, global_batch_size=size), seed=CALIBRATION_SEED)
-        for k in range(batches):
-            batch = source.global_batch(k).to(device)
-            lengths = batch.lengths.cpu().numpy()
-            took = time_encoder_ms(model, batch, repeats, warmup=1, device=device)
-            rows.append([bucket_count(lengths), 1.0])
-            residual.append(took - float(np.sum(cost_ms(lengths))))
-    design, y = np.asarray(rows), np.asarray(residual)
-    per_bucket, fixed = np.linalg.lstsq(design, y, rcond=None)[0]
-    if per_bucket < 0:  # no per-bucket cost visible: a fixed cost alone
-        per_bucket, fixed = 0.0, float(y.mean())
-    if fixed < 0:
-        fixed, per_bucket = 0.0, max(0.0, float(design[:, 0] @ y / (design[:, 0] @ design[:, 0])))
-    return float(max(0.0, fixed)), float(per_bucket)
-
-
 def measure_table_ns_per_element(workload: WorkloadConfig, device: str = "cpu",
                                  rows: tuple[int, int] = (20_000, 200_000), repeats: int = 5) -> float:
     """Slope of the optimizer step's time over table size: a dense table of `rows[i]` x
@@ -336,8 +319,9 @@ def calibrate(workload: WorkloadConfig, out_dir: str | Path, device: str = "cpu"
                   table_ns_per_element=measure_table_ns_per_element(workload, device),
                   table_optimizer=workload.optimizer,
                   replicated_ns_per_element=measure_replicated_ns_per_element(workload, device))
-    batch_ms, bucket_ms = measure_batch_terms(workload, fit.cost_ms, device)
-    fit = dataclasses.replace(fit, batch_ms=batch_ms, bucket_ms=bucket_ms)
+    batch_ms, bucket_ms, slope, threshold = measure_batch_terms(workload, fit.cost_ms, device)
+    fit = dataclasses.replace(fit, batch_ms=batch_ms, bucket_ms=bucket_ms,
+                              wide_ms_per_melem=slope, wide_threshold_melem=threshold)
     if device == "cpu":
         from fsbench.running.corun import measure_corun_slowdown
 
