@@ -50,9 +50,14 @@ class ModelConfig:
     """`sampled`: softmax over the target and the batch's shared negatives (real data draws
     them uniformly, so the logit learns log p(item | history) up to a constant); `full`:
     softmax over every item (the negatives are all item ids; for small catalogues)."""
+    dropout: float = 0.0
+    """Hidden dropout probability in [0, 1) on the input embeddings and each block's
+    residual branches, drawn by token, not by rank (fsbench.models.dropout), so every
+    trainer still computes the same function of the global batch."""
 
     def __post_init__(self) -> None:
         _one_of("model.family", self.family, MODEL_FAMILIES)
+        _require(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
         _one_of("model.loss", self.loss, LOSSES)
         _positive("model.dim", self.dim)
         _positive("model.num_layers", self.num_layers)

@@ -4,6 +4,7 @@ Equivalence checks run in float64 so a real bug is never hidden by rounding nois
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -28,10 +29,12 @@ def workload(family: str, max_seq_len: int = MAX_LEN) -> WorkloadConfig:
                           max_seq_len=max_seq_len)
 
 
-def make_model(family: str, seed: int = 0) -> RecModel:
+def make_model(family: str, seed: int = 0, dropout: float = 0.0) -> RecModel:
     """A float64 model; HSTU's zero-initialized position bias is randomized so the tests
     exercise it."""
-    model = build_model(workload(family), seed).double()
+    w = workload(family)
+    w = dataclasses.replace(w, model=dataclasses.replace(w.model, dropout=dropout))
+    model = build_model(w, seed).double()
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -190,6 +193,45 @@ def test_disjoint_slices_sum_to_full_batch_loss_and_grads(family):
         summed = part_grads if summed is None else {n: summed[n] + part_grads[n] for n in grads}
     assert_rel_close(total, loss)
     assert_grads_close(summed, grads)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dropout_is_drawn_by_token_so_slices_still_sum_to_the_full_batch(family):
+    """With dropout, losses and gradients of disjoint slices, in any order, still sum to
+    the full batch's (a token's mask does not depend on its batch-mates), while dropout
+    does change the loss, changes it again at another step, and is off in eval mode."""
+    model, batch = make_model(family, dropout=0.3), make_batch(LENGTHS)
+    loss, grads = loss_and_grads(model, batch)
+    total, summed = torch.zeros((), dtype=torch.float64), None
+    for part in ([6, 0, 3], [9, 1], [8, 2, 7, 5, 4]):
+        part_loss, part_grads = loss_and_grads(model, batch.select(part))
+        total += part_loss
+        summed = part_grads if summed is None else {n: summed[n] + part_grads[n] for n in grads}
+    assert_rel_close(total, loss)
+    assert_grads_close(summed, grads)
+    without, _ = loss_and_grads(make_model(family), batch)
+    later, _ = loss_and_grads(model, dataclasses.replace(batch, step=1))
+    assert abs(loss.item() - without.item()) > 1e-6 and abs(later.item() - loss.item()) > 1e-6
+    model.eval()
+    assert_rel_close(loss_and_grads(model, batch)[0], without)
+
+
+def test_keyed_dropout_drops_about_p_and_rescales_the_rest():
+    from fsbench.models.dropout import KeyedDropout, token_keys
+
+    t = torch.arange(4000)
+    keys = token_keys(3, torch.arange(40), t % 40, t // 40, t % 97, t % 89)
+    out = KeyedDropout(0.25, keys, training=True)(torch.ones(4000, 16, dtype=torch.float64), site=2)
+    kept = out != 0
+    assert 0.24 < 1 - kept.double().mean().item() < 0.26
+    assert torch.all(out[kept] == 1 / 0.75)
+    assert torch.equal(KeyedDropout(0.25, keys, training=True)(out, site=2) != 0, kept)  # same mask
+    assert not torch.equal(KeyedDropout(0.25, keys, training=True)(out, site=3) != 0, kept)
+
+
+def test_dropout_outside_its_range_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match="model.dropout"):
+        ModelConfig(dropout=1.0)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -11,6 +11,8 @@ Choices the paper leaves open:
   * Q K^T is not scaled by 1/sqrt(d/heads) (pointwise SiLU, not a softmax).
   * The relative-position bias is one learned scalar per head and distance i - j,
     distances >= max_distance - 1 share the last entry; it starts at zero.
+Hidden dropout (`model.dropout`, off by default) on the residual branch, drawn by token
+(fsbench.models.dropout).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fsbench.models.dropout import NO_DROPOUT
 from fsbench.models.jagged import JaggedLayout
 
 
@@ -33,10 +36,10 @@ class HSTUBlock(nn.Module):
         self.norm_attn = nn.LayerNorm(dim)
         self.out = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor, layout: JaggedLayout) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layout: JaggedLayout, drop=NO_DROPOUT, site: int = 0) -> torch.Tensor:
         u, vqk = F.silu(self.uvqk(self.norm_in(x))).split([self.dim, 3 * self.dim], dim=-1)
         av = layout.bucketed(vqk, self._attend) / layout.length.unsqueeze(1).to(x.dtype)
-        return x + self.out(self.norm_attn(av) * u)
+        return x + drop(self.out(self.norm_attn(av) * u), site)
 
     def _attend(self, vqk: torch.Tensor) -> torch.Tensor:
         """(n, P, 3D) right-padded V|Q|K -> (n, P, D) causal pointwise attention A V."""

@@ -3,7 +3,9 @@
     x = x + Proj(CausalSoftmaxAttention(LayerNorm(x)))
     x = x + Linear(GELU(Linear(LayerNorm(x))))     FFN width 4 * dim, exact (erf) GELU
 
-No dropout (trainers are compared gradient for gradient).
+Hidden dropout (`model.dropout`, off by default) on both residual branches, drawn by token
+so that every trainer computes the same function (fsbench.models.dropout); none on the
+attention weights.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fsbench.models.dropout import NO_DROPOUT
 from fsbench.models.jagged import JaggedLayout
 
 FFN_MULT = 4
@@ -27,9 +30,9 @@ class SASRecBlock(nn.Module):
         self.ffn_in = nn.Linear(dim, FFN_MULT * dim)
         self.ffn_out = nn.Linear(FFN_MULT * dim, dim)
 
-    def forward(self, x: torch.Tensor, layout: JaggedLayout) -> torch.Tensor:
-        x = x + self.proj(layout.bucketed(self.qkv(self.norm_attn(x)), self._attend))
-        return x + self.ffn_out(F.gelu(self.ffn_in(self.norm_ffn(x))))
+    def forward(self, x: torch.Tensor, layout: JaggedLayout, drop=NO_DROPOUT, site: int = 0) -> torch.Tensor:
+        x = x + drop(self.proj(layout.bucketed(self.qkv(self.norm_attn(x)), self._attend)), site)
+        return x + drop(self.ffn_out(F.gelu(self.ffn_in(self.norm_ffn(x)))), site + 1)
 
     def _attend(self, qkv: torch.Tensor) -> torch.Tensor:
         """(n, P, 3D) right-padded Q|K|V -> (n, P, D). Causal masking alone keeps padded
