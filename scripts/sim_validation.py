@@ -266,7 +266,8 @@ def main() -> None:
          "revised; calibration ran on the presets (with a variant's model change), never on a "
          "variant's lengths or batch size. The development points, which the model was revised "
          "against, are in `results/sim_validation_cpu.md` (with the bimodal lengths of "
-         "`results/sim_hist_check_cpu.md`).\n" if args.held_back else
+         "`results/sim_hist_check_cpu.md`, and the earlier held-back sets, "
+         "`results/sim_validation_heldback_set1_cpu.md` and `_set2_cpu.md`).\n" if args.held_back else
          "**Development points**: the simulator was revised against these (and the bimodal "
          "lengths of `results/sim_hist_check_cpu.md`). Points it was never tuned on: "
          "`results/sim_validation_heldback_cpu.md` (`--held-back`).\n"),
