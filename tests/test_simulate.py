@@ -107,16 +107,18 @@ def test_calibrate_measures_batch_terms_and_a_replicas_table_work():
     w = get_workload("tiny")
     # Against a per-sample model that says "free", the whole encoder time is residual: the
     # fit must then find a positive cost per batch (fixed or per bucket).
-    batch_ms, bucket_ms, wide_ms, threshold = measure_batch_terms(w, lambda L: np.zeros(len(L)),
-                                                                  batches=2, repeats=2)
-    assert min(batch_ms, bucket_ms, wide_ms, threshold) >= 0 and batch_ms + bucket_ms + wide_ms > 0
+    batch_ms, sample_ms, bucket_ms, wide_ms, threshold = measure_batch_terms(
+        w, lambda L: np.zeros(len(L)), batches=2, repeats=2)
+    # against a model that says "free", no sample can cost less than nothing
+    assert min(batch_ms, sample_ms, bucket_ms, wide_ms, threshold) >= 0
+    assert batch_ms + sample_ms + bucket_ms + wide_ms > 0
     assert 0.01 < measure_replicated_ns_per_element(w, repeats=2) < 1000
 
 
 def test_batch_terms_recover_planted_fixed_bucket_and_wide_costs():
-    """Residuals made from 2 ms a batch, 0.5 ms a bucket and 10 ms per million attention
-    elements beyond a bucket of 16 samples of 200 (padded to 224) are fitted back to
-    those four numbers."""
+    """Residuals made from 2 ms a batch, -0.05 ms a sample (cost(L)'s constant too big),
+    0.5 ms a bucket and 10 ms per million attention elements beyond a bucket of 16 samples
+    of 200 (padded to 224) are fitted back to those five numbers."""
     from fsbench.running.batch_terms import attention_melem, fit_batch_terms, wide_excess
     from fsbench.running.calibrate import bucket_count
 
@@ -125,11 +127,12 @@ def test_batch_terms_recover_planted_fixed_bucket_and_wide_costs():
     batches = [rng.integers(1, 200, int(rng.integers(1, 64))) for _ in range(12)]
     batches += [np.full(n, 200) for n in (8, 16, 32, 64, 128)]  # up to 6.4 million
     threshold = 16 * 224 ** 2 / 1e6
-    planted = [(L, 2.0 + 0.5 * bucket_count(L) + 10.0 * wide_excess(L, threshold)) for L in batches]
-    assert fit_batch_terms(planted) == pytest.approx((2.0, 0.5, 10.0, threshold), abs=1e-6)
+    planted = [(L, 2.0 - 0.05 * len(L) + 0.5 * bucket_count(L) + 10.0 * wide_excess(L, threshold))
+               for L in batches]
+    assert fit_batch_terms(planted) == pytest.approx((2.0, -0.05, 0.5, 10.0, threshold), abs=1e-6)
     # nothing wide: no slope, and the threshold says 0
     flat = [(L, 2.0 + 0.5 * bucket_count(L)) for L in batches]
-    assert fit_batch_terms(flat) == pytest.approx((2.0, 0.5, 0.0, 0.0), abs=1e-6)
+    assert fit_batch_terms(flat) == pytest.approx((2.0, 0.0, 0.5, 0.0, 0.0), abs=1e-6)
 
 
 class _Free:
@@ -204,6 +207,27 @@ def test_beyond_the_cores_ranks_meet_the_measured_share_of_time_sharing(monkeypa
             overhead = 3.0 * share + 1.0  # the overhead's CPU stretches, its wait does not
             assert row["step_time_ms"] == pytest.approx(
                 share * encoder_ms(source, row["step"], n).max() + overhead, rel=1e-9)
+
+
+def test_overheads_follow_a_ranks_samples_between_their_two_measurements():
+    """Measured at 128 samples (8 ms, 6 of it CPU) and at 32 (2 ms, all CPU): 80 samples a
+    rank pay halfway, 8 extrapolate down the line (stopping at 0) with the parts kept
+    parts (CPU <= wall); a fit without the second measurement stays constant."""
+    from fsbench.scaling.sim_costs import Costs
+
+    full = {"wall_ms": 8.0, "cpu_ms": 6.0, "busy_ms": 1.0, "input_ms": 1.0, "worker_ms": 4.0, "samples": 128.0}
+    quarter = {"wall_ms": 2.0, "cpu_ms": 2.0, "busy_ms": 0.0, "input_ms": 0.0, "worker_ms": 1.0, "samples": 32.0}
+    costs = local_with(planted_fit(step_overhead={"ddp/model": full, "ddp/model@32": quarter}))(
+        CLUSTERS["local"], small(64), ".")
+    half = costs.step_overhead("ddp", "model", 80.0)
+    assert half == pytest.approx({"wall_ms": 5.0, "cpu_ms": 4.0, "busy_ms": 0.5, "input_ms": 0.5,
+                                  "worker_ms": 2.5})
+    low = costs.step_overhead("ddp", "model", 8.0)  # the line: wall 0.5, CPU 1.0 > wall
+    assert low["wall_ms"] == pytest.approx(0.5) and low["cpu_ms"] == pytest.approx(0.5)
+    assert low["busy_ms"] == 0.0 and costs.step_overhead("ddp", "model", 0.0)["wall_ms"] == 0.0
+    assert costs.step_overhead("ddp", "model", 128.0)["wall_ms"] == pytest.approx(8.0)
+    alone = local_with(planted_fit(step_overhead={"ddp/model": full}))(CLUSTERS["local"], small(64), ".")
+    assert alone.step_overhead("ddp", "model", 8.0)["wall_ms"] == 8.0
 
 
 def test_loader_workers_beyond_the_cores_preempt_by_the_measured_efficiency():

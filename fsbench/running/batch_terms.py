@@ -1,15 +1,17 @@
 """A batch's encoder cost beyond its samples' cost(L), measured by `fsbench calibrate`:
 
-    extra = batch_ms + bucket_ms x buckets + wide_ms_per_melem x wide excess
+    extra = batch_ms + sample_ms x samples + bucket_ms x buckets + wide_ms_per_melem x wide excess
 
 cost(L) is measured on batches of about 2,048 tokens of one length. A jagged batch pays a
-fixed cost and one per attention bucket (an attention call per layer each); and a bucket
+fixed cost, one per sample (cost(L)'s constant was measured at one batch size) and one
+per attention bucket (an attention call per layer each); and a bucket
 of many long samples makes (samples, heads, P, P) attention tensors of tens of
 megabytes, which on this kind of host cost more per element (measured on the 2-core VM:
 128 samples of length 200 took 1.55x what cost(200) predicts, 16 of them 1.2x; tensors
 that large come from the allocator as fresh pages, ~0.4 ms a megabyte). The wide excess
 is each bucket's samples x padded length^2 beyond `wide_threshold_melem` million,
-summed. All four are fitted together, all >= 0, on jagged batches of the workload's
+summed. All five are fitted together, all >= 0 but the per-sample term (cost(L)'s
+constant can be too large or too small), on jagged batches of the workload's
 lengths at the per-rank sizes of its global batch and on fixed-length batches of its
 longest lengths at sizes doubling up to the global batch.
 """
@@ -36,14 +38,16 @@ def wide_excess(lengths, threshold: float) -> float:
     return float(np.clip(attention_melem(lengths) - threshold, 0.0, None).sum())
 
 
-def _nonnegative_lstsq(design: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
-    """Least squares with every coefficient >= 0 (exact: the best of the fits over each
-    subset of columns whose coefficients all come out >= 0); (coefficients, SSE)."""
+def _nonnegative_lstsq(design: np.ndarray, y: np.ndarray, free: tuple[int, ...] = ()
+                       ) -> tuple[np.ndarray, float]:
+    """Least squares with every coefficient >= 0 but those of the `free` columns (exact:
+    the best of the fits over each subset of columns whose constrained coefficients all
+    come out >= 0); (coefficients, SSE)."""
     best = (np.zeros(design.shape[1]), float(y @ y))
     for k in range(1, design.shape[1] + 1):
         for cols in itertools.combinations(range(design.shape[1]), k):
             coef = np.linalg.lstsq(design[:, cols], y, rcond=None)[0]
-            if (coef < 0).any():
+            if any(c < 0 and col not in free for c, col in zip(coef, cols)):
                 continue
             sse = float(np.sum((y - design[:, cols] @ coef) ** 2))
             if sse < best[1]:
@@ -53,29 +57,30 @@ def _nonnegative_lstsq(design: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, f
     return best
 
 
-def fit_batch_terms(batches: list[tuple[np.ndarray, float]]) -> tuple[float, float, float, float]:
-    """(batch_ms, bucket_ms, wide_ms_per_melem, wide_threshold_melem) from (lengths,
-    residual ms beyond cost(L)) per timed batch; the threshold is the best of 0 and
-    each bucket size seen."""
+def fit_batch_terms(batches: list[tuple[np.ndarray, float]]) -> tuple[float, float, float, float, float]:
+    """(batch_ms, sample_ms, bucket_ms, wide_ms_per_melem, wide_threshold_melem) from
+    (lengths, residual ms beyond cost(L)) per timed batch; the threshold is the best of 0
+    and each bucket size seen."""
     from fsbench.running.calibrate import bucket_count
 
     y = np.array([r for _, r in batches], dtype=np.float64)
-    base = np.array([[1.0, bucket_count(L)] for L, _ in batches])
+    base = np.array([[1.0, len(L), bucket_count(L)] for L, _ in batches], dtype=np.float64)
     seen = sorted({float(x) for L, _ in batches for x in attention_melem(L)})
     best = None
     for threshold in [0.0, *seen]:
         excess = np.array([[wide_excess(L, threshold)] for L, _ in batches])
-        coef, sse = _nonnegative_lstsq(np.hstack([base, excess]), y)
-        if best is None or sse < best[0]:
+        coef, sse = _nonnegative_lstsq(np.hstack([base, excess]), y, free=(1,))
+        if best is None or sse < best[0] - 1e-12 * max(1.0, best[0]):
             best = (sse, coef, threshold)
-    _, (fixed, per_bucket, slope), threshold = best
-    if slope < 1e-9:  # rounding, not a cost: no wide term
-        slope, threshold = 0.0, 0.0
-    return float(fixed), float(per_bucket), float(slope), float(threshold)
+    _, (fixed, per_sample, per_bucket, slope), threshold = best
+    clean = [0.0 if abs(c) < 1e-9 else float(c) for c in (fixed, per_sample, per_bucket, slope)]
+    if clean[3] == 0.0:  # no wide term
+        threshold = 0.0
+    return clean[0], clean[1], clean[2], clean[3], float(threshold)
 
 
 def measure_batch_terms(workload, cost_ms, device: str = "cpu", batches: int = 3, repeats: int = 3,
-                        max_split: int = 16) -> tuple[float, float, float, float]:
+                        max_split: int = 16) -> tuple[float, float, float, float, float]:
     """fit_batch_terms over timed batches (see the module docstring) less the sum of
     cost_ms(L)."""
     from fsbench.models import build_model
@@ -102,4 +107,7 @@ def measure_batch_terms(workload, cost_ms, device: str = "cpu", batches: int = 3
             if n >= workload.global_batch_size:
                 break
             n = min(2 * n, workload.global_batch_size)
-    return fit_batch_terms(timed)
+    fixed, per_sample, per_bucket, slope, threshold = fit_batch_terms(timed)
+    # A negative per-sample term corrects cost(L)'s constant; it never makes a sample free.
+    per_sample = max(per_sample, -float(np.asarray(cost_ms(np.array([1])))[0]))
+    return fixed, per_sample, per_bucket, slope, threshold

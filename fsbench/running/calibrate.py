@@ -102,6 +102,9 @@ class CostFit:
     `wide_threshold_melem` million elements) cost this much more per million elements
     (fsbench.running.batch_terms). None in older fits (then 0)."""
     wide_threshold_melem: float | None = None
+    batch_sample_ms: float | None = None
+    """A jagged batch's cost per sample beyond cost(L) (either sign: cost(L)'s constant
+    was measured at one batch size; fsbench.running.batch_terms). None in older fits."""
 
     def batch_extra_ms(self, lengths: np.ndarray) -> float:
         """What a batch of these lengths costs beyond the sum of cost(L) (0 when empty)."""
@@ -109,7 +112,8 @@ class CostFit:
             return 0.0
         wide = (self.wide_ms_per_melem * wide_excess(lengths, self.wide_threshold_melem or 0.0)
                 if self.wide_ms_per_melem else 0.0)
-        return (self.batch_ms or 0.0) + (self.bucket_ms or 0.0) * bucket_count(lengths) + wide
+        return ((self.batch_ms or 0.0) + (self.batch_sample_ms or 0.0) * len(lengths)
+                + (self.bucket_ms or 0.0) * bucket_count(lengths) + wide)
 
     def cost_ms(self, lengths: np.ndarray) -> np.ndarray:
         L = np.asarray(lengths, dtype=np.float64)
@@ -319,8 +323,8 @@ def calibrate(workload: WorkloadConfig, out_dir: str | Path, device: str = "cpu"
                   table_ns_per_element=measure_table_ns_per_element(workload, device),
                   table_optimizer=workload.optimizer,
                   replicated_ns_per_element=measure_replicated_ns_per_element(workload, device))
-    batch_ms, bucket_ms, slope, threshold = measure_batch_terms(workload, fit.cost_ms, device)
-    fit = dataclasses.replace(fit, batch_ms=batch_ms, bucket_ms=bucket_ms,
+    batch_ms, sample_ms, bucket_ms, slope, threshold = measure_batch_terms(workload, fit.cost_ms, device)
+    fit = dataclasses.replace(fit, batch_ms=batch_ms, batch_sample_ms=sample_ms, bucket_ms=bucket_ms,
                               wide_ms_per_melem=slope, wide_threshold_melem=threshold)
     if device == "cpu":
         from fsbench.running.corun import measure_corun_slowdown

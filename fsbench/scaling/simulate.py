@@ -137,7 +137,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     corun, share = costs_model.corun_factor(n), costs_model.time_sharing(n, run.trainer)
     table_corun = costs_model.table_corun_factor(n)
     enc_busy, enc_wall = (1.0, 1.0) if emulated else (corun, corun * share)
-    over = (costs_model.step_overhead(run.trainer, w.compute) if step_overhead
+    over = (costs_model.step_overhead(run.trainer, w.compute, w.global_batch_size / n) if step_overhead
             else dict.fromkeys(OVERHEAD_KEYS, 0.0))
     # Waiting for input is waiting for the loader worker's CPU work, which time-shares
     # too; the rest of the overhead off the rank's CPU (other waits) does not.
