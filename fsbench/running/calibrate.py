@@ -94,7 +94,7 @@ class CostFit:
     timeshare: dict | None = None
     """Ranks beyond the host's cores (`corun_processes`): how much of full time-sharing
     (every rank's CPU work waiting for all the others') their steps meet, measured at
-    twice as many emulated ranks as cores (fsbench.scaling.timeshare): `efficiency` in
+    four times as many emulated ranks as cores (fsbench.scaling.timeshare): `efficiency` in
     [0, 1], `ranks`, and each trainer's own. None: 1 (full time-sharing)."""
 
     wide_ms_per_melem: float | None = None

@@ -107,26 +107,14 @@ class Costs:
             return 1.0
         return self.fit.table_corun_slowdown or self.corun_factor(world_size)
 
-    def step_overhead(self, trainer: str, compute: str, samples: float | None = None) -> dict[str, float]:
+    def step_overhead(self, trainer: str, compute: str) -> dict[str, float]:
         """`local`: the trainer's measured per-step work beyond this model, in this compute
-        mode (wall_ms, cpu_ms, busy_ms, input_ms, worker_ms:
-        fsbench.running.calibrate.CostFit.step_overhead), at `samples` a rank: on the line
-        through its two measurements (at the calibrated batch and a quarter of it), >= 0;
+        mode (wall_ms, cpu_ms, busy_ms, input_ms: fsbench.running.calibrate.CostFit.step_overhead);
         GPU presets: none (their per-layer launch overhead stands for it)."""
-        if self.cluster.compute != "fit":
-            return dict.fromkeys(OVERHEAD_KEYS, 0.0)
-        held = self.fit.step_overhead or {}
-        found = held.get(f"{trainer}/{compute}", {})
-        other = [v for k, v in held.items() if k.startswith(f"{trainer}/{compute}@")]
-        if samples is None or not other or "samples" not in found or found["samples"] == other[0]["samples"]:
-            return {k: float(found.get(k, 0.0)) for k in OVERHEAD_KEYS}
-        at = (samples - found["samples"]) / (found["samples"] - other[0]["samples"])
-        v = {k: max(0.0, found[k] + at * (found[k] - other[0][k])) for k in OVERHEAD_KEYS}
-        # the parts stay parts of the whole: busy <= cpu <= wall, cpu + input <= wall
-        v["cpu_ms"] = min(v["cpu_ms"], v["wall_ms"])
-        v["busy_ms"] = min(v["busy_ms"], v["cpu_ms"])
-        v["input_ms"] = min(v["input_ms"], v["wall_ms"] - v["cpu_ms"])
-        return v
+        found = {}
+        if self.cluster.compute == "fit":
+            found = (self.fit.step_overhead or {}).get(f"{trainer}/{compute}", {})
+        return {k: float(found.get(k, 0.0)) for k in OVERHEAD_KEYS}
 
     def table_ms(self, elements: float, replicated: bool = False) -> float:
         if self.cluster.compute != "fit":

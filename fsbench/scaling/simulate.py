@@ -23,7 +23,7 @@ batches (the same length draws the generator makes for that seed and step):
             memory-bound table work's apart); with more ranks than cores it also waits
             its turn (time-sharing): its wall time 1 + e (ranks / cores - 1) times its
             CPU time, where e, the share of full time-sharing that steps meet (ranks'
-            CPU work does not all fall at once), is measured at twice the cores
+            CPU work does not all fall at once), is measured at four times the cores
             (fsbench.scaling.timeshare; 1 in a fit without it). A run with
             `compute=emulated` waits for its encoder instead (no core), so there only
             the real CPU work (table step, overhead) time-shares.
@@ -137,7 +137,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     corun, share = costs_model.corun_factor(n), costs_model.time_sharing(n, run.trainer)
     table_corun = costs_model.table_corun_factor(n)
     enc_busy, enc_wall = (1.0, 1.0) if emulated else (corun, corun * share)
-    over = (costs_model.step_overhead(run.trainer, w.compute, w.global_batch_size / n) if step_overhead
+    over = (costs_model.step_overhead(run.trainer, w.compute) if step_overhead
             else dict.fromkeys(OVERHEAD_KEYS, 0.0))
     # Waiting for input is waiting for the loader worker's CPU work, which time-shares
     # too; the rest of the overhead off the rank's CPU (other waits) does not.

@@ -5,7 +5,7 @@ With more ranks than cores, a rank's CPU work would take ranks / cores as long i
 rank's CPU work fell at once; it does not (ranks wait in collectives and on emulated
 compute at different times, their loader workers fill those gaps), so steps meet only
 part of that wait. That part is not derived: it is measured here, once per fit, at
-twice as many emulated ranks as cores, as the efficiency in [0, 1] at which the
+four times as many emulated ranks as cores, as the efficiency in [0, 1] at which the
 simulator's step (fsbench.scaling.simulate: CPU work stretched by 1 + efficiency x
 (ranks / cores - 1), the loader workers' preemption beyond the cores by the efficiency)
 equals the measured one. Measured on the preset at one rank count, then used at every
@@ -40,19 +40,24 @@ def solve_efficiency(simulated_ms: Callable[[float], float], measured_ms: float,
 
 
 def measure_timeshare(workload: WorkloadConfig, trainers: list[str], store: str | Path,
-                      steps: int = 20) -> dict:
-    """Each trainer's efficiency from one emulated run at 2 x cores ranks (the fit's
-    overheads must be stored: they are part of the step it simulates), and their mean."""
+                      steps: int = 20, repeats: int = 3) -> dict:
+    """Each trainer's efficiency from emulated runs at 4 x cores ranks, the median run of
+    `repeats` (the fit's overheads must be stored: they are part of the step it
+    simulates), and their mean. At 4 x cores an efficiency moves the step three times as
+    much as at 2 x cores (ranks / cores - 1), so a run's noise moves it a third as much:
+    at 2 x cores one calibration gave freescale 0.49, another 0.08."""
     from fsbench.running.calibrate import load_fit
 
     fit = load_fit(store, workload, "cpu")
     if fit is None or not fit.corun_processes:
         raise ConfigError(f"no cost fit with a co-run count for {workload.name} in {store}: "
                           f"run fsbench calibrate first")
-    ranks = 2 * fit.corun_processes
+    ranks = 4 * fit.corun_processes
     per_trainer = {}
     for trainer in trainers:
-        run, measured, _ = calibration_run(workload, trainer, store, "emulated", steps, ranks)
+        runs = sorted((calibration_run(workload, trainer, store, "emulated", steps, ranks)[:2]
+                       for _ in range(repeats)), key=lambda rm: rm[1]["step_time_ms_median"])
+        run, measured = runs[len(runs) // 2]
         per_trainer[trainer] = solve_efficiency(
             lambda e: simulate_run(run, CLUSTERS["local"], store, timeshare_efficiency=e)[0]["step_time_ms_median"],
             measured["step_time_ms_median"])
