@@ -209,6 +209,38 @@ def test_beyond_the_cores_ranks_meet_the_measured_share_of_time_sharing(monkeypa
                 share * encoder_ms(source, row["step"], n).max() + overhead, rel=1e-9)
 
 
+def test_overheads_follow_the_global_batchs_tokens_between_their_two_measurements():
+    """Measured at 6,400 tokens a global batch (8 ms, 6 of it CPU) and at 1,600 (2 ms, all
+    CPU): 4,000 tokens pay halfway, 400 extrapolate down the line with the parts kept
+    parts (CPU <= wall), none pay nothing, more than 6,400 pay what 6,400 did; a fit
+    without the second measurement, or a caller that gives no tokens, gets the constant."""
+    from fsbench.scaling.sim_costs import Costs
+
+    full = {"wall_ms": 8.0, "cpu_ms": 6.0, "busy_ms": 1.0, "input_ms": 1.0, "worker_ms": 4.0, "tokens": 6400.0}
+    quarter = {"wall_ms": 2.0, "cpu_ms": 2.0, "busy_ms": 0.0, "input_ms": 0.0, "worker_ms": 1.0, "tokens": 1600.0}
+    costs = local_with(planted_fit(step_overhead={"ddp/model": full, "ddp/model@32": quarter}))(
+        CLUSTERS["local"], small(64), ".")
+    assert isinstance(costs, Costs)
+    assert costs.step_overhead("ddp", "model", 4000.0) == pytest.approx(
+        {"wall_ms": 5.0, "cpu_ms": 4.0, "busy_ms": 0.5, "input_ms": 0.5, "worker_ms": 2.5})
+    low = costs.step_overhead("ddp", "model", 400.0)  # the line: wall 0.5, CPU 1.0 > wall
+    assert low["wall_ms"] == pytest.approx(0.5) and low["cpu_ms"] == pytest.approx(0.5)
+    assert low["busy_ms"] == 0.0 and costs.step_overhead("ddp", "model", 0.0)["wall_ms"] == 0.0
+    assert costs.step_overhead("ddp", "model")["wall_ms"] == 8.0
+    assert costs.step_overhead("ddp", "model", 64000.0)["wall_ms"] == 8.0  # not above what was measured
+    alone = local_with(planted_fit(step_overhead={"ddp/model": full}))(CLUSTERS["local"], small(64), ".")
+    assert alone.step_overhead("ddp", "model", 400.0)["wall_ms"] == 8.0
+
+
+def test_expected_tokens_is_the_batch_times_its_clipped_mean_length():
+    from fsbench.scaling.sim_costs import expected_tokens
+
+    assert expected_tokens(dataclasses.replace(small(64), lengths="fixed:12")) == 64 * 12
+    w = dataclasses.replace(small(64), lengths="uniform:10-30")
+    assert expected_tokens(w) == pytest.approx(64 * 20, rel=0.01)
+    assert expected_tokens(dataclasses.replace(w, global_batch_size=16)) == pytest.approx(expected_tokens(w) / 4)
+
+
 def test_loader_workers_beyond_the_cores_preempt_by_the_measured_efficiency():
     from fsbench.scaling.simulate import worker_preemption_ms
 

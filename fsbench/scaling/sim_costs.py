@@ -107,14 +107,30 @@ class Costs:
             return 1.0
         return self.fit.table_corun_slowdown or self.corun_factor(world_size)
 
-    def step_overhead(self, trainer: str, compute: str) -> dict[str, float]:
+    def step_overhead(self, trainer: str, compute: str, tokens: float | None = None) -> dict[str, float]:
         """`local`: the trainer's measured per-step work beyond this model, in this compute
-        mode (wall_ms, cpu_ms, busy_ms, input_ms: fsbench.running.calibrate.CostFit.step_overhead);
-        GPU presets: none (their per-layer launch overhead stands for it)."""
-        found = {}
-        if self.cluster.compute == "fit":
-            found = (self.fit.step_overhead or {}).get(f"{trainer}/{compute}", {})
-        return {k: float(found.get(k, 0.0)) for k in OVERHEAD_KEYS}
+        mode (wall_ms, cpu_ms, busy_ms, input_ms, worker_ms:
+        fsbench.running.calibrate.CostFit.step_overhead), for a global batch of `tokens`
+        expected tokens: on the line through its two measurements (at the calibrated batch
+        and a quarter of it; input, routing and row work grow with the global batch, on
+        every rank, FreeScale's plan included), >= 0, and no more than at the calibrated
+        batch (beyond what was measured the line is not known to hold: extrapolated up,
+        it put comm-heavy's FreeScale 28-46% over at 6x its tokens). GPU presets: none
+        (their per-layer launch overhead stands for it)."""
+        if self.cluster.compute != "fit":
+            return dict.fromkeys(OVERHEAD_KEYS, 0.0)
+        held = self.fit.step_overhead or {}
+        found = held.get(f"{trainer}/{compute}", {})
+        other = [v for k, v in held.items() if k.startswith(f"{trainer}/{compute}@") and "tokens" in v]
+        if tokens is None or not other or "tokens" not in found or found["tokens"] == other[0]["tokens"]:
+            return {k: float(found.get(k, 0.0)) for k in OVERHEAD_KEYS}
+        at = (min(tokens, found["tokens"]) - found["tokens"]) / (found["tokens"] - other[0]["tokens"])
+        v = {k: max(0.0, found[k] + at * (found[k] - other[0][k])) for k in OVERHEAD_KEYS}
+        # the parts stay parts of the whole: busy <= cpu <= wall, cpu + input <= wall
+        v["cpu_ms"] = min(v["cpu_ms"], v["wall_ms"])
+        v["busy_ms"] = min(v["busy_ms"], v["cpu_ms"])
+        v["input_ms"] = min(v["input_ms"], v["wall_ms"] - v["cpu_ms"])
+        return v
 
     def table_ms(self, elements: float, replicated: bool = False) -> float:
         if self.cluster.compute != "fit":
@@ -172,3 +188,12 @@ def expected_fresh(n_draws: np.ndarray, vocab: int, s: float, prev_draws: float)
     counts, p = _zipf_bins(vocab, s)
     n = np.asarray(n_draws, dtype=np.float64)[:, None]
     return (counts * -np.expm1(-n * p) * -np.expm1(-prev_draws * p)).sum(axis=1)
+
+
+def expected_tokens(workload: WorkloadConfig) -> float:
+    """A global batch's expected tokens: its size times its lengths' mean (20,000 draws
+    from a fixed generator, clipped at max_seq_len as batches are)."""
+    from fsbench.workloads.distributions import parse_length_spec
+
+    draws = parse_length_spec(workload.lengths).sample(np.random.default_rng(0), 20_000, workload.max_seq_len)
+    return float(workload.global_batch_size * np.mean(draws))

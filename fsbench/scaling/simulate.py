@@ -28,7 +28,9 @@ batches (the same length draws the generator makes for that seed and step):
             `compute=emulated` waits for its encoder instead (no core), so there only
             the real CPU work (table step, overhead) time-shares.
   overhead  `local`: each trainer's per-step work beyond this model in each compute mode,
-            measured by a real 1-rank run (fsbench.scaling.step_overhead): its wall time, the
+            measured by real 1-rank runs at the calibrated batch and a quarter of it
+            and followed along the global batch's expected tokens (up to the calibrated
+            batch's) (fsbench.scaling.step_overhead): its wall time, the
             part that is the rank's CPU (time-shares), the part counted busy, input waits,
             and its loader worker's CPU (a process of its own, on a spare core at 1 rank):
             at n ranks the n workers' CPU beyond what the spare cores take lengthens the
@@ -90,7 +92,7 @@ from fsbench.config import RunConfig, WorkloadConfig
 from fsbench.scaling.ddp_buckets import ddp_buckets, dense_grad_bytes
 from fsbench.errors import ConfigError
 from fsbench.measurement.metrics import rank_causes
-from fsbench.scaling.sim_costs import OVERHEAD_KEYS, Costs, expected_distinct, expected_fresh
+from fsbench.scaling.sim_costs import OVERHEAD_KEYS, Costs, expected_distinct, expected_fresh, expected_tokens
 from fsbench.scaling.sim_inputs import Cluster, PlanInputs, SimProfile, assumptions, contiguous_plan
 
 def profile_of(trainer: str, options: dict[str, str], n: int) -> SimProfile:
@@ -137,7 +139,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     corun, share = costs_model.corun_factor(n), costs_model.time_sharing(n, run.trainer)
     table_corun = costs_model.table_corun_factor(n)
     enc_busy, enc_wall = (1.0, 1.0) if emulated else (corun, corun * share)
-    over = (costs_model.step_overhead(run.trainer, w.compute) if step_overhead
+    over = (costs_model.step_overhead(run.trainer, w.compute, expected_tokens(w)) if step_overhead
             else dict.fromkeys(OVERHEAD_KEYS, 0.0))
     # Waiting for input is waiting for the loader worker's CPU work, which time-shares
     # too; the rest of the overhead off the rank's CPU (other waits) does not.

@@ -10,7 +10,7 @@ import numpy as np
 
 from fsbench.config import RunConfig, WorkloadConfig
 from fsbench.errors import ConfigError
-from fsbench.scaling.sim_costs import OVERHEAD_KEYS
+from fsbench.scaling.sim_costs import OVERHEAD_KEYS, expected_tokens
 from fsbench.scaling.sim_inputs import CLUSTERS
 from fsbench.scaling.simulate import simulate_run
 
@@ -89,12 +89,24 @@ def store_step_overheads(workload: WorkloadConfig, trainers: list[str], store: s
     if fit is None:
         raise ConfigError(f"no cost fit for {workload.name} in {store}: run fsbench calibrate first")
     held = dict(fit.step_overhead or {})
-    # An entry from before a part was measured (the loader worker's CPU) is measured again.
-    missing = [(t, c) for t in trainers for c in ("model", "emulated")
-               if not set(OVERHEAD_KEYS) <= set(held.get(f"{t}/{c}", {}))]
-    for trainer, compute in progress(missing):
-        held[f"{trainer}/{compute}"] = measure_step_overhead(workload, trainer, store, compute)
+    # Each at the workload's batch and at a quarter of it, with the global batch's expected
+    # tokens (the simulator follows a batch's tokens along the line through the two). An
+    # entry from before a part was measured (the loader worker's CPU, the tokens) is
+    # measured again.
+    sizes = sorted({workload.global_batch_size, max(1, workload.global_batch_size // 4)})
+    missing = [(t, c, b) for t in trainers for c in ("model", "emulated") for b in sizes
+               if not {*OVERHEAD_KEYS, "tokens"} <= set(held.get(overhead_key(t, c, b, workload), {}))]
+    for trainer, compute, batch in progress(missing):
+        w = dataclasses.replace(workload, global_batch_size=batch)
+        held[overhead_key(trainer, compute, batch, workload)] = {
+            **measure_step_overhead(w, trainer, store, compute), "tokens": expected_tokens(w)}
         # stored after each: a Ctrl-C keeps what was measured
         write_json_atomic(fit_path(store, workload, "cpu"),
                           dataclasses.asdict(dataclasses.replace(fit, step_overhead=held)))
     return held
+
+
+def overhead_key(trainer: str, compute: str, batch: int, workload: WorkloadConfig) -> str:
+    """The fit's key for an overhead measured at `batch` samples: "trainer/compute" at the
+    workload's own batch, "trainer/compute@batch" at another."""
+    return f"{trainer}/{compute}" + ("" if batch == workload.global_batch_size else f"@{batch}")
