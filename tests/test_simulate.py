@@ -409,9 +409,10 @@ def test_calibrate_overhead_of_an_unknown_trainer_is_refused_before_calibrating(
 
 @pytest.mark.dist
 def test_calibrate_measures_each_trainers_overhead_and_the_simulator_adds_it(tmp_path, capsys):
-    """`fsbench calibrate --overhead ddp` runs real 1-rank runs in both compute modes and
-    stores what they cost beyond the model; a 1-rank simulation then takes exactly the
-    stored wall overhead more per step (one rank: no co-run, no time-sharing)."""
+    """`fsbench calibrate --overhead ddp` runs real 1-rank runs in both compute modes, at
+    the batch and a quarter of it, and stores what they cost beyond the model; a 1-rank
+    simulation of the calibrated batch then takes exactly the stored wall overhead more
+    per step (one rank: no co-run, no time-sharing)."""
     import torch
 
     from fsbench.running.calibrate import load_fit
@@ -428,7 +429,11 @@ def test_calibrate_measures_each_trainers_overhead_and_the_simulator_adds_it(tmp
     torch.set_num_threads(1)  # the fit's key holds the ranks' thread count
     try:
         fit = load_fit(tmp_path, w)
-        assert set(fit.step_overhead) == {"ddp/model", "ddp/emulated"}
+        quarter = w.global_batch_size // 4  # each is measured at the batch and a quarter of it
+        assert set(fit.step_overhead) == {"ddp/model", "ddp/emulated",
+                                          f"ddp/model@{quarter}", f"ddp/emulated@{quarter}"}
+        assert fit.step_overhead[f"ddp/model@{quarter}"]["tokens"] == pytest.approx(
+            fit.step_overhead["ddp/model"]["tokens"] / 4)
         for parts in fit.step_overhead.values():
             assert 0 <= parts["busy_ms"] <= parts["cpu_ms"] <= parts["wall_ms"]
             assert parts["cpu_ms"] + parts["input_ms"] <= parts["wall_ms"] + 1e-9
