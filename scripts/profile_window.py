@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 
 import numpy as np
 
 import freescale_impl.window as window_mod
+from freescale_impl import plan_kernels
+from freescale_impl.partition import karmarkar_karp
+from freescale_impl.trainer import analytical_cost
 from freescale_impl.trainer import FreeScaleTrainer
 from fsbench.config import override_all
 from fsbench.scaling import planner_micro as pm
@@ -48,10 +52,23 @@ def main() -> None:
         surpluses.append((np.bincount(step, minlength=len(sizes)) - sizes).tolist())
         return keep(costs, step, rank, sizes, n)
 
+    # The compiled window keeps step sizes inside window_kernels: the Python path (the
+    # same plans) shows the surpluses.
     window_mod._keep_step_sizes = spy
+    os.environ[plan_kernels.ENV] = "python"
     plan(lengths, args.ranks)
+    del os.environ[plan_kernels.ENV]
     window_mod._keep_step_sizes = keep
-    print("steps' surplus before keeping step sizes:", surpluses or "none (per-batch plans kept)")
+    print("steps' surplus before keeping step sizes:", surpluses or "none (the pool was not planned)")
+    # What the window chooses between (summed per-step max loads, the cost model's units).
+    costs = [analytical_cost(w)(b) for b in lengths]
+    cuts = np.cumsum([0] + [c.size for c in costs])
+    floor = sum(float(c.sum()) for c in costs) / args.ranks
+    bound = sum(max(float(c.sum()) / args.ranks, float(c.max())) for c in costs)
+    plain = sum(karmarkar_karp(c, args.ranks).max_load for c in costs)
+    pooled = sum(s.plan.max_load for s in window_mod._pack_window(costs, cuts, args.ranks, karmarkar_karp, 0))
+    print(f"total / N {floor:.5g}; per-batch bound {bound:.5g}; per-batch plans {plain:.5g}; "
+          f"pooled {pooled:.5g} ({'pooled' if pooled < plain * (1 - 1e-9) else 'per-batch'} wins)")
 
 
 if __name__ == "__main__":

@@ -50,9 +50,10 @@ DEVELOPMENT = tuple((preset, (), POINTS) for preset in ("small", "comm-heavy"))
 # has to measure anew (sasrec); calibration runs on the preset (with the variant's model
 # changes only), as a user calibrates once and then projects variants. A held-back set is
 # used once: after the model changes, its points are development points, and a new set
-# is drawn. The fifth set, drawn before any of its points was run (measured at c65c5ec:
-# 13 of 20; read since, so the next change to the model draws a sixth):
-HELD_BACK = (
+# is drawn; `--held-back N` re-simulates (`--reuse`) or measures an earlier one.
+# The fifth set, drawn before any of its points was run (measured at c65c5ec: 13 of 20;
+# read since, so the next change to the model draws a sixth):
+FIFTH_HELD_BACK = (
     ("small", (("lengths", "lognormal:mu=2.0,sigma=1.0"), ("global_batch_size", "96")),
      ((1, "model"), (2, "model"), (8, "emulated"))),
     ("small", (("lengths", "uniform:20-200"),), ((2, "model"), (4, "emulated"))),
@@ -104,6 +105,11 @@ FIRST_HELD_BACK = (
     ("small", (("model.family", "sasrec"),), ((2, "model"), (8, "emulated"))),
     ("small", (("lengths", "movielens-20m"), ("global_batch_size", "256")), ((4, "emulated"),)),
 )
+
+
+HELD_BACK_SETS = {1: FIRST_HELD_BACK, 2: SECOND_HELD_BACK, 3: THIRD_HELD_BACK,
+                  4: FOURTH_HELD_BACK, 5: FIFTH_HELD_BACK}
+HELD_BACK = HELD_BACK_SETS[max(HELD_BACK_SETS)]  # the current set
 
 
 def stored_summary(store: Path, workload: str, trainer: str, n: int, steps: int,
@@ -182,15 +188,18 @@ def main() -> None:
     ap.add_argument("--trainers", default="ddp,freescale")
     ap.add_argument("--table", help="default: results/sim_validation_cpu.md, or with --held-back "
                                      "results/sim_validation_heldback_cpu.md")
-    ap.add_argument("--held-back", action="store_true",
-                    help="the held-back points (HELD_BACK), into results/sim_validation_heldback_cpu.md")
+    ap.add_argument("--held-back", nargs="?", type=int, const=max(HELD_BACK_SETS), default=None,
+                    choices=sorted(HELD_BACK_SETS), metavar="N",
+                    help="the held-back points (the current set, or set N: "
+                         "HELD_BACK_SETS), into results/sim_validation_heldback_cpu.md")
     ap.add_argument("--reuse", action="store_true",
                     help="take measured points already in the store (re-simulate only)")
     ap.add_argument("--summarize", metavar="TABLE",
                     help="only print the cause summary of a validation file written before "
                          "(e.g. an older commit's: git show SHA:results/sim_validation_cpu.md)")
     args = ap.parse_args()
-    args.table = args.table or ("results/sim_validation_heldback_cpu.md" if args.held_back
+    held_back = args.held_back is not None
+    args.table = args.table or ("results/sim_validation_heldback_cpu.md" if held_back
                                 else "results/sim_validation_cpu.md")
     if args.summarize:
         print("\n".join(cause_summary(read_table(args.summarize))))
@@ -200,7 +209,7 @@ def main() -> None:
     torch.set_num_threads(1)  # the ranks' setting: part of the cost fit's key
     if load_comm_fits(store) is None:
         calibrate_comm(store, [2, 4, 8, 16])
-    points = HELD_BACK if args.held_back else tuple(
+    points = HELD_BACK_SETS[args.held_back] if held_back else tuple(
         p for p in DEVELOPMENT if p[0] in args.presets.split(","))
     runs = []  # (label, workload, trainer, ranks, compute)
     for preset, sets, where in points:
@@ -229,7 +238,8 @@ def main() -> None:
                 w = dataclasses.replace(w, name=f"{label}+compute=emulated")
             runs += [(label, w, trainer, n, compute) for trainer in args.trainers.split(",")]
     # Every point once per round, rounds one after another: this machine's speed drifts
-    # over minutes (the same point measured 75-83 ms one hour and 105 ms another), so a
+    # over minutes (a point's runs spread over up to 41% of their median in held-back set
+    # 5: its `measured spread`), so a
     # point's repeats are spread over the whole validation, and it is judged by its median.
     measured = {i: [] for i in range(len(runs))}
     for round_ in range(args.repeats):
@@ -276,7 +286,7 @@ def main() -> None:
         "Simulator: `--cluster local` (encoder cost and the optimizer's cost per table element "
         "from `fsbench calibrate`, collectives from `fsbench calibrate --comm` at 2, 4, 8, 16 "
         "ranks). 1-2 ranks: real model; 4-16 ranks: `compute=emulated`. Command: "
-        f"`python scripts/sim_validation.py{' --held-back' if args.held_back else ''}`.\n",
+        f"`python scripts/sim_validation.py{f' --held-back {args.held_back}' if held_back else ''}`.\n",
         "Per preset, from the fit: the optimizer step per updated table element (sharded), a "
         "replica's table work per element at the real table sizes, a batch's fixed, "
         "per-bucket and wide-bucket encoder cost, the slowdown when both cores run the encoder (the table work) "
@@ -292,7 +302,7 @@ def main() -> None:
          "against, are in `results/sim_validation_cpu.md` (with the bimodal lengths of "
          "`results/sim_hist_check_cpu.md`, and the earlier held-back sets, "
          "`results/sim_validation_heldback_set1_cpu.md` to `_set4_cpu.md`).\n"
-         if args.held_back else
+         if held_back else
          "**Development points**: the simulator was revised against these (and the bimodal "
          "lengths of `results/sim_hist_check_cpu.md`). Points it was never tuned on: "
          "`results/sim_validation_heldback_cpu.md` (`--held-back`).\n"),

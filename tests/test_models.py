@@ -182,17 +182,24 @@ def test_bucketing_granularity_does_not_change_loss_or_grads(family):
 
 # (c) disjoint slices add up to the global batch -----------------------------------------
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_disjoint_slices_sum_to_full_batch_loss_and_grads(family):
-    model, batch = make_model(family), make_batch(LENGTHS)
+def assert_slices_sum_to_the_batch(model: RecModel, batch: JaggedBatch, parts) -> tuple[torch.Tensor, dict]:
+    """The losses and gradients of the batch's disjoint `parts` sum to the batch's own;
+    returns the batch's (loss, grads)."""
     loss, grads = loss_and_grads(model, batch)
     total, summed = torch.zeros((), dtype=torch.float64), None
-    for part in ([6, 0, 3], [9, 1], [2, 4, 5, 7, 8]):
+    for part in parts:
         part_loss, part_grads = loss_and_grads(model, batch.select(part))
         total += part_loss
         summed = part_grads if summed is None else {n: summed[n] + part_grads[n] for n in grads}
     assert_rel_close(total, loss)
     assert_grads_close(summed, grads)
+    return loss, grads
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_disjoint_slices_sum_to_full_batch_loss_and_grads(family):
+    assert_slices_sum_to_the_batch(make_model(family), make_batch(LENGTHS),
+                                   ([6, 0, 3], [9, 1], [2, 4, 5, 7, 8]))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -201,14 +208,7 @@ def test_dropout_is_drawn_by_token_so_slices_still_sum_to_the_full_batch(family)
     the full batch's (a token's mask does not depend on its batch-mates), while dropout
     does change the loss, changes it again at another step, and is off in eval mode."""
     model, batch = make_model(family, dropout=0.3), make_batch(LENGTHS)
-    loss, grads = loss_and_grads(model, batch)
-    total, summed = torch.zeros((), dtype=torch.float64), None
-    for part in ([6, 0, 3], [9, 1], [8, 2, 7, 5, 4]):
-        part_loss, part_grads = loss_and_grads(model, batch.select(part))
-        total += part_loss
-        summed = part_grads if summed is None else {n: summed[n] + part_grads[n] for n in grads}
-    assert_rel_close(total, loss)
-    assert_grads_close(summed, grads)
+    loss, _ = assert_slices_sum_to_the_batch(model, batch, ([6, 0, 3], [9, 1], [8, 2, 7, 5, 4]))
     without, _ = loss_and_grads(make_model(family), batch)
     later, _ = loss_and_grads(model, dataclasses.replace(batch, step=1))
     assert abs(loss.item() - without.item()) > 1e-6 and abs(later.item() - loss.item()) > 1e-6
@@ -221,12 +221,12 @@ def test_keyed_dropout_drops_about_p_and_rescales_the_rest():
 
     t = torch.arange(4000)
     keys = token_keys(3, torch.arange(40), t % 40, t // 40, t % 97, t % 89)
-    out = KeyedDropout(0.25, keys, training=True)(torch.ones(4000, 16, dtype=torch.float64), site=2)
+    out = KeyedDropout(0.25, keys)(torch.ones(4000, 16, dtype=torch.float64), site=2)
     kept = out != 0
     assert 0.24 < 1 - kept.double().mean().item() < 0.26
     assert torch.all(out[kept] == 1 / 0.75)
-    assert torch.equal(KeyedDropout(0.25, keys, training=True)(out, site=2) != 0, kept)  # same mask
-    assert not torch.equal(KeyedDropout(0.25, keys, training=True)(out, site=3) != 0, kept)
+    assert torch.equal(KeyedDropout(0.25, keys)(out, site=2) != 0, kept)  # same mask
+    assert not torch.equal(KeyedDropout(0.25, keys)(out, site=3) != 0, kept)
 
 
 def test_dropout_outside_its_range_is_refused_naming_the_field():

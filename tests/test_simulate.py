@@ -241,6 +241,24 @@ def test_expected_tokens_is_the_batch_times_its_clipped_mean_length():
     assert expected_tokens(dataclasses.replace(w, global_batch_size=16)) == pytest.approx(expected_tokens(w) / 4)
 
 
+def test_measuring_overheads_drops_the_efficiency_solved_against_the_old_ones(tmp_path, monkeypatch):
+    from fsbench.running.calibrate import fit_path, load_fit
+    from fsbench.running.store import write_json_atomic
+    from fsbench.scaling import step_overhead
+
+    w = small(64)
+    path = fit_path(tmp_path, w, "cpu")
+    path.parent.mkdir(parents=True)
+    held = planted_fit(timeshare={"efficiency": 0.5, "ranks": 8, "per_trainer": {"ddp": 0.5}})
+    write_json_atomic(path, dataclasses.asdict(held))
+    monkeypatch.setattr(step_overhead, "measure_step_overhead",
+                        lambda *a, **k: {"wall_ms": 1.0, "cpu_ms": 1.0, "busy_ms": 0.0,
+                                         "input_ms": 0.0, "worker_ms": 0.0})
+    step_overhead.store_step_overheads(w, ["ddp"], tmp_path)  # lacks the tokens: measured anew
+    fit = load_fit(tmp_path, w, "cpu")
+    assert fit.timeshare is None and fit.step_overhead["ddp/model@16"]["tokens"] > 0
+
+
 def test_loader_workers_beyond_the_cores_preempt_by_the_measured_efficiency():
     from fsbench.scaling.simulate import worker_preemption_ms
 

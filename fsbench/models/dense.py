@@ -13,9 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fsbench.models import emulation
+from fsbench.models import dropout, emulation
 from fsbench.config import ModelConfig
-from fsbench.models.dropout import KeyedDropout, token_keys
 from fsbench.models.hstu import HSTUBlock
 from fsbench.models.init import init_module_, uninitialized_embedding
 from fsbench.models.jagged import Bucketing, JaggedLayout
@@ -45,7 +44,7 @@ class DenseArch(nn.Module):
             blocks = [SASRecBlock(dim, model.num_heads) for _ in range(model.num_layers)]
         self.blocks = nn.ModuleList(blocks)
         self.norm_out = nn.LayerNorm(dim)
-        self.dropout = model.dropout
+        self.dropout_p = model.dropout
 
     def init_weights(self, seed: int) -> None:
         init_module_(self, seed, prefix="dense.")
@@ -61,9 +60,7 @@ class DenseArch(nn.Module):
         layout = self.layout(batch)
         context = self.context(torch.cat([lookups.users, lookups.contexts.flatten(1)], dim=1))
         x = lookups.items + context.index_select(0, layout.sample) + self.positions(layout.position)
-        drop = KeyedDropout(self.dropout, token_keys(
-            batch.step, batch.user_ids, layout.sample, layout.position, batch.item_ids, batch.targets)
-            if self.training and self.dropout > 0 else None, self.training)
+        drop = dropout.for_batch(self.dropout_p, self.training, batch, layout)
         x = drop(x, site=0)
         for i, block in enumerate(self.blocks):
             x = block(x, layout, drop, site=1 + 2 * i)

@@ -40,16 +40,24 @@ def token_keys(step: int, user_ids: torch.Tensor, sample: torch.Tensor, position
     return _mix(h)
 
 
+def for_batch(p: float, training: bool, batch, layout) -> "KeyedDropout":
+    """The dropout of one forward: keyed by the batch's tokens while training with p > 0,
+    else none (no keys computed)."""
+    if not training or p <= 0:
+        return NO_DROPOUT
+    return KeyedDropout(p, token_keys(batch.step, batch.user_ids, layout.sample, layout.position,
+                                      batch.item_ids, batch.targets))
+
+
 class KeyedDropout:
     """Drops each element of a packed (T, D) activation with probability p, by its
-    token's key, a site number and its column; identity when p is 0 or not training."""
+    token's key, a site number and its column; identity without keys (NO_DROPOUT)."""
 
-    def __init__(self, p: float, keys: torch.Tensor | None, training: bool):
+    def __init__(self, p: float, keys: torch.Tensor | None):
         self.p, self.keys = p, keys
-        self.active = training and p > 0 and keys is not None
 
     def __call__(self, x: torch.Tensor, site: int) -> torch.Tensor:
-        if not self.active:
+        if self.keys is None:
             return x
         columns = torch.arange(x.shape[1], device=x.device, dtype=torch.int64)
         h = _mix(_mix(self.keys * _MUL[0] + site).unsqueeze(1) * _MUL[0] + columns)
@@ -57,4 +65,4 @@ class KeyedDropout:
         return x * keep.to(x.dtype) / (1 - self.p)
 
 
-NO_DROPOUT = KeyedDropout(0.0, None, False)
+NO_DROPOUT = KeyedDropout(0.0, None)

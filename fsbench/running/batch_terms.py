@@ -7,8 +7,9 @@ fixed cost, one per sample (cost(L)'s constant was measured at one batch size) a
 per attention bucket (an attention call per layer each); and a bucket
 of many long samples makes (samples, heads, P, P) attention tensors of tens of
 megabytes, which on this kind of host cost more per element (measured on the 2-core VM:
-128 samples of length 200 took 1.55x what cost(200) predicts, 16 of them 1.2x; tensors
-that large come from the allocator as fresh pages, ~0.4 ms a megabyte). The wide excess
+128 samples of length 200 took 1.59x the per-sample time of 10 of them, 64 took 1.23x;
+tensors that large come from the allocator as fresh pages, ~0.4 ms a megabyte:
+`python scripts/host_memory_probe.py`). The wide excess
 is each bucket's samples x padded length^2 beyond `wide_threshold_melem` million,
 summed. All five are fitted together, all >= 0 but the per-sample term (cost(L)'s
 constant can be too large or too small), on jagged batches of the workload's

@@ -100,9 +100,10 @@ def store_step_overheads(workload: WorkloadConfig, trainers: list[str], store: s
         w = dataclasses.replace(workload, global_batch_size=batch)
         held[overhead_key(trainer, compute, batch, workload)] = {
             **measure_step_overhead(w, trainer, store, compute), "tokens": expected_tokens(w)}
-        # stored after each: a Ctrl-C keeps what was measured
-        write_json_atomic(fit_path(store, workload, "cpu"),
-                          dataclasses.asdict(dataclasses.replace(fit, step_overhead=held)))
+        # stored after each: a Ctrl-C keeps what was measured. The time-sharing efficiency
+        # was solved against the overheads held before (fsbench.scaling.timeshare): it goes.
+        write_json_atomic(fit_path(store, workload, "cpu"), dataclasses.asdict(
+            dataclasses.replace(fit, step_overhead=held, timeshare=None)))
     return held
 
 

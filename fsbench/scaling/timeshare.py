@@ -44,8 +44,8 @@ def measure_timeshare(workload: WorkloadConfig, trainers: list[str], store: str 
     """Each trainer's efficiency from emulated runs at 4 x cores ranks, the median run of
     `repeats` (the fit's overheads must be stored: they are part of the step it
     simulates), and their mean. At 4 x cores an efficiency moves the step three times as
-    much as at 2 x cores (ranks / cores - 1), so a run's noise moves it a third as much:
-    at 2 x cores one calibration gave freescale 0.49, another 0.08."""
+    much as at 2 x cores (ranks / cores - 1), so a run's noise moves it a third as much
+    (at 2 x cores two calibrations of the same fit disagreed by several tenths)."""
     from fsbench.running.calibrate import load_fit
 
     fit = load_fit(store, workload, "cpu")
