@@ -17,7 +17,8 @@ def settle(costs: np.ndarray, bins: np.ndarray, bin_ends: np.ndarray,
            step_of_bin: np.ndarray, rank_of_bin: np.ndarray, sizes: np.ndarray, n: int):
     """Per step of the window: (its samples' positions in `costs`, ascending; its plan's
     assignment; loads per rank; largest cost). `bins` lists the pooled plan's bins' samples
-    end to end (bin b ends at bin_ends[b]); step_of_bin/rank_of_bin place each bin."""
+    end to end (bin b ends at bin_ends[b]; entries >= costs.size are skipped: fillers);
+    step_of_bin/rank_of_bin place each bin."""
     c = np.ascontiguousarray(costs, dtype=np.float64)
     step, rank = _buffers(c.size)[:2]  # scratch: a fresh MB costs ~0.4 ms to touch (host_memory_probe.py)
     positions, order, counts, loads, largest = _settle(
@@ -37,8 +38,9 @@ def _settle(costs, bins, bin_ends, step_of_bin, rank_of_bin, sizes, n, step, ran
     have, begin = np.zeros(sizes.size, np.int64), 0
     for b in range(bin_ends.size):
         for q in range(begin, bin_ends[b]):
-            step[bins[q]], rank[bins[q]] = step_of_bin[b], rank_of_bin[b]
-        have[step_of_bin[b]] += bin_ends[b] - begin
+            if bins[q] < costs.size:  # others are the pooled plan's fillers
+                step[bins[q]], rank[bins[q]] = step_of_bin[b], rank_of_bin[b]
+                have[step_of_bin[b]] += 1
         begin = bin_ends[b]
     members = np.empty(costs.size, np.int64)
     first = _members(step, have, members)
