@@ -110,7 +110,7 @@ class BalancedShare:
         self.source, self.rank, self.world_size = source, rank, world_size
         self.cost, self.opts, self.steps = cost, opts, steps
         self.partitioner = PARTITIONERS[opts.partitioner]
-        self._window: tuple[int, list[JaggedBatch], dict[int, WindowStep]] | None = None
+        self._window: tuple[int, list[JaggedBatch], list[list[int]], dict[int, WindowStep]] | None = None
         self._planned: tuple[int, JaggedBatch, partition.Plan] | None = None  # last step's
         self._planning_ns = 0  # planning since the last plan_stats: a window's, at its first step
 
@@ -176,14 +176,15 @@ class BalancedShare:
             plans = self._timed(lambda: lookahead_window(
                 [self.cost(b.lengths.numpy()) for b in batches], self.world_size, k,
                 partitioner=self.partitioner))
-            self._window = (start, batches, {start + i: p for i, p in enumerate(plans)})
-        _, batches, steps = self._window
+            trained = [b.trained_per_sample().tolist() for b in batches]  # the loss's count
+            self._window = (start, batches, trained, {start + i: p for i, p in enumerate(plans)})
+        _, batches, trained, steps = self._window
         ws = steps[step]
         by_batch: dict[int, list[int]] = {}
         for off, idx in (ws.samples[i] for i in ws.plan.assignment[rank]):
             by_batch.setdefault(off, []).append(idx)  # one select per source batch
         parts = [batches[off].select(idx) for off, idx in sorted(by_batch.items())]
-        step_targets = sum(int(batches[off].lengths[idx]) for off, idx in ws.samples)
+        step_targets = sum(int(trained[off][idx]) for off, idx in ws.samples)
         return concat_batches(parts, batches[step - start].negative_ids, step_targets, step), ws.plan
 
 

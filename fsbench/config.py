@@ -135,6 +135,13 @@ class WorkloadConfig:
     recent max_seq_len + 1 items; `epochs`: every training target once per epoch, in
     windows of max_seq_len + 1 items from each history's end, shuffled per epoch
     (fsbench quality)."""
+    window_targets: int = 0
+    """data_order=epochs: the targets each window of max_seq_len inputs trains, its last
+    ones (0: max_seq_len, windows that do not overlap, whose first targets see few
+    items). Each trained target then sees at least max_seq_len - window_targets + 1 items
+    of its history (or all of it), closer to the max_seq_len items the evaluation's
+    prediction sees, at about max_seq_len / window_targets times the compute per target;
+    1 is RecBole's every-prefix training."""
     compute: str = "model"
     """What a sample's compute is: `model` (the reference model), `synthetic` (a CPU
     spin of known cost per token: the harness's ground truth) or `emulated` (the real
@@ -158,6 +165,9 @@ class WorkloadConfig:
         _require(self.lr > 0, f"lr={self.lr} must be > 0")
         _one_of("compute", self.compute, COMPUTE_MODES)
         _one_of("data_order", self.data_order, DATA_ORDERS)
+        _require(0 <= self.window_targets <= self.max_seq_len,
+                 f"window_targets={self.window_targets} must be in 0..max_seq_len={self.max_seq_len} "
+                 "(0: max_seq_len)")
         # Parse the distribution and data specs now, so a typo fails before any rank starts.
         # fsbench.specs is standard library only: no numpy, no torch, no fsbench.workloads.
         specs.parse_lengths(self.lengths)

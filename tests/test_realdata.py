@@ -198,50 +198,92 @@ def test_epochs_train_every_target_once_per_epoch(tmp_path):
         workload("synthetic", data_order="epochs")
 
 
-def test_too_small_vocab_tells_which_set_to_use(dataset):
-    spec, _ = dataset
-    with pytest.raises(ConfigError, match=r"4 items .*--set item_vocab=5"):
-        make_batch_source(workload(spec, item_vocab=4), 0)
-    with pytest.raises(ConfigError, match=r"3 users .*--set user_vocab=4"):
-        make_batch_source(workload(spec, user_vocab=2), 0)
-
-
-def test_parse_data_spec_accepts_synthetic_and_existing_files(tmp_path):
+def test_window_targets_give_every_target_its_history_once_per_epoch(tmp_path):
+    """window_targets=3 of max_seq_len=7: each window trains its last 3 targets (the
+    others are 0: context only), each trained target sees its whole history or at least
+    5 items of it, and every target comes once per epoch (bar the dropped partial batch)."""
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(1, 30, 25)
+    lines = [f"{u} {i}" for u, n in enumerate(lengths) for i in rng.integers(0, 25, n)]
     path = tmp_path / "x.txt"
-    path.write_text("1 1\n")
-    assert parse_data_spec("synthetic") == DataSpec("synthetic")
-    assert parse_data_spec(f"sasrec:{path}") == DataSpec("sasrec", str(path))
+    path.write_text("\n".join(lines) + "\n")
+    w = workload(f"sasrec:{path}", user_vocab=26, item_vocab=26, max_seq_len=7,
+                 global_batch_size=5, data_order="epochs", window_targets=3)
+    source = make_batch_source(w, 0, held_out=1)
+    h = source.histories
+    windows = sum(-(-(n - 1) // 3) for n in h.lengths if n >= 2)
+    assert source.steps_per_epoch == windows // 5
+    seen = []
+    for step in range(source.steps_per_epoch):
+        b = source.global_batch(step)
+        assert b.global_num_targets == int((b.targets != 0).sum())
+        for u, s, e in zip(b.user_ids.tolist(), b.offsets[:-1].tolist(), b.offsets[1:].tolist()):
+            hist, inputs, targets = h.history(u).tolist(), b.item_ids[s:e].tolist(), b.targets[s:e].tolist()
+            trained = [j for j, t in enumerate(targets) if t != 0]
+            assert trained == list(range(max(0, len(targets) - 3), len(targets)))
+            start = next(i for i in range(len(hist)) if hist[i:i + len(inputs)] == inputs)
+            for j in trained:
+                assert targets[j] == hist[start + j + 1]
+                # its whole history before it, or at least 7 - 3 + 1 items of it
+                assert j + 1 == start + j + 1 or j + 1 >= 5
+                seen.append((u, start + j + 1))
+    assert len(seen) == len(set(seen))
+    all_targets = {(u, p) for u in range(1, h.num_users + 1) for p in range(1, int(h.lengths[u - 1]))}
+    assert set(seen) <= all_targets and len(all_targets - set(seen)) <= (windows % 5) * 3
+    with pytest.raises(ConfigError, match="window_targets=8 must be in 0..max_seq_len=7"):
+        workload(f"sasrec:{path}", max_seq_len=7, window_targets=8)
 
 
-@pytest.mark.parametrize("spec", ["csv:/tmp/x", "sasrec", "sasrec:", "otto:/no/such/file.jsonl",
-                                  "Synthetic"])
-def test_bad_data_spec_raises_one_line_config_error_naming_the_field(spec):
-    with pytest.raises(ConfigError) as err:
-        parse_data_spec(spec)
-    msg = str(err.value)
-    assert msg.startswith(f"data={spec!r}") and "\n" not in msg and "recbole:PATH" in msg
+def test_context_only_positions_have_no_loss():
+    """A target of 0 (window_targets' context) adds nothing to the loss or its gradients:
+    the loss is the sum over the trained positions alone, over their count, and the
+    padding row that the 0 targets look up gets no gradient."""
+    from fsbench.models import build_model
+    from fsbench.models.loss import sampled_softmax_token_losses
+    from fsbench.workloads.batch import JaggedBatch
+
+    w = workload("synthetic", item_vocab=30, max_seq_len=8, num_negatives=5)
+    model = build_model(w, seed=0)
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.tensor([5, 3, 8])
+    targets = torch.randint(1, 30, (16,), generator=g)
+    targets[[0, 1, 2, 5, 8, 9]] = 0
+    batch = JaggedBatch(item_ids=torch.randint(1, 30, (16,), generator=g), targets=targets,
+                        lengths=lengths, user_ids=torch.tensor([1, 2, 3]),
+                        context_ids=torch.ones(3, 2, dtype=torch.int64),
+                        negative_ids=torch.arange(1, 6), global_num_targets=10)
+    assert batch.trained_per_sample().tolist() == [2, 2, 6]
+    loss = model(batch)
+    loss.backward()
+    lookups = model.sparse.lookup(batch)
+    token = sampled_softmax_token_losses(model.dense.encode(lookups, batch), lookups.targets,
+                                         lookups.negatives, batch.targets, batch.negative_ids)
+    assert torch.allclose(loss, token[targets != 0].sum() / 10)
+    item_rows = [p for n, p in model.named_parameters() if p.grad is not None and p.shape[0] == 30]
+    assert item_rows and all(float(p.grad[0].abs().max()) == 0.0 for p in item_rows)
 
 
-def test_workload_config_rejects_a_missing_data_file(tmp_path):
-    with pytest.raises(ConfigError, match="^data=.*no such file"):
-        workload(f"sasrec:{tmp_path / 'absent.txt'}")
+def test_a_freescale_window_counts_only_the_trained_targets(tmp_path):
+    """FreeScale's look-ahead window re-packs samples across steps; a step's global
+    target count (the loss's denominator) is then its samples' trained targets, not their
+    tokens, so the window trains the same loss as DDP under window_targets."""
+    from freescale_impl.balance import analytical_cost
+    from freescale_impl.trainer import BalancedShare, FreeScaleOptions
 
-
-@pytest.mark.parametrize("kind,content,why", [
-    ("sasrec", "1 2\n1 2 3\n", "line 2"),
-    ("sasrec", "1 x\n", "line 1"),
-    ("recbole", "user:token\titem:token\n", "header"),
-    ("recbole", "user_id:token\titem_id:token\na\n", "line 2"),
-    ("recbole", "user_id:token\titem_id:token\ttimestamp:float\na\tb\tnoon\n", "line 2"),
-    ("otto", '{"session": 1, "events": [{"aid": 3}]}\n', "line 1"),
-    ("otto", "not json\n", "line 1"),
-    ("sasrec", "", "no interactions"),
-])
-def test_malformed_file_raises_config_error_naming_path_and_line(tmp_path, kind, content, why):
-    path = tmp_path / f"bad.{kind}"
-    path.write_text(content)
-    with pytest.raises(ConfigError) as err:
-        load_histories(f"{kind}:{path}")
-    msg = str(err.value)
-    assert msg.startswith(f"data='{kind}:") and str(path) in msg and why in msg
-    assert "\n" not in msg
+    rng = np.random.default_rng(5)
+    lengths = np.where(rng.random(40) < 0.1, 60, rng.integers(3, 12, 40))  # a few whales
+    lines = [f"{u} {i}" for u, n in enumerate(lengths) for i in rng.integers(0, 25, n)]
+    path = tmp_path / "x.txt"
+    path.write_text("\n".join(lines) + "\n")
+    w = workload(f"sasrec:{path}", user_vocab=41, item_vocab=26, max_seq_len=20,
+                 global_batch_size=8, data_order="epochs", window_targets=4)
+    opts = FreeScaleOptions.parse({"window": "2", "tables": "replicated"}, prefix="freescale")
+    shares = [BalancedShare(make_batch_source(w, 0), r, 2, analytical_cost(w), opts, steps=6)
+              for r in range(2)]
+    moved = False
+    for step in range(6):
+        local = [share.share(step, r)[0] for r, share in enumerate(shares)]
+        trained = sum(int((b.targets != 0).sum()) for b in local)
+        assert all(b.global_num_targets == trained for b in local), step
+        moved |= trained != make_batch_source(w, 0).global_batch(step).global_num_targets
+    assert moved  # the window moved samples between steps: the count followed them

@@ -73,4 +73,5 @@ class DenseArch(nn.Module):
         hidden = self.encode(lookups, batch)
         losses = sampled_softmax_token_losses(hidden, lookups.targets, lookups.negatives,
                                               batch.targets, batch.negative_ids)
-        return losses.sum() / batch.global_num_targets
+        # Target 0 (padding): a context-only position (window_targets); it has no loss.
+        return losses.masked_fill(batch.targets == 0, 0.0).sum() / batch.global_num_targets

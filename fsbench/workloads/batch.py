@@ -12,7 +12,8 @@ A batch holds B user histories of different lengths, packed without padding:
 `global_num_targets` is the number of target tokens in the *global* batch. A slice
 keeps it, so a rank that holds part of the batch still normalizes its loss by the
 global count and the summed gradient does not depend on how samples were split.
-Id 0 is padding in every table and never appears in a batch.
+Id 0 is padding in every table and never an input; a target of 0 marks a position that
+is context only (real data's `window_targets`): it has no loss and is not counted.
 """
 from __future__ import annotations
 
@@ -51,6 +52,12 @@ class JaggedBatch:
     def num_targets(self) -> int:
         """Target tokens in this (possibly partial) batch."""
         return int(self.item_ids.shape[0])
+
+    def trained_per_sample(self) -> torch.Tensor:
+        """(B,) targets each sample trains: its positions whose target is not 0."""
+        sample = torch.repeat_interleave(torch.arange(self.batch_size), self.lengths)
+        return torch.zeros(self.batch_size, dtype=torch.int64).index_add_(
+            0, sample, (self.targets != 0).to(torch.int64))
 
     @property
     def offsets(self) -> torch.Tensor:

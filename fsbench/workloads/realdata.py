@@ -199,26 +199,35 @@ def recent_windows(h: Histories, users: np.ndarray,
     return pack_windows(h.items, np.maximum(h.offsets[users - 1], ends - (max_seq_len + 1)), ends)
 
 
-def pack_windows(items: np.ndarray, starts: np.ndarray,
-                 ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def pack_windows(items: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                 trained: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(item_ids, targets, lengths) of the windows items[starts:ends] (each >= 2 items),
-    packed: every item but the last an input, its next item its target."""
+    packed: every item but the last an input, its next item its target. With `trained`
+    > 0 only each window's last `trained` targets are kept; the others are 0 (padding,
+    no target: the loss skips them) and serve as context."""
     lengths = ends - starts - 1
     # positions of each window's inputs in items; its targets sit one further on
-    pos = (np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
-           + np.arange(int(lengths.sum())))
-    return items[pos], items[pos + 1], lengths.astype(np.int64)
+    first = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    pos = np.repeat(starts, lengths) + np.arange(int(lengths.sum())) - first
+    targets = items[pos + 1]
+    if trained:
+        context = np.arange(pos.size) - first < np.repeat(lengths - trained, lengths)
+        targets = np.where(context, 0, targets)
+    return items[pos], targets, lengths.astype(np.int64)
 
 
-def epoch_windows(h: Histories, max_seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def epoch_windows(h: Histories, max_seq_len: int,
+                  trained: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(users, starts, ends) of windows that hold every target of every history exactly
-    once: from each history's end backwards, max_seq_len targets a window, each window's
-    first item the previous window's last target (its input, as in the history)."""
+    once: from each history's end backwards, `trained` targets a window (0: max_seq_len),
+    each window up to max_seq_len inputs; with trained < max_seq_len the windows overlap
+    and only their last `trained` targets count (pack_windows)."""
+    step = trained or max_seq_len
     lengths = h.lengths
-    per_user = np.where(lengths >= 2, -(-(lengths - 1) // max_seq_len), 0)
+    per_user = np.where(lengths >= 2, -(-(lengths - 1) // step), 0)
     users = np.repeat(np.arange(1, h.num_users + 1), per_user)
     j = np.arange(int(per_user.sum())) - np.repeat(np.cumsum(per_user) - per_user, per_user)
-    ends = h.offsets[users] - j * max_seq_len
+    ends = h.offsets[users] - j * step
     starts = np.maximum(h.offsets[users - 1], ends - (max_seq_len + 1))
     return users, starts, ends
 
@@ -258,7 +267,7 @@ class RealDataBatches:
             held = f" besides the {held_out} held out for evaluation" if held_out else ""
             raise ConfigError(f"data={workload.data!r}: no user has the 2 interactions{held} "
                               "a sample needs (one input, one target)")
-        self.windows = (epoch_windows(histories, workload.max_seq_len)
+        self.windows = (epoch_windows(histories, workload.max_seq_len, workload.window_targets)
                         if workload.data_order == "epochs" else None)
         if self.windows is not None and self.steps_per_epoch == 0:
             raise ConfigError(f"data_order=epochs: {len(self.windows[0])} training windows hold "
@@ -285,7 +294,7 @@ class RealDataBatches:
             pick = order.permutation(len(self.windows[0]))[k * w.global_batch_size:
                                                            (k + 1) * w.global_batch_size]
             users, starts, ends = (a[pick] for a in self.windows)
-            item_ids, targets, lengths = pack_windows(h.items, starts, ends)
+            item_ids, targets, lengths = pack_windows(h.items, starts, ends, w.window_targets)
         if w.model.loss == "full":
             negatives = np.arange(1, h.num_items + 1, dtype=np.int64)
         else:
@@ -297,6 +306,6 @@ class RealDataBatches:
             user_ids=torch.from_numpy(users.astype(np.int64)),
             context_ids=torch.from_numpy(context_ids_for_users(users, w.context_vocabs)),
             negative_ids=torch.from_numpy(negatives),
-            global_num_targets=int(lengths.sum()),
+            global_num_targets=int(np.count_nonzero(targets)),
             step=step,
         )
