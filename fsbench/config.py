@@ -50,6 +50,13 @@ class ModelConfig:
     """`sampled`: softmax over the target and the batch's shared negatives (real data draws
     them uniformly, so the logit learns log p(item | history) up to a constant); `full`:
     softmax over every item (the negatives are all item ids; for small catalogues)."""
+    user_features: bool = True
+    """Real data: whether a sample shows who its user is (user id, and the context ids
+    hashed from it). Off, every sample shows one anonymous user, so the user and context
+    tables serve one shared row each (a learned bias) and the model sees only the history,
+    as SASRec and RecBole's SASRec do. `fsbench quality` turns it off: a user's own
+    embedding memorizes the items of their training history, which in data where nobody
+    interacts with an item twice (MovieLens) are exactly the items the held-out one is not."""
     dropout: float = 0.0
     """Hidden dropout probability in [0, 1) on the input embeddings and each block's
     residual branches, drawn by token, not by rank (fsbench.models.dropout), so every

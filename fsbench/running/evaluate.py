@@ -66,7 +66,7 @@ from fsbench.models.sparse import ITEM
 from fsbench.running.store import write_json_atomic
 from fsbench.workloads.batch import JaggedBatch
 from fsbench.workloads.realdata import (Histories, context_ids_for_users, load_histories,
-                                        recent_windows)
+                                        recent_windows, shown_users)
 
 K = 10
 """Cut-off of the reported metrics (the keys say it: hr_at_10, ndcg_at_10)."""
@@ -150,7 +150,7 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, data: EvalSet, context_vocabs: tuple[int, ...],
-             users_per_chunk: int | None = None) -> EvalResult:
+             users_per_chunk: int | None = None, user_features: bool = True) -> EvalResult:
     """HR@10 and NDCG@10 of `model` (a `fsbench.models.RecModel`, on any device) on the
     held-out items of `data`, ranked among all V items (module docstring). Users are
     scored in chunks; by default each chunk's (users, V) score matrix stays <= 2^26
@@ -168,12 +168,12 @@ def evaluate(model: torch.nn.Module, data: EvalSet, context_vocabs: tuple[int, .
         for lo in range(0, data.num_users, users_per_chunk):
             hi = min(lo + users_per_chunk, data.num_users)
             t0, t1 = int(offsets[lo]), int(offsets[hi])
-            users = data.users[lo:hi]
+            users = shown_users(data.users[lo:hi], user_features)  # as in training
             batch = JaggedBatch(
                 item_ids=torch.from_numpy(data.item_ids[t0:t1]),
                 targets=torch.from_numpy(data.targets[t0:t1]),
                 lengths=torch.from_numpy(data.lengths[lo:hi]),
-                user_ids=torch.from_numpy(users.astype(np.int64)),
+                user_ids=torch.from_numpy(users),
                 context_ids=torch.from_numpy(context_ids_for_users(users, context_vocabs)),
                 negative_ids=torch.zeros(0, dtype=torch.int64),
                 global_num_targets=t1 - t0,
@@ -236,13 +236,14 @@ class Evaluator:
         if not self.ctx.is_main:
             return
         model = model.to(self.ctx.device)
-        result = evaluate(model, self.data, self.run.workload.context_vocabs)
+        shown = self.run.workload.model.user_features
+        result = evaluate(model, self.data, self.run.workload.context_vocabs, user_features=shown)
         record = {"step": step, "hr_at_10": result.hr_at_10, "ndcg_at_10": result.ndcg_at_10,
                   "hr_at_10_logq": result.hr_at_10_logq,
                   "ndcg_at_10_logq": result.ndcg_at_10_logq}
         ranks = np.stack([result.ranks, result.ranks_logq]).astype(np.int32)
         if self.valid is not None:
-            valid = evaluate(model, self.valid, self.run.workload.context_vocabs)
+            valid = evaluate(model, self.valid, self.run.workload.context_vocabs, user_features=shown)
             record.update(valid_hr_at_10=valid.hr_at_10, valid_ndcg_at_10=valid.ndcg_at_10)
             (self.run_dir / RANKS_DIR).mkdir(exist_ok=True)
             _save_atomic(self.run_dir / RANKS_DIR / f"step-{step}.npy", ranks)

@@ -30,7 +30,7 @@ from fsbench.specs import DATA_KINDS, DataSpec, parse_data
 from fsbench.workloads.batch import JaggedBatch
 from fsbench.workloads.generator import step_rng
 
-__all__ = ["DATA_KINDS", "DataSpec", "Histories", "RealDataBatches", "context_ids_for_users",
+__all__ = ["DATA_KINDS", "DataSpec", "Histories", "RealDataBatches", "context_ids_for_users", "shown_users",
            "epoch_windows", "histories_from_events", "load_histories", "pack_windows",
            "parse_data_spec", "recent_windows"]
 
@@ -180,6 +180,15 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+ANONYMOUS_USER = 1
+"""The user id every sample shows with `model.user_features=false`."""
+
+
+def shown_users(users: np.ndarray, user_features: bool) -> np.ndarray:
+    """The user ids the model sees: the real ones, or the anonymous user for all."""
+    return users.astype(np.int64) if user_features else np.full(len(users), ANONYMOUS_USER, np.int64)
+
+
 def context_ids_for_users(user_ids: np.ndarray, context_vocabs: tuple[int, ...]) -> np.ndarray:
     """(B, C) context ids, a fixed hash of (user id, table) into [1, vocab-1]: a user's
     context is the same in every batch, like a real profile feature."""
@@ -251,8 +260,8 @@ class RealDataBatches:
                  held_out: int = 0) -> None:
         for what, have, key, vocab in (("items", histories.num_items, "item_vocab",
                                         workload.item_vocab),
-                                       ("users", histories.num_users, "user_vocab",
-                                        workload.user_vocab)):
+                                       ("users", histories.num_users if workload.model.user_features
+                                        else ANONYMOUS_USER, "user_vocab", workload.user_vocab)):
             if have > vocab - 1:
                 raise ConfigError(f"data={workload.data!r} has {have} {what} but "
                                   f"{key}={vocab} holds only {vocab - 1} (id 0 is padding); "
@@ -299,12 +308,13 @@ class RealDataBatches:
             negatives = np.arange(1, h.num_items + 1, dtype=np.int64)
         else:
             negatives = rng.integers(1, h.num_items + 1, w.num_negatives, dtype=np.int64)
+        shown = shown_users(users, w.model.user_features)
         return JaggedBatch(
             item_ids=torch.from_numpy(item_ids),
             targets=torch.from_numpy(targets),
             lengths=torch.from_numpy(lengths),
-            user_ids=torch.from_numpy(users.astype(np.int64)),
-            context_ids=torch.from_numpy(context_ids_for_users(users, w.context_vocabs)),
+            user_ids=torch.from_numpy(shown),
+            context_ids=torch.from_numpy(context_ids_for_users(shown, w.context_vocabs)),
             negative_ids=torch.from_numpy(negatives),
             global_num_targets=int(np.count_nonzero(targets)),
             step=step,
