@@ -144,6 +144,23 @@ def test_candidates_are_the_data_sets_items_not_unused_table_rows():
     assert evaluate.evaluate(model, eval_set(h, 4), (5,)).ranks.tolist() == [1]
 
 
+def test_without_user_features_every_user_is_scored_as_the_anonymous_one(tmp_path):
+    """model.user_features=false: training shows every sample as user 1 (and the context
+    ids hashed from it), and so does the evaluation: the scores are those of a data set
+    whose users are all user 1; with the features on, the user's own row counts."""
+    spec = write_dataset(tmp_path / "d.txt")
+    anonymous = workload(spec, model=ModelConfig(dim=16, num_layers=1, num_heads=2,
+                                                 user_features=False), user_vocab=2)
+    batch = make_batch_source(anonymous, 0).global_batch(0)
+    assert set(batch.user_ids.tolist()) == {1} and len(set(map(tuple, batch.context_ids.tolist()))) == 1
+    model = reference_model(workload(spec), seed=5)
+    data = eval_set(load_histories(spec), 8)
+    as_one = dataclasses.replace(data, users=np.ones_like(data.users))
+    got = evaluate.evaluate(model, data, (5, 3), user_features=False).ranks
+    np.testing.assert_array_equal(got, evaluate.evaluate(model, as_one, (5, 3)).ranks)
+    assert not np.array_equal(got, evaluate.evaluate(model, data, (5, 3)).ranks)
+
+
 # --------------------------------------------------- held-out items and the run config
 
 def test_training_with_holdout_never_sees_a_users_last_item(tmp_path):

@@ -140,3 +140,15 @@ def test_quality_passes_the_real_trainers_and_flags_the_broken_ones(tmp_path, ra
     assert main(["report", "--store", str(tmp_path / "q"), "--out", str(tmp_path / "rep")]) == 0
     assert "HR@10" in (tmp_path / "rep" / "report.md").read_text()
     assert (tmp_path / "rep" / "learning_curves.png").stat().st_size > 1000
+
+
+def test_the_protocol_trains_on_the_history_alone(tmp_path):
+    """RecBole's SASRec sees no user: the protocol turns user features off (one anonymous
+    user row); turned back on, the user table holds every user."""
+    from fsbench.running.quality import quality_workload
+
+    data = write_learnable(tmp_path / "d.txt", users=50)
+    w, _ = quality_workload("small", data, "sasrec", 1, [])
+    assert not w.model.user_features and w.user_vocab == 2
+    w, _ = quality_workload("small", data, "sasrec", 1, [("model.user_features", "true")])
+    assert w.model.user_features and w.user_vocab == 51

@@ -43,11 +43,12 @@ def add_parsers(sub, _csv: Callable) -> None:
                    help="comma-separated seeds (weights and batch order); each is a run per "
                         "trainer and world size")
     p.add_argument("--workload", default="small",
-                   help="preset the protocol starts from (optimizer, context tables)")
+                   help="preset the protocol starts from (its other fields)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a workload field (after the protocol: max_seq_len=50, "
-                        "model.dim=64, 2 layers, 2 heads, 32 windows a step, model.loss=full "
-                        "up to 50,000 items) or a trainer switch (<trainer>.<key>=value)")
+                        "model.dim=64, 2 layers, 2 heads, model.user_features=false, Adagrad "
+                        "lr 0.03, 16 windows a step, model.loss=full up to 50,000 items) or a "
+                        "trainer switch (<trainer>.<key>=value)")
     p.add_argument("--target-fraction", type=float, default=0.9,
                    help="time to quality: the target HR@10 is this fraction of the best "
                         "trainer's")
