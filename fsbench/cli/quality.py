@@ -47,7 +47,7 @@ def add_parsers(sub, _csv: Callable) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a workload field (after the protocol: max_seq_len=50, "
                         "model.dim=64, 2 layers, 2 heads, model.user_features=false, Adagrad "
-                        "lr 0.03, 16 windows a step, model.loss=full up to 50,000 items) or a "
+                        "lr 0.01, 16 windows a step, model.loss=full up to 50,000 items) or a "
                         "trainer switch (<trainer>.<key>=value)")
     p.add_argument("--target-fraction", type=float, default=0.9,
                    help="time to quality: the target HR@10 is this fraction of the best "
