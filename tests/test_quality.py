@@ -81,6 +81,45 @@ def test_analyze_flags_a_trainer_that_departs_or_scores_worse():
     assert {r["trainer"]: r["equivalent"] for r in alone["rows"]}["copy"].startswith("inconclusive")
 
 
+def test_a_departure_that_rounding_alone_makes_is_inconclusive_not_a_difference():
+    """Where the baseline perturbed by rounding departs from itself at step 2, a trainer
+    departing at step 2 or later is no evidence: inconclusive, with the reason; one
+    departing earlier (step 1) is still NOT equivalent, and a stable baseline (None)
+    leaves every departure a difference."""
+    users = np.random.default_rng(3).integers(1, 40, 4000)
+    base = run("ddp", users)
+    late = run("late", users, losses=[5.0, 4.0, 3.6, 3.2, 3.0])  # departs at step 2
+    early = run("early", users, losses=[5.0, 4.2, 3.7, 3.3, 3.1])  # at step 1
+    asked = []
+
+    def rounding(seed, steps):
+        asked.append((seed, steps))
+        return 2 if steps > 2 else None
+
+    rows = {r["trainer"]: r for r in analyze([base, late, early], SPE, rounding=rounding)["rows"]}
+    assert rows["late"]["equivalent"].startswith(
+        "inconclusive: trajectory departs at step 2, as the baseline perturbed by rounding "
+        "does at step 2 (training amplifies rounding here: the trajectory cannot tell); "
+        "test HR@10 equivalent")
+    assert rows["early"]["equivalent"].startswith("NOT equivalent: trajectory departs at step 1")
+    assert sorted(asked) == [(0, 2), (0, 3)]  # asked only as far as each departure
+    stable = {r["trainer"]: r for r in analyze([base, late], SPE, rounding=lambda *a: None)["rows"]}
+    assert stable["late"]["equivalent"].startswith("NOT equivalent: trajectory departs at step 2")
+
+
+def test_the_rounding_probe_finds_where_training_amplifies_rounding(tmp_path):
+    """The reference trained twice, once perturbed by 1e-7: with the ring's stable SASRec
+    the two stay within the tolerance; at a learning rate of 1e3 they part."""
+    from fsbench.running.quality import quality_workload
+    from fsbench.running.rounding_probe import baseline_departure
+
+    data = write_learnable(tmp_path / "d.txt", users=40)
+    w, _ = quality_workload("small", data, "sasrec", 1, [("global_batch_size", "8")])
+    assert baseline_departure(w, 0, 4, LOSS_RTOL) is None
+    wild, _ = quality_workload("small", data, "sasrec", 1, [("global_batch_size", "8"), ("lr", "1000")])
+    assert baseline_departure(wild, 0, 4, LOSS_RTOL) is not None
+
+
 def test_time_to_target_is_the_first_evaluation_reaching_it():
     r = run("ddp", [1] * 3 + [20] * 7, hr=(0.1, 0.25, 0.2, 0.3))  # HR@10 0.3: target 0.27
     assert first_reaching(r.curve, 0.2)["step"] == 2 * SPE - 1

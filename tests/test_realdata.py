@@ -7,13 +7,7 @@ import pytest
 import torch
 
 from fsbench.config import ConfigError, ModelConfig, WorkloadConfig
-from fsbench.workloads import (
-    DataSpec,
-    RealDataBatches,
-    load_histories,
-    make_batch_source,
-    parse_data_spec,
-)
+from fsbench.workloads import RealDataBatches, load_histories, make_batch_source
 from fsbench.workloads.realdata import context_ids_for_users
 
 # Three users with sparse ids, interleaved, in chronological order:

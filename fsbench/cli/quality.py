@@ -63,7 +63,11 @@ def add_parsers(sub, _csv: Callable) -> None:
 
 
 def cmd_quality(args: argparse.Namespace) -> int:
-    from fsbench.running.quality import analyze, quality_runs, quality_workload, read_run, run_all
+    import functools
+
+    from fsbench.running.quality import (LOSS_RTOL, analyze, quality_runs, quality_workload,
+                                         read_run, run_all)
+    from fsbench.running.rounding_probe import baseline_departure
     from fsbench.training.trainer import resolve_trainer_class, trainer_options
     from fsbench.running.evaluate import check_trainer
 
@@ -84,7 +88,9 @@ def cmd_quality(args: argparse.Namespace) -> int:
     done = [read_run(*d) for d in run_all(runs, args.store,
                                            lambda todo: progress(todo, "quality runs", "run"))]
     result = analyze(done, per_epoch, baseline=args.trainers[0],
-                     target_fraction=args.target_fraction, margin=args.margin)
+                     target_fraction=args.target_fraction, margin=args.margin,
+                     rounding=functools.cache(lambda seed, steps: baseline_departure(
+                         workload, seed, steps, LOSS_RTOL)))
     result.update(workload=workload.name, epochs=args.epochs, seeds=args.seeds, store=args.store,
                   data=args.data, model=args.model, loss=workload.model.loss)
     out = Path(args.out or Path(args.store) / "quality")

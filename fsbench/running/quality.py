@@ -166,8 +166,12 @@ def trajectory(run: RunQuality, base: RunQuality, steps: int) -> tuple[str, floa
 
 
 def analyze(results: list[RunQuality], steps_per_epoch: int, baseline: str = "ddp",
-            target_fraction: float = 0.9, margin: float = 0.1) -> dict:
-    """The quality table (one row per trainer and world size) and its target."""
+            target_fraction: float = 0.9, margin: float = 0.1,
+            rounding: Callable[[int, int], int | None] | None = None) -> dict:
+    """The quality table (one row per trainer and world size) and its target.
+    `rounding(seed, steps)`: the step (of `steps`) at which the baseline's own training
+    departs from a rounding-sized perturbation of itself, or None
+    (fsbench.running.rounding_probe); asked only of a trainer's departure."""
     from fsbench.stats import equivalence, mean_interval
 
     groups: dict[tuple[str, int], list[RunQuality]] = {}
@@ -189,7 +193,7 @@ def analyze(results: list[RunQuality], steps_per_epoch: int, baseline: str = "dd
                "reached_target": sum(e is not None for e in reached),
                "train_s": _median([r.curve[-1]["train_s"] for r in runs])}
         row.update(_against(runs, groups.get((baseline, n), []), trainer == baseline,
-                            steps_per_epoch, margin, equivalence))
+                            steps_per_epoch, margin, equivalence, rounding))
         rows.append(row)
     rows.sort(key=lambda r: (r["world_size"], r["trainer"] != baseline, r["trainer"]))
     return {"rows": rows, "target_hr10": target, "target_fraction": target_fraction,
@@ -197,8 +201,21 @@ def analyze(results: list[RunQuality], steps_per_epoch: int, baseline: str = "dd
             "steps_per_epoch": steps_per_epoch}
 
 
+def _amplified(path: str, seed: int, rounding) -> str | None:
+    """A departure's reading when the baseline itself, perturbed by rounding, departs at or
+    before the same step (no evidence of another function); None otherwise."""
+    if rounding is None or not path.startswith("departs at step "):
+        return None
+    step = int(path.rsplit(" ", 1)[1])
+    own = rounding(seed, step + 1)
+    if own is None or own > step:
+        return None
+    return (f"{path}, as the baseline perturbed by rounding does at step {own} (training "
+            "amplifies rounding here: the trajectory cannot tell)")
+
+
 def _against(runs: list[RunQuality], base: list[RunQuality], is_base: bool, steps_per_epoch: int,
-             margin: float, equivalence) -> dict:
+             margin: float, equivalence, rounding=None) -> dict:
     """The equivalence columns of one trainer's row against the baseline's runs."""
     if is_base:
         return {"trajectory": "(baseline)", "loss_max_rel_diff": 0.0, "quality_vs_baseline": "(baseline)",
@@ -209,7 +226,9 @@ def _against(runs: list[RunQuality], base: list[RunQuality], is_base: bool, step
                 "quality_vs_baseline": "no baseline run", "hr_diff_ci": (math.nan, math.nan),
                 "equivalent": "inconclusive: no baseline run with the same seed"}
     paths = [trajectory(r, b, steps_per_epoch) for r, b in paired]
-    departed = [p for p, _ in paths if p.startswith("departs")]
+    amplified = [a for a in (_amplified(p, r.seed, rounding) for (p, _), (r, _) in zip(paths, paired)) if a]
+    departed = [p for p, _ in paths if p.startswith("departs")
+                and not any(a.startswith(p + ",") for a in amplified)]
     unlike = next((p for p, _ in paths if p.startswith("not comparable")), None)
     unchecked = next((p for p, _ in paths if p == "no losses"), None)
     worst = float(np.nanmax([w for _, w in paths])) if any(w == w for _, w in paths) else math.nan
@@ -226,13 +245,18 @@ def _against(runs: list[RunQuality], base: list[RunQuality], is_base: bool, step
         verdict = "inconclusive: a run stored no losses, so its trajectory cannot be compared"
     elif base_hr == 0:
         verdict = "inconclusive: the baseline's HR@10 is 0, no margin to be equivalent within"
+    elif amplified:
+        verdict = (f"inconclusive: trajectory {amplified[0]}; test HR@10 "
+                   + ("equivalent" if said == "equivalent" else "not shown equivalent")
+                   + f" within +-{margin * base_hr:.4f}")
     elif said == "equivalent":
         verdict = "equivalent" if unlike is None else f"equivalent in quality; trajectory {unlike}"
     else:
         verdict = (f"inconclusive: {'trajectory ' + unlike if unlike else 'same trajectory'}, but "
                    f"the HR@10 difference's 90% interval "
                    f"[{ci[0]:+.4f}, {ci[1]:+.4f}] is not within +-{margin * base_hr:.4f}; more seeds narrow it")
-    return {"trajectory": departed[0] if departed else (unlike or unchecked or "same"),
+    return {"trajectory": departed[0] if departed else (unlike or unchecked or
+                                                        (amplified[0] if amplified else "same")),
             "loss_max_rel_diff": worst,
             "quality_vs_baseline": said, "hr_diff_ci": ci, "equivalent": verdict}
 
