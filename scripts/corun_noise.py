@@ -1,0 +1,43 @@
+"""How noisy is `fsbench calibrate`'s co-run slowdown on this machine?
+
+Measures it `--times` times the way calibrate does (fsbench.running.corun: 2 rounds, the
+median of 10 timings of a 64-token batch, solo and on every core), and beside each, 5
+rounds paired (solo then co-run, a ratio per round). Backs the co-run paragraph of
+results/sim_hist_check_cpu.md. Keep the machine quiet while it runs (about 40 s a line).
+
+    python scripts/corun_noise.py [--lengths hist:FILE] [--times 3]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from fsbench.config import override_all
+from fsbench.running import corun
+from fsbench.workloads.presets import get_workload
+
+
+def paired(workload, rounds: int) -> list[float]:
+    ratios = []
+    for _ in range(rounds):
+        solo = statistics.median(corun._time_in_processes("encoder", workload, 64, 10, 1))
+        both = statistics.median(corun._time_in_processes("encoder", workload, 64, 10, 2))
+        ratios.append(both / solo)
+    return ratios
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lengths", default="movielens-100k")
+    ap.add_argument("--times", type=int, default=3)
+    args = ap.parse_args()
+    w = override_all(get_workload("small"), [("lengths", args.lengths)])
+    for _ in range(args.times):
+        as_calibrate = corun.measure_corun_slowdown(w)[0]
+        rounds = paired(w, 5)
+        print(f"calibrate's way {as_calibrate:.3f}; paired rounds {[round(r, 3) for r in rounds]} "
+              f"(median {statistics.median(rounds):.3f})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
