@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from fsbench.config import ConfigError, ModelConfig, WorkloadConfig
-from fsbench.workloads import RealDataBatches, load_histories, make_batch_source
+from fsbench.workloads import (
+    DataSpec,
+    RealDataBatches,
+    load_histories,
+    make_batch_source,
+    parse_data_spec,
+)
 from fsbench.workloads.realdata import context_ids_for_users
 
 # Three users with sparse ids, interleaved, in chronological order:
@@ -281,3 +287,52 @@ def test_a_freescale_window_counts_only_the_trained_targets(tmp_path):
         assert all(b.global_num_targets == trained for b in local), step
         moved |= trained != make_batch_source(w, 0).global_batch(step).global_num_targets
     assert moved  # the window moved samples between steps: the count followed them
+
+
+def test_too_small_vocab_tells_which_set_to_use(dataset):
+    spec, _ = dataset
+    with pytest.raises(ConfigError, match=r"4 items .*--set item_vocab=5"):
+        make_batch_source(workload(spec, item_vocab=4), 0)
+    with pytest.raises(ConfigError, match=r"3 users .*--set user_vocab=4"):
+        make_batch_source(workload(spec, user_vocab=2), 0)
+
+
+def test_parse_data_spec_accepts_synthetic_and_existing_files(tmp_path):
+    path = tmp_path / "x.txt"
+    path.write_text("1 1\n")
+    assert parse_data_spec("synthetic") == DataSpec("synthetic")
+    assert parse_data_spec(f"sasrec:{path}") == DataSpec("sasrec", str(path))
+
+
+@pytest.mark.parametrize("spec", ["csv:/tmp/x", "sasrec", "sasrec:", "otto:/no/such/file.jsonl",
+                                  "Synthetic"])
+def test_bad_data_spec_raises_one_line_config_error_naming_the_field(spec):
+    with pytest.raises(ConfigError) as err:
+        parse_data_spec(spec)
+    msg = str(err.value)
+    assert msg.startswith(f"data={spec!r}") and "\n" not in msg and "recbole:PATH" in msg
+
+
+def test_workload_config_rejects_a_missing_data_file(tmp_path):
+    with pytest.raises(ConfigError, match="^data=.*no such file"):
+        workload(f"sasrec:{tmp_path / 'absent.txt'}")
+
+
+@pytest.mark.parametrize("kind,content,why", [
+    ("sasrec", "1 2\n1 2 3\n", "line 2"),
+    ("sasrec", "1 x\n", "line 1"),
+    ("recbole", "user:token\titem:token\n", "header"),
+    ("recbole", "user_id:token\titem_id:token\na\n", "line 2"),
+    ("recbole", "user_id:token\titem_id:token\ttimestamp:float\na\tb\tnoon\n", "line 2"),
+    ("otto", '{"session": 1, "events": [{"aid": 3}]}\n', "line 1"),
+    ("otto", "not json\n", "line 1"),
+    ("sasrec", "", "no interactions"),
+])
+def test_malformed_file_raises_config_error_naming_path_and_line(tmp_path, kind, content, why):
+    path = tmp_path / f"bad.{kind}"
+    path.write_text(content)
+    with pytest.raises(ConfigError) as err:
+        load_histories(f"{kind}:{path}")
+    msg = str(err.value)
+    assert msg.startswith(f"data='{kind}:") and str(path) in msg and why in msg
+    assert "\n" not in msg
