@@ -105,6 +105,13 @@ def test_a_departure_that_rounding_alone_makes_is_inconclusive_not_a_difference(
     assert sorted(asked) == [(0, 2), (0, 3)]  # asked only as far as each departure
     stable = {r["trainer"]: r for r in analyze([base, late], SPE, rounding=lambda *a: None)["rows"]}
     assert stable["late"]["equivalent"].startswith("NOT equivalent: trajectory departs at step 2")
+    # judged per seed: seed 1 departs at the same step as seed 0, but its baseline does
+    # not amplify rounding, so that departure is evidence
+    seeds = [base, late, run("ddp", users, seed=1),
+             run("late", users, losses=[5.0, 4.0, 3.6, 3.2, 3.0], seed=1)]
+    mixed = analyze(seeds, SPE, rounding=lambda seed, steps: 2 if seed == 0 and steps > 2 else None)
+    row = {r["trainer"]: r for r in mixed["rows"]}["late"]
+    assert row["equivalent"].startswith("NOT equivalent: trajectory departs at step 2"), row
 
 
 def test_the_rounding_probe_finds_where_training_amplifies_rounding(tmp_path):
@@ -113,11 +120,15 @@ def test_the_rounding_probe_finds_where_training_amplifies_rounding(tmp_path):
     from fsbench.running.quality import quality_workload
     from fsbench.running.rounding_probe import baseline_departure
 
+    from fsbench.config import EvalConfig, RunConfig
+
     data = write_learnable(tmp_path / "d.txt", users=40)
-    w, _ = quality_workload("small", data, "sasrec", 1, [("global_batch_size", "8")])
-    assert baseline_departure(w, 0, 4, LOSS_RTOL) is None
-    wild, _ = quality_workload("small", data, "sasrec", 1, [("global_batch_size", "8"), ("lr", "1000")])
-    assert baseline_departure(wild, 0, 4, LOSS_RTOL) is not None
+    evaluation = EvalConfig(on=True, split="valid_test")
+    for lr, departs in (("0.01", False), ("1000", True)):
+        w, _ = quality_workload("small", data, "sasrec", 1, [("global_batch_size", "8"), ("lr", lr)])
+        run_ = RunConfig(workload=w, trainer="ddp", world_size=2, seed=0, eval=evaluation)
+        assert run_.held_out_items == 2  # the probe trains on what the runs train on
+        assert (baseline_departure(run_, 4, LOSS_RTOL) is not None) == departs, lr
 
 
 def test_time_to_target_is_the_first_evaluation_reaching_it():

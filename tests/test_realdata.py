@@ -1,5 +1,6 @@
 """Real-data loaders: three file formats into one history table, then batches that are
 pure in (seed, step) and keep each user's most recent items."""
+import dataclasses
 import json
 
 import numpy as np
@@ -336,3 +337,23 @@ def test_malformed_file_raises_config_error_naming_path_and_line(tmp_path, kind,
     msg = str(err.value)
     assert msg.startswith(f"data='{kind}:") and str(path) in msg and why in msg
     assert "\n" not in msg
+
+
+def test_the_synthetic_model_shares_its_loss_by_trained_targets():
+    """compute=synthetic spins by tokens but, like the reference model, weighs a slice's
+    loss by its trained targets over the global count: with context-only positions
+    (targets 0) the slices' losses still sum to the global batch's."""
+    from fsbench.models import build_model
+    from fsbench.workloads.batch import JaggedBatch
+
+    w = workload("synthetic", compute="synthetic")
+    w = dataclasses.replace(w, synthetic=dataclasses.replace(w.synthetic, us_per_token=0.01))
+    model = build_model(w, seed=0)
+    targets = torch.tensor([0, 0, 3, 4, 0, 5, 6, 7])
+    batch = JaggedBatch(item_ids=torch.ones(8, dtype=torch.int64), targets=targets,
+                        lengths=torch.tensor([4, 4]), user_ids=torch.tensor([1, 2]),
+                        context_ids=torch.ones(2, 2, dtype=torch.int64),
+                        negative_ids=torch.arange(1, 4), global_num_targets=5)
+    assert batch.num_trained == 5
+    parts = [float(model(batch.select([i]))) for i in (0, 1)]
+    assert parts == pytest.approx([2 / 5, 3 / 5]) and sum(parts) == pytest.approx(float(model(batch)))

@@ -87,10 +87,11 @@ def cmd_quality(args: argparse.Namespace) -> int:
          f"{len(runs)} runs (model.loss={workload.model.loss})")
     done = [read_run(*d) for d in run_all(runs, args.store,
                                            lambda todo: progress(todo, "quality runs", "run"))]
+    baseline_runs = {r.seed: r for r in runs if r.trainer == args.trainers[0]}
     result = analyze(done, per_epoch, baseline=args.trainers[0],
                      target_fraction=args.target_fraction, margin=args.margin,
                      rounding=functools.cache(lambda seed, steps: baseline_departure(
-                         workload, seed, steps, LOSS_RTOL)))
+                         baseline_runs[seed], steps, LOSS_RTOL)))
     result.update(workload=workload.name, epochs=args.epochs, seeds=args.seeds, store=args.store,
                   data=args.data, model=args.model, loss=workload.model.loss)
     out = Path(args.out or Path(args.store) / "quality")

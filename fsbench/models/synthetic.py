@@ -74,7 +74,7 @@ class SpinModel(nn.Module):
         rank = dist.get_rank() if dist.is_initialized() else 0
         cost = rank_cost_ns(batch.num_targets, rank, self.cfg)
         out = _Spin.apply(self.weight, cost, self.cfg.comm_delay_ms * 1e6)
-        return out * (batch.num_targets / batch.global_num_targets)
+        return out * (batch.num_trained / batch.global_num_targets)  # cost by tokens, share by targets
 
 
 def expected_ratios(tokens_per_rank: list[int], cfg: SyntheticComputeConfig,

@@ -49,6 +49,8 @@ ones the sampled softmax."""
 LOSS_RTOL = 1e-3
 """Largest relative difference from DDP's loss at any step of the first epoch that float
 rounding explains (docs/quality.md: what the real trainers show, and the broken ones)."""
+DEPARTS = "departs at step "
+"""How `trajectory` names a departure (the step follows)."""
 SELECT_BY = "valid_ndcg_at_10"
 """The validation score that picks a run's epoch."""
 
@@ -162,7 +164,7 @@ def trajectory(run: RunQuality, base: RunQuality, steps: int) -> tuple[str, floa
     rel = np.abs(a - b) / np.maximum(np.abs(b), 1e-12)
     worst = float(rel.max())
     off = np.flatnonzero(~(rel <= LOSS_RTOL))
-    return ("same" if len(off) == 0 else f"departs at step {int(off[0])}"), worst
+    return ("same" if len(off) == 0 else f"{DEPARTS}{int(off[0])}"), worst
 
 
 def analyze(results: list[RunQuality], steps_per_epoch: int, baseline: str = "ddp",
@@ -204,11 +206,10 @@ def analyze(results: list[RunQuality], steps_per_epoch: int, baseline: str = "dd
 def _amplified(path: str, seed: int, rounding) -> str | None:
     """A departure's reading when the baseline itself, perturbed by rounding, departs at or
     before the same step (no evidence of another function); None otherwise."""
-    if rounding is None or not path.startswith("departs at step "):
+    if rounding is None or not path.startswith(DEPARTS):
         return None
-    step = int(path.rsplit(" ", 1)[1])
-    own = rounding(seed, step + 1)
-    if own is None or own > step:
+    own = rounding(seed, int(path[len(DEPARTS):]) + 1)  # None, or a step up to the departure
+    if own is None:
         return None
     return (f"{path}, as the baseline perturbed by rounding does at step {own} (training "
             "amplifies rounding here: the trajectory cannot tell)")
@@ -226,9 +227,10 @@ def _against(runs: list[RunQuality], base: list[RunQuality], is_base: bool, step
                 "quality_vs_baseline": "no baseline run", "hr_diff_ci": (math.nan, math.nan),
                 "equivalent": "inconclusive: no baseline run with the same seed"}
     paths = [trajectory(r, b, steps_per_epoch) for r, b in paired]
-    amplified = [a for a in (_amplified(p, r.seed, rounding) for (p, _), (r, _) in zip(paths, paired)) if a]
-    departed = [p for p, _ in paths if p.startswith("departs")
-                and not any(a.startswith(p + ",") for a in amplified)]
+    # per seed: a departure that rounding alone makes is no evidence (read as `amplified`)
+    readings = [_amplified(p, r.seed, rounding) for (p, _), (r, _) in zip(paths, paired)]
+    amplified = [a for a in readings if a]
+    departed = [p for (p, _), a in zip(paths, readings) if p.startswith(DEPARTS) and a is None]
     unlike = next((p for p, _ in paths if p.startswith("not comparable")), None)
     unchecked = next((p for p, _ in paths if p == "no losses"), None)
     worst = float(np.nanmax([w for _, w in paths])) if any(w == w for _, w in paths) else math.nan

@@ -53,6 +53,11 @@ class JaggedBatch:
         """Target tokens in this (possibly partial) batch."""
         return int(self.item_ids.shape[0])
 
+    @property
+    def num_trained(self) -> int:
+        """Targets this batch trains (not 0): its share of `global_num_targets`."""
+        return int(torch.count_nonzero(self.targets))
+
     def trained_per_sample(self) -> torch.Tensor:
         """(B,) targets each sample trains: its positions whose target is not 0."""
         sample = torch.repeat_interleave(torch.arange(self.batch_size), self.lengths)

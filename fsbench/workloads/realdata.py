@@ -216,12 +216,11 @@ def pack_windows(items: np.ndarray, starts: np.ndarray, ends: np.ndarray,
     no target: the loss skips them) and serve as context."""
     lengths = ends - starts - 1
     # positions of each window's inputs in items; its targets sit one further on
-    first = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    pos = np.repeat(starts, lengths) + np.arange(int(lengths.sum())) - first
+    within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    pos = np.repeat(starts, lengths) + within
     targets = items[pos + 1]
-    if trained:
-        context = np.arange(pos.size) - first < np.repeat(lengths - trained, lengths)
-        targets = np.where(context, 0, targets)
+    if trained:  # the first lengths - trained positions of each window are context
+        targets = np.where(within < np.repeat(lengths - trained, lengths), 0, targets)
     return items[pos], targets, lengths.astype(np.int64)
 
 
