@@ -216,7 +216,7 @@ def main() -> None:
         base = dataclasses.replace(calibration_base(preset, sets)[1], steps=args.steps, warmup=4)
         fit = load_fit(store, base, "cpu")
         if fit is None:
-            calibrate(base, store)
+            calibrate(base, store, passes=3)  # as `fsbench calibrate` does by default
         elif fit.corun_slowdown is None or fit.batch_ms is None or fit.wide_ms_per_melem is None:
             raise SystemExit(f"{fit_path(store, base, 'cpu')}: a fit from before its batch terms "
                              f"(wide buckets); its emulated runs waited for another cost and its "

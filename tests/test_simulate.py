@@ -425,6 +425,35 @@ def test_calibrate_overhead_of_an_unknown_trainer_is_refused_before_calibrating(
     assert not (tmp_path / "calibrations").exists()  # nothing was measured first
 
 
+def test_calibrating_in_passes_keeps_the_median_pass_of_each_figure(tmp_path, monkeypatch):
+    """Three passes: the encoder model (cost(L) with its batch terms) of the pass whose
+    time for the workload's batch is the median, each separately measured figure's own
+    median (here from different passes), every pass recorded, and the file stored."""
+    from fsbench.running import calibrate as cal
+    from fsbench.workloads.presets import get_workload
+
+    w = get_workload("tiny")
+    passes = [planted_fit(b=2.0, batch_ms=5.0, corun_slowdown=0.9, table_corun_slowdown=1.3),
+              planted_fit(b=1.0, batch_ms=9.0, corun_slowdown=1.3, table_corun_slowdown=1.0),
+              planted_fit(b=1.5, batch_ms=1.0, corun_slowdown=1.1, table_corun_slowdown=1.1,
+                          table_ns_per_element=2.0)]
+    times = [cal.encoder_batch_ms(f, w) for f in passes]
+    assert times[1] < times[2] < times[0]  # pass 2 (b=1.5) is the median encoder
+    monkeypatch.setattr(cal, "measure_fit", lambda *a, **k: passes.pop(0))
+    fit = cal.calibrate(w, tmp_path, passes=3)
+    assert (fit.b, fit.batch_ms) == (1.5, 1.0)
+    assert (fit.corun_slowdown, fit.table_corun_slowdown, fit.table_ns_per_element) == (1.1, 1.1, 0.0)
+    assert [p["encoder_batch_ms"] for p in fit.passes] == pytest.approx(times)
+    assert [p["corun_slowdown"] for p in fit.passes] == [0.9, 1.3, 1.1]
+    assert cal.load_fit(tmp_path, w) == fit
+
+
+def test_calibrate_refuses_no_passes(tmp_path, capsys):
+    assert main(["calibrate", "--workload", "tiny", "--passes", "0", "--store", str(tmp_path)]) == 2
+    assert "--passes=0 must be >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "calibrations").exists()
+
+
 @pytest.mark.dist
 def test_calibrate_measures_each_trainers_overhead_and_the_simulator_adds_it(tmp_path, capsys):
     """`fsbench calibrate --overhead ddp` runs real 1-rank runs in both compute modes, at
@@ -438,7 +467,8 @@ def test_calibrate_measures_each_trainers_overhead_and_the_simulator_adds_it(tmp
 
     threads = torch.get_num_threads()
     try:
-        assert main(["calibrate", "--workload", "tiny", "--overhead", "ddp", "--store", str(tmp_path)]) == 0
+        assert main(["calibrate", "--workload", "tiny", "--overhead", "ddp", "--passes", "1",
+                     "--store", str(tmp_path)]) == 0
     finally:
         torch.set_num_threads(threads)
     out = capsys.readouterr().out

@@ -71,6 +71,10 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
     add_store(p, "the store the fits go to (STORE/calibrations/)", default=default_store, old="--out")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="what is timed")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per length (median)")
+    p.add_argument("--passes", type=int, default=3,
+                   help="measure everything this many times, one pass after another, and keep "
+                        "each figure's median pass: on a shared host two calibrations in a row "
+                        "moved a 2-rank prediction by 14%%; 1 is three times faster")
     p.add_argument("--comm", action="store_true",
                    help="instead: time gloo all-reduce and all-to-all on local ranks and fit "
                         "an alpha-beta model per collective (for fsbench simulate --cluster local)")
@@ -212,6 +216,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     workload = build_workload(args)
     if args.repeats < 1:
         raise ConfigError(f"--repeats={args.repeats} must be >= 1")
+    if args.passes < 1:
+        raise ConfigError(f"--passes={args.passes} must be >= 1")
     if args.overhead:
         from fsbench.training.trainer import resolve_trainer_class
 
@@ -220,7 +226,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     import torch
     torch.set_num_threads(1)  # the per-rank setting: costs must match what ranks see
 
-    fit = calibrate(workload, args.store, device=args.device, repeats=args.repeats,
+    fit = calibrate(workload, args.store, device=args.device, repeats=args.repeats, passes=args.passes,
                     progress=lambda lengths: progress(lengths, "lengths", "length"))
     held, timeshare = {}, None
     if args.overhead:
@@ -249,6 +255,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
           f"{fit.replicated_ns_per_element:.2f} ns per element per step"
           + (f"; co-run slowdown {fit.corun_slowdown:.2f}x (table work {fit.table_corun_slowdown:.2f}x)"
              if fit.corun_slowdown else ""))
+    if fit.passes:
+        print(f"median of {len(fit.passes)} passes; each pass's " + ", ".join(
+            f"{name} {' '.join(f'{p[name]:.3g}' for p in fit.passes)}"
+            for name in fit.passes[0] if all(p[name] is not None for p in fit.passes)))
     if held:
         print(grid(["trainer/compute", "overhead ms", "of it CPU", "busy", "input wait"],
                    [[key, *(f"{o[k]:.2f}" for k in ("wall_ms", "cpu_ms", "busy_ms", "input_ms"))]
