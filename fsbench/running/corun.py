@@ -45,8 +45,9 @@ def measure_corun_slowdown(workload: WorkloadConfig, processes: int | None = Non
     each; solo used to be timed in the calling process). On the shared 2-core VM this is
     still noisy: the encoder's factor read 0.94-1.03 and the tables' 0.88-1.05 in the
     calibrations of 2026-12-05 (below 1: two busy cores "faster" than one), which the
-    simulator's `local` step times inherit (results/sim_validation_heldback_set5_cpu.md); `fsbench calibrate
-    --passes` keeps the median of several readings."""
+    simulator's `local` step times inherit
+    (results/sim_validation_heldback_set5_cpu.md); `fsbench calibrate --passes` keeps
+    the median of several readings."""
     processes = processes or os.cpu_count() or 1
     if processes < 2:
         return 1.0, 1
