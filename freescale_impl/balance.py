@@ -52,9 +52,11 @@ def analytical_cost(workload: WorkloadConfig) -> CostModel:
 
 
 def cost_model(workload: WorkloadConfig, store_dir: str | Path | None, device: str,
-               choice: str = "auto") -> CostModel:
-    """`calibrated`, `analytical`, or `auto` (calibrated when a matching fit is stored)."""
-    fit = load_fit(store_dir, workload, device) if store_dir is not None else None
+               choice: str = "auto", fit=None) -> CostModel:
+    """`calibrated`, `analytical`, or `auto` (calibrated when a matching fit is stored,
+    or `fit` is given)."""
+    if fit is None and store_dir is not None:
+        fit = load_fit(store_dir, workload, device)
     if choice == "calibrated" and fit is None:
         where = fit_path(store_dir or ".", workload, device)
         raise FileNotFoundError(f"freescale.cost=calibrated but no fit at {where}; "

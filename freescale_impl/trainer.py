@@ -218,7 +218,7 @@ class FreeScaleTrainer(DataParallelTrainer):
                 return contiguous_plan(lengths, n)
             # The costs the trainer would predict on that device (its calibrated fit
             # there when the store holds one, else FLOPs), not the simulator's own.
-            cost = cost_model(inputs.workload, inputs.store, inputs.device, opts.cost)
+            cost = cost_model(inputs.workload, inputs.store, inputs.device, opts.cost, fit=inputs.fit)
             # What the input stage computes (BalancedShare), timed as it times it.
             cpu0 = time.thread_time_ns()
             steps = lookahead_window([cost(L) for L in lengths], n, opts.window,

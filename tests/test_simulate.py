@@ -638,6 +638,97 @@ def test_a_cluster_file_and_cluster_set_are_loaded_and_named(tmp_path, capsys):
     assert load_runs(tmp_path / "sim")["assumptions"].str.contains("mfu=0.4").all()
 
 
+def gpu_fit_file(tmp_path, workload, **overrides) -> Path:
+    """A fit as `fsbench calibrate --device cuda` stores it, for `workload`'s model (planted
+    figures: this machine has no GPU to measure)."""
+    from fsbench.running.calibrate import model_key
+
+    path = tmp_path / "gpu_fit.json"
+    fit = planted_fit(**{"model": model_key(workload), "device": "nvidia-h100-80gb-hbm3",
+                         "table_optimizer": workload.optimizer, **overrides})
+    path.write_text(json.dumps(dataclasses.asdict(fit)))
+    return path
+
+
+def test_a_measured_encoder_fit_replaces_the_gpu_clusters_compute_figures(tmp_path, capsys):
+    """`--cluster-fit`: the fit's cost per token, per batch and per bucket is booked in
+    place of FLOPs at mfu x peak and the launches (a 1-rank ddp step on h100 is then the
+    fit's encoder time plus its table work), and those figures leave the assumptions in
+    every output; the links stay assumed."""
+    from fsbench.scaling.sim_inputs import FIT_REPLACES, assumption_record, assumptions, load_cluster
+
+    w = dataclasses.replace(small(64), steps=4, warmup=1)
+    path = gpu_fit_file(tmp_path, w, table_ns_per_element=2.0, replicated_ns_per_element=3.0)
+    cluster = load_cluster("h100", [], str(path))
+    assert cluster.replaced == (*FIT_REPLACES, "table_ns_per_element")
+    assert set(cluster.assumed) == {"gpus_per_node", "intra_gbs", "inter_gbs", "alpha_s", "sm_slowdown"}
+    line = assumptions(cluster)
+    assert f"encoder measured: the fit {path}" in line and "mfu=" not in line
+    assert assumption_record(cluster)["replaced_by_fit"] == [*FIT_REPLACES, "table_ns_per_element"]
+    source = SyntheticBatches(w, seed=0)
+    elements = sum(w.model.dim * v for v in (w.item_vocab, w.user_vocab, *w.context_vocabs))
+    _, rows = simulate_run(RunConfig(workload=w, trainer="ddp", world_size=1), cluster, tmp_path)
+    for row in rows:
+        assert row["step_time_ms"] == pytest.approx(
+            encoder_ms(source, row["step"], 1)[0] + elements * 2.0 / 1e6, rel=1e-9)
+    _, flops = simulate_run(RunConfig(workload=w, trainer="ddp", world_size=1), CLUSTERS["h100"], tmp_path)
+    assert flops[0]["step_time_ms"] < rows[0]["step_time_ms"] / 10  # the planted fit is slow
+    assert main(["simulate", "--cluster", "h100", "--cluster-fit", str(path), "--workload", "small",
+                 "--world-sizes", "8", "--steps", "3", "--warmup", "1", "--set", "batch_per_rank=8",
+                 "--sim-store", str(tmp_path / "sim")]) == 0
+    assert "encoder measured: the fit" in capsys.readouterr().out
+    assert load_runs(tmp_path / "sim")["assumptions"].str.contains("in place of peak_tflops").all()
+
+
+def test_freescale_plans_with_the_clusters_encoder_fit():
+    """On a GPU cluster with a measured encoder (quadratic here, unlike `medium`'s mostly
+    linear FLOPs), FreeScale plans with the fit as the trainer would find it there: its
+    residual straggler is a hundredth of planning with FLOPs (freescale.cost=analytical)."""
+    import tempfile
+
+    from fsbench.scaling.sim_inputs import load_cluster
+
+    w = dataclasses.replace(get_workload("medium"), global_batch_size=256, steps=8, warmup=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = load_cluster("h100", [], str(gpu_fit_file(Path(tmp), w, a=0.01, b=0.0, batch_ms=0.0,
+                                                                bucket_ms=0.0)))
+
+        def straggler(cost):
+            summary, _ = simulate_run(RunConfig(workload=w, trainer="freescale", world_size=4,
+                                                trainer_options={"tables": "replicated", "cost": cost}),
+                                      cluster, tmp)
+            return summary["straggler_bubble_ratio"]
+
+        off, fitted = straggler("analytical"), straggler("auto")
+    assert off > 0.005 and fitted < off / 100, (off, fitted)
+
+
+def test_a_cluster_file_names_its_encoder_fit_beside_it(tmp_path):
+    from fsbench.scaling.sim_inputs import load_cluster
+
+    gpu_fit_file(tmp_path, small(64))
+    (tmp_path / "h100x.toml").write_text('name = "h100x"\nencoder_fit = "gpu_fit.json"\nintra_gbs = 370\n')
+    cluster = load_cluster(str(tmp_path / "h100x.toml"))
+    assert cluster.encoder_fit == str(tmp_path / "gpu_fit.json") and "mfu" not in cluster.assumed
+    assert cluster.source == str(tmp_path / "h100x.toml")
+
+
+@pytest.mark.parametrize("fit, argv, expected", [
+    ({}, ["--workload", "large"], "not of this workload's model hstu-d"),
+    ({}, ["--cluster", "local"], "takes every cost from this machine's fits already"),
+    ({"table_optimizer": "sgd", "table_ns_per_element": 1.0}, [], "its table cost is sgd's"),
+    (None, [], "--cluster-fit "),
+])
+def test_a_wrong_encoder_fit_is_refused_in_one_line(tmp_path, capsys, fit, argv, expected):
+    from fsbench.workloads.presets import get_workload as preset
+
+    path = gpu_fit_file(tmp_path, preset("small"), **fit) if fit is not None else tmp_path / "none.json"
+    assert main(["simulate", "--workload", "small", "--world-sizes", "8", "--cluster-fit", str(path),
+                 "--sim-store", str(tmp_path / "sim"), "--store", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["--cluster", "a100"], "not a preset (h100, local) nor a .toml or .json cluster file"),
     (["--cluster-set", "nvlink=900"], "FIGURE one of: gpus_per_node"),

@@ -32,7 +32,13 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
     p.add_argument("--cluster", default="h100", metavar="NAME|FILE",
                    help=f"what is simulated: a preset ({', '.join(sorted(CLUSTERS))}) or a cluster "
                         "file (.toml or .json: name, description, the figures it sets, and "
-                        "`measured`, the figures it measured; docs/simulation.md)")
+                        "`measured`, the figures it measured, `encoder_fit`; docs/simulation.md)")
+    p.add_argument("--cluster-fit", metavar="FIT.json",
+                   help="a GPU cluster's encoder as measured: a `fsbench calibrate --device cuda` "
+                        "fit (STORE/calibrations/*.json) whose costs per sample, per batch and "
+                        "per table element replace peak_tflops x mfu, layer_overhead_ms and "
+                        "table_ns_per_element (then measured, not assumed); FreeScale plans "
+                        "with it too")
     p.add_argument("--cluster-set", action="append", default=[], metavar="FIGURE=VALUE",
                    help=f"override one of the cluster's figures ({', '.join(FIGURES)}); it then "
                         "counts as assumed in every output")
@@ -113,7 +119,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--world-sizes={args.world_sizes}: give world sizes >= 1")
     workload = build_workload(args)
     _, trainer_sets = parse_sets(args.set)
-    cluster = load_cluster(args.cluster, args.cluster_set)
+    cluster = load_cluster(args.cluster, args.cluster_set, args.cluster_fit)
     if cluster.compute == "fit":
         import torch
 

@@ -38,6 +38,19 @@ class Costs:
                  timeshare_efficiency: float | None = None) -> None:
         self.cluster, self.workload = cluster, workload
         self._timeshare = timeshare_efficiency  # None: the fit's
+        self.fit = None
+        if cluster.encoder_fit:  # a GPU cluster's measured encoder (and optimizer)
+            from fsbench.running.calibrate import model_key
+            from fsbench.scaling.sim_inputs import read_encoder_fit
+
+            self.fit = read_encoder_fit(cluster.encoder_fit)
+            if self.fit.model != model_key(workload):
+                raise ConfigError(f"--cluster-fit {cluster.encoder_fit}: a fit of {self.fit.model}, "
+                                  f"not of this workload's model {model_key(workload)}: calibrate "
+                                  f"it (fsbench calibrate --device cuda --workload {workload.name})")
+            if self.fit.table_ns_per_element is not None and self.fit.table_optimizer != workload.optimizer:
+                raise ConfigError(f"--cluster-fit {cluster.encoder_fit}: its table cost is "
+                                  f"{self.fit.table_optimizer}'s, the workload steps {workload.optimizer}")
         if cluster.compute == "fit":
             from fsbench.running.calibrate import fit_path, load_fit
             from fsbench.scaling.commcal import comm_fit_path, load_comm_fits
@@ -57,7 +70,7 @@ class Costs:
                                   f"calibrate --workload {workload.name} --store {store}")
 
     def sample_ms(self, lengths: np.ndarray) -> np.ndarray:
-        if self.cluster.compute == "fit":
+        if self.fit is not None:  # `local`, or a GPU cluster's encoder fit
             return self.fit.cost_ms(lengths)
         c = self.cluster
         return encoder_flops(self.workload, lengths) / (c.peak_tflops * 1e12 * c.mfu) * 1e3
@@ -96,9 +109,16 @@ class Costs:
         return (self.fit.corun_processes or 1) if self.cluster.compute == "fit" else None
 
     def batch_extra_ms(self, lengths: np.ndarray) -> float:
-        """A rank's batch beyond its samples' cost (`local`: the fit's batch terms; GPU
-        presets: `layer_overhead_ms`, added by the caller)."""
-        return self.fit.batch_extra_ms(lengths) if self.cluster.compute == "fit" else 0.0
+        """A rank's batch beyond its samples' cost (the fit's batch terms, `local` or a GPU
+        cluster's encoder fit; else none: launch_ms stands for it)."""
+        return self.fit.batch_extra_ms(lengths) if self.fit is not None else 0.0
+
+    def launch_ms(self) -> float:
+        """A GPU cluster's launches per step (`layer_overhead_ms` per layer), where no
+        encoder fit measured them (its batch terms hold them); `local`: 0 (in its fit)."""
+        if self.fit is not None:
+            return 0.0
+        return self.cluster.layer_overhead_ms * self.workload.model.num_layers
 
     def table_corun_factor(self, world_size: int) -> float:
         """`local`: the table work's own co-run slowdown (memory-bound; the encoder's
@@ -134,7 +154,8 @@ class Costs:
 
     def table_ms(self, elements: float, replicated: bool = False) -> float:
         if self.cluster.compute != "fit":
-            ns = self.cluster.table_ns_per_element
+            measured = self.fit.table_ns_per_element if self.fit is not None else None
+            ns = self.cluster.table_ns_per_element if measured is None else measured
         elif replicated and self.fit.replicated_ns_per_element is not None:
             ns = self.fit.replicated_ns_per_element
         else:

@@ -51,6 +51,9 @@ class PlanInputs:
     store: str | Path | None
     """Where its calibrated fits would be; None: none could be (a GPU preset's GPUs)."""
     device: str
+    fit: object = None
+    """A CostFit the trainer there would find (a GPU cluster's encoder fit); None: the
+    store's, if any."""
 
 
 # A GPU cluster's figures: field -> (unit, what it is). Every simulated output names those
@@ -66,6 +69,10 @@ FIGURES: dict[str, tuple[str, str]] = {
     "sm_slowdown": ("", "compute slowdown beside SM-based communication"),
     "table_ns_per_element": ("ns", "optimizer step per table element"),
 }
+FIT_REPLACES = ("peak_tflops", "mfu", "layer_overhead_ms")
+"""The figures a measured encoder fit (`Cluster.encoder_fit`) stands in for: its cost per
+sample and per batch replace FLOPs at mfu x peak and the per-layer launches. It replaces
+table_ns_per_element too where it measured the optimizer."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +97,12 @@ class Cluster:
     its costs on this machine and has none)."""
     source: str = "preset"
     """Where it came from: "preset", a cluster file's path; "+ --cluster-set K" per override."""
+    encoder_fit: str | None = None
+    """A GPU cluster's measured encoder: the path of a `fsbench calibrate --device cuda`
+    fit (with_encoder_fit), whose costs the simulator books instead of the FIT_REPLACES
+    figures; None: those figures."""
+    replaced: tuple[str, ...] = ()
+    """The FIGURES the encoder fit replaces (unused, neither assumed nor measured)."""
 
     def __post_init__(self) -> None:
         if self.compute not in ("fit", "flops"):
@@ -112,16 +125,55 @@ def assumptions(cluster: Cluster) -> str:
         return (f"{cluster.name}: costs measured on this machine (fsbench calibrate fits: encoder, "
                 f"tables, collectives, per-step overhead, time-sharing beyond the cores); nothing assumed")
     assumed = [_figure(f, getattr(cluster, f)) for f in FIGURES if f in cluster.assumed]
-    given = [_figure(f, getattr(cluster, f)) for f in FIGURES if f not in cluster.assumed]
+    given = [_figure(f, getattr(cluster, f)) for f in FIGURES
+             if f not in cluster.assumed and f not in cluster.replaced]
     return (f"{cluster.name} ({cluster.source}): ASSUMED " + (", ".join(assumed) or "nothing")
-            + (f"; measured {', '.join(given)}" if given else ""))
+            + (f"; measured {', '.join(given)}" if given else "")
+            + (f"; encoder measured: the fit {cluster.encoder_fit} (in place of "
+               f"{', '.join(cluster.replaced)})" if cluster.encoder_fit else ""))
 
 
 def assumption_record(cluster: Cluster) -> dict:
-    """The same, structured (JSON outputs): every figure, and which are assumed."""
+    """The same, structured (JSON outputs): every figure, which are assumed, and the
+    encoder fit with the figures it replaces."""
     return {"cluster": cluster.name, "source": cluster.source, "compute": cluster.compute,
-            "figures": {f: getattr(cluster, f) for f in FIGURES},
-            "assumed": [f for f in FIGURES if f in cluster.assumed], "line": assumptions(cluster)}
+            "figures": {f: getattr(cluster, f) for f in FIGURES if f not in cluster.replaced},
+            "assumed": [f for f in FIGURES if f in cluster.assumed],
+            "encoder_fit": cluster.encoder_fit, "replaced_by_fit": list(cluster.replaced),
+            "line": assumptions(cluster)}
+
+
+def read_encoder_fit(path: str | Path):
+    """The CostFit stored at `path` (a `fsbench calibrate` fit file), or a one-line error."""
+    from fsbench.running.calibrate import CostFit
+    from fsbench.running.store import read_json
+
+    where = f"--cluster-fit {path}"
+    try:
+        raw = read_json(path)
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read it ({e.strerror})") from None
+    except ValueError as e:
+        raise ConfigError(f"{where}: not valid JSON ({e})") from None
+    known = {f.name for f in dataclasses.fields(CostFit)}
+    missing = sorted({"a", "b", "c", "model", "device"} - set(raw)) if isinstance(raw, dict) else ["a"]
+    if missing:
+        raise ConfigError(f"{where}: not a fsbench calibrate fit (lacks {', '.join(missing)})")
+    fields = {k: v for k, v in raw.items() if k in known}
+    return CostFit(**{"r2": float("nan"), "lengths": [], "per_sample_ms": [], **fields})
+
+
+def with_encoder_fit(cluster: Cluster, path: str | Path) -> Cluster:
+    """`cluster` booking the encoder (and the optimizer, where measured) from the fit at
+    `path`: the figures it replaces leave the assumptions."""
+    if cluster.compute == "fit":
+        raise ConfigError(f"--cluster-fit: cluster {cluster.name!r} takes every cost from this "
+                          "machine's fits already; give a fit to a GPU preset or cluster file")
+    fit = read_encoder_fit(path)
+    replaced = FIT_REPLACES + (("table_ns_per_element",) if fit.table_ns_per_element is not None else ())
+    return dataclasses.replace(cluster, encoder_fit=str(path), replaced=replaced,
+                               assumed=tuple(f for f in cluster.assumed if f not in replaced),
+                               source=f"{cluster.source} + --cluster-fit")
 
 
 CLUSTERS = {
@@ -159,7 +211,9 @@ def _number(field_name: str, value, where: str) -> float:
 def read_cluster_file(path: str | Path) -> Cluster:
     """A cluster a user wrote: a .toml or .json file with `name`, `description`, the
     FIGURES it sets (compute is "flops"), and optionally `measured`: the figures it
-    measured. Every other figure it sets counts as assumed."""
+    measured, and `encoder_fit`: a `fsbench calibrate --device cuda` fit's path (relative
+    to the file), whose costs replace FIT_REPLACES. Every other figure it sets counts as
+    assumed."""
     path = Path(path)
     where = f"--cluster {path}"
     try:
@@ -175,7 +229,7 @@ def read_cluster_file(path: str | Path) -> Cluster:
         raise ConfigError(f"{where}: not valid {'TOML' if path.suffix == '.toml' else 'JSON'} ({e})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a table of keys, got {type(raw).__name__}")
-    allowed = {"name", "description", "measured", *FIGURES}
+    allowed = {"name", "description", "measured", "encoder_fit", *FIGURES}
     unknown = sorted(set(raw) - allowed)
     if unknown:
         raise ConfigError(f"{where}: unknown keys {unknown}; allowed: {', '.join(sorted(allowed))}")
@@ -184,14 +238,25 @@ def read_cluster_file(path: str | Path) -> Cluster:
     if not isinstance(measured, list) or not set(measured) <= set(figures):
         raise ConfigError(f"{where}: measured={measured!r} must list figures the file sets: "
                           f"{', '.join(figures) or 'none'}")
-    return Cluster(str(raw.get("name", path.stem)), str(raw.get("description", f"from {path}")),
-                   "flops", **figures, assumed=tuple(f for f in FIGURES if f not in measured),
-                   source=str(path))
+    cluster = Cluster(str(raw.get("name", path.stem)), str(raw.get("description", f"from {path}")),
+                      "flops", **figures, assumed=tuple(f for f in FIGURES if f not in measured),
+                      source=str(path))
+    if "encoder_fit" not in raw:
+        return cluster
+    # a fit named in the file: relative to the file, and the file stays the source
+    fit = path.parent / str(raw["encoder_fit"])
+    return dataclasses.replace(with_encoder_fit(cluster, fit), source=str(path))
 
 
-def load_cluster(spec: str, overrides: list[str] = ()) -> Cluster:
+def load_cluster(spec: str, overrides: list[str] = (), encoder_fit: str | None = None) -> Cluster:
     """A preset by name (CLUSTERS) or a cluster file (a path), then `--cluster-set
-    FIGURE=VALUE` overrides: a figure set on the command line is an assumption."""
+    FIGURE=VALUE` overrides: a figure set on the command line is an assumption; then a
+    measured encoder fit (`--cluster-fit`, with_encoder_fit)."""
+    cluster = _with_overrides(spec, overrides)
+    return with_encoder_fit(cluster, encoder_fit) if encoder_fit else cluster
+
+
+def _with_overrides(spec: str, overrides: list[str]) -> Cluster:
     if spec in CLUSTERS:
         cluster = CLUSTERS[spec]
     elif Path(spec).suffix in (".toml", ".json"):

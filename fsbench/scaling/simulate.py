@@ -150,8 +150,9 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     plan = prof.plan or contiguous_plan
     # `local`: the trainer would find this machine's fit in the store. A GPU preset's GPUs
     # are not this machine's: no fit of theirs is stored, so the trainer would use FLOPs.
+    # With an encoder fit given, the trainer there would plan with that fit.
     planning = (PlanInputs(w, store, "cpu") if cluster.compute == "fit"
-                else PlanInputs(w, None, "cuda"))
+                else PlanInputs(w, None, "cuda", fit=costs_model.fit))
     # The trainer plans with its own predicted costs; the cluster's costs are booked.
     # Its planning is the input stage's work at the simulated size, timed on this
     # machine's CPU: the first window is planned once more untimed (compiling the planner
@@ -176,7 +177,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
         for k, owners in zip(window, plans):
             enc = np.array([all_costs[idx].sum() + costs_model.batch_extra_ms(all_lengths[idx])
                             for idx in owners])
-            launch = cluster.layer_overhead_ms * w.model.num_layers
+            launch = costs_model.launch_ms()
             # Communication hides under the encoder's forward and backward only; the
             # overhead (input, Python, row gathering) comes before them.
             model_ms = enc * enc_wall + launch
