@@ -81,6 +81,18 @@ else
   step "sm-contention" 90 "$PY" -m fsbench.cli micro sm-contention --gemm-size 8192 \
     --bytes 268435456 --repeats 20 --out "$OUT/micro"
 fi
+# The encoder measured on this device (one pass: the GPU is not shared), then the h100
+# projection booking it in place of the assumed FLOPs figures (--cluster-fit).
+step "calibrate" 120 "$PY" -m fsbench.cli calibrate --workload "$WORKLOAD" --device "$DEVICE" \
+  --passes 1 --repeats 3 --store "$OUT/runs"
+FIT=$(ls "$OUT"/runs/calibrations/*.json 2>/dev/null | grep -v '/comm__' | head -n 1)
+if [ -n "$FIT" ]; then
+  step "simulate with the fit" 120 "$PY" -m fsbench.cli simulate --cluster h100 --cluster-fit "$FIT" \
+    --workload "$WORKLOAD" --trainers ddp,freescale --world-sizes 8,64,256 --steps 6 --warmup 2 \
+    --store "$OUT/runs" --sim-store "$OUT/simulated"
+else
+  skip "simulate with the fit" "no fit was stored by the calibrate step"
+fi
 step "report" 60 "$PY" -m fsbench.cli report --store "$OUT/runs" --format md --out "$OUT/report" --no-plots
 step "summary" 60 "$PY" scripts/gpu_check_summary.py "$OUT" "$DEVICE"
 cat "$REPORT"

@@ -51,8 +51,9 @@ DEVELOPMENT = tuple((preset, (), POINTS) for preset in ("small", "comm-heavy"))
 # changes only), as a user calibrates once and then projects variants. A held-back set is
 # used once: after the model changes, its points are development points, and a new set
 # is drawn; `--held-back N` re-simulates (`--reuse`) or measures an earlier one.
-# The sixth set, drawn at random (not picked) before any of its points was run, after
-# `fsbench calibrate --passes` (numpy default_rng(20261206); the five groups' shape of the
+# The sixth set (measured at 8475eaa: 16 of 20; read since, so the next change to the
+# model draws a seventh), drawn at random (not picked) before any of its points was run,
+# after `fsbench calibrate --passes` (numpy default_rng(20261206); the five groups' shape of the
 # sets before; lengths: a lognormal (mu 2-4.5, sigma 0.5-1.5), power-law (alpha 1.5-2.5,
 # xmin 2-10), uniform (2-30 to 60-200) or preset, in equal chance; batch sizes from 48,
 # 64, 96, 160, 192, 256). kuairand-1k and amazon-beauty lengths were in set 2 (at other
@@ -164,7 +165,9 @@ def fit_line(preset: str, fit) -> str:
             f"{fit.wide_ms_per_melem:.1f} ms per million attention elements beyond "
             f"{fit.wide_threshold_melem:.2f} million in a bucket, "
             f"co-run {fit.corun_slowdown:.2f}x (tables {fit.table_corun_slowdown or 0:.2f}x), "
-            f"time-sharing efficiency {(fit.timeshare or {}).get('efficiency', 1.0):.2f}, "
+            f"time-sharing efficiency {(fit.timeshare or {}).get('efficiency', 1.0):.2f}"
+            + (f" at {fit.timeshare['ranks']} ranks, {fit.timeshare['wider']['efficiency']:.2f} at "
+               f"{fit.timeshare['wider']['ranks']}" if (fit.timeshare or {}).get("wider") else "") + ", "
             f"step overhead {over}")
 
 
@@ -242,7 +245,7 @@ def main() -> None:
             fit = dataclasses.replace(fit, table_corun_slowdown=tables)
             write_json_atomic(fit_path(store, base, "cpu"), dataclasses.asdict(fit))
         # Each trainer's per-step overhead in each compute mode, from 1-rank runs at the
-        # calibration seed, then the time-sharing beyond the cores (2 x cores emulated ranks).
+        # calibration seed, then the time-sharing beyond the cores (4 and 8 x cores emulated ranks).
         store_step_overheads(base, args.trainers.split(","), store)
         store_timeshare(base, args.trainers.split(","), store)
         label = preset + "".join(f"+{k}={v}" for k, v in sets)
@@ -306,7 +309,7 @@ def main() -> None:
         "replica's table work per element at the real table sizes, a batch's fixed, "
         "per-bucket and wide-bucket encoder cost, the slowdown when both cores run the encoder (the table work) "
         "at once (applied to 2+ ranks; beyond 2 ranks CPU work also time-shares: ranks / 2 as long "
-        "at full efficiency, the efficiency measured at 4 emulated ranks), and "
+        "at full efficiency, the efficiency measured at 8 and 16 emulated ranks, 4 and 8 times the cores), and "
         "each trainer's per-step overhead per compute mode (median of three 1-rank runs at the "
         "calibration seed: wall, of it the rank's CPU, busy, input wait, the loader worker's CPU): "
         + ", ".join(fit_line(label, load_fit(store, w, "cpu")) for label, w in bases.items())

@@ -23,7 +23,8 @@ def test_the_device_check_dry_run_passes_on_cpu_and_writes_its_summary(tmp_path)
     ran = {s["step"]: s["exit_code"] for s in doc["steps"] if s["skipped"] is None}
     skipped = {s["step"] for s in doc["steps"] if s["skipped"]}
     assert ran and all(code == 0 for code in ran.values()), ran
-    assert {"run ddp", "run freescale", "freescale collective", "report"} <= set(ran)
+    assert {"run ddp", "run freescale", "freescale collective", "calibrate", "simulate with the fit",
+            "report"} <= set(ran)
     assert {"gpu", "gpu tests", "freescale sm_free", "sm-contention"} <= skipped
     assert doc["ok"] and doc["device"] == "cpu"
     assert sorted(r["trainer"] for r in doc["runs"]) == ["ddp", "freescale", "freescale"]

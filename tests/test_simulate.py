@@ -296,10 +296,29 @@ def test_measure_timeshare_finds_the_efficiency_a_run_was_simulated_with(monkeyp
     truth = simulate_run(run, CLUSTERS["local"], ".", timeshare_efficiency=0.3)[0]
     assert truth["step_time_ms_median"] > simulate_run(
         run, CLUSTERS["local"], ".", timeshare_efficiency=0.0)[0]["step_time_ms_median"]
+    # ... and 16-rank runs (8 x the cores) that took what it gives at 0.6 calibrate to 0.6
+    wide = dataclasses.replace(run, world_size=16)
+    truths = {8: (run, truth), 16: (wide, simulate_run(wide, CLUSTERS["local"], ".", timeshare_efficiency=0.6)[0])}
     monkeypatch.setattr(timeshare, "calibration_run", lambda w, t, store, compute, steps, ranks:
-                        (dataclasses.replace(run, trainer=t), truth, None))
+                        (dataclasses.replace(truths[ranks][0], trainer=t), truths[ranks][1], None))
     found = timeshare.measure_timeshare(run.workload, ["ddp"], ".")
     assert found["ranks"] == 8 and found["efficiency"] == pytest.approx(0.3, abs=2e-3)
+    assert found["wider"]["ranks"] == 16 and found["wider"]["efficiency"] == pytest.approx(0.6, abs=2e-3)
+
+
+def test_the_efficiency_follows_the_ranks_per_core_between_its_two_measurements():
+    """Measured at 8 ranks (0.4) and 16 (0.8) on 2 cores: up to 8 the first, the line
+    between, beyond 16 the second; a fit measured at one rank count keeps it everywhere."""
+    both = {"efficiency": 0.5, "ranks": 8, "per_trainer": {"ddp": 0.4},
+            "wider": {"efficiency": 0.9, "ranks": 16, "per_trainer": {"ddp": 0.8}}}
+    costs = local_with(planted_fit(timeshare=both))(CLUSTERS["local"], small(64), ".")
+    assert [costs.timeshare_efficiency("ddp", n) for n in (4, 8, 12, 16, 32)] == pytest.approx(
+        [0.4, 0.4, 0.6, 0.8, 0.8])
+    assert costs.timeshare_efficiency("freescale", 12) == pytest.approx(0.7)  # the trainers' mean
+    assert costs.time_sharing(12, "ddp") == pytest.approx(1 + 0.6 * 5)
+    one = local_with(planted_fit(timeshare={k: v for k, v in both.items() if k != "wider"}))(
+        CLUSTERS["local"], small(64), ".")
+    assert one.timeshare_efficiency("ddp", 32) == 0.4
 
 
 def test_local_causes_are_booked_as_the_metrics_book_a_measured_run(monkeypatch):

@@ -270,9 +270,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                    [[key, *(f"{o[k]:.2f}" for k in ("wall_ms", "cpu_ms", "busy_ms", "input_ms"))]
                     for key, o in sorted(held.items())], align=["left", *["right"] * 4]))
     if timeshare:
-        print(f"time-sharing beyond the cores: efficiency {timeshare['efficiency']:.2f} at "
-              f"{timeshare['ranks']} emulated ranks ("
-              + ", ".join(f"{t} {e:.2f}" for t, e in sorted(timeshare["per_trainer"].items())) + ")")
+        print("time-sharing beyond the cores: " + "; ".join(
+            f"efficiency {at['efficiency']:.2f} at {at['ranks']} emulated ranks ("
+            + ", ".join(f"{t} {e:.2f}" for t, e in sorted(at["per_trainer"].items())) + ")"
+            for at in (timeshare, timeshare.get("wider")) if at))
     note(f"stored in {path}")
     return 0
 

@@ -91,17 +91,30 @@ class Costs:
         if self.cluster.compute != "fit":
             return 1.0
         cores = self.fit.corun_processes or 1
-        return 1.0 + self.timeshare_efficiency(trainer) * max(0.0, world_size / cores - 1.0)
+        return 1.0 + self.timeshare_efficiency(trainer, world_size) * max(0.0, world_size / cores - 1.0)
 
-    def timeshare_efficiency(self, trainer: str | None = None) -> float:
+    def timeshare_efficiency(self, trainer: str | None = None, world_size: int | None = None) -> float:
         """`local`: the fit's measured time-sharing efficiency (fsbench.scaling.timeshare):
         the trainer's own where measured (their CPU work falls differently), else the
-        trainers' mean; 1 where the fit predates it. GPU presets: 1 (unused)."""
+        trainers' mean; at `world_size` ranks, between its two measurements (at 4 and 8
+        times the cores) the line through them, below or beyond them the nearer (a fit
+        with one measurement: that one); 1 where the fit predates it. GPU presets: 1
+        (unused)."""
         if self._timeshare is not None:
             return self._timeshare
         if self.cluster.compute != "fit" or not self.fit.timeshare:
             return 1.0
-        return float(self.fit.timeshare["per_trainer"].get(trainer, self.fit.timeshare["efficiency"]))
+
+        def own(measured: dict) -> float:
+            return float(measured["per_trainer"].get(trainer, measured["efficiency"]))
+
+        first, wider = self.fit.timeshare, self.fit.timeshare.get("wider")
+        if wider is None or world_size is None or world_size <= first["ranks"]:
+            return own(first)
+        if world_size >= wider["ranks"]:
+            return own(wider)
+        at = (world_size - first["ranks"]) / (wider["ranks"] - first["ranks"])
+        return own(first) + at * (own(wider) - own(first))
 
     def cores(self) -> int | None:
         """`local`: this host's cores as the fit counted them (its co-run count); GPU

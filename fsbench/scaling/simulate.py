@@ -261,7 +261,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             # rank waits in the run queue (other idle) and delays its peers at their next
             # collective (they wait in communication).
             steal = worker_preemption_ms(n, cores, over["worker_ms"], t,
-                                         costs_model.timeshare_efficiency(run.trainer))
+                                         costs_model.timeshare_efficiency(run.trainer, n))
             c, t = c + steal / n, t + steal
             # A rank waits in communication for the rest of the step (for its peers
             # included); the metrics' one split of idle time into causes does the rest.

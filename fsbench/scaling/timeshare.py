@@ -8,8 +8,12 @@ part of that wait. That part is not derived: it is measured here, once per fit, 
 four times as many emulated ranks as cores, as the efficiency in [0, 1] at which the
 simulator's step (fsbench.scaling.simulate: CPU work stretched by 1 + efficiency x
 (ranks / cores - 1), the loader workers' preemption beyond the cores by the efficiency)
-equals the measured one. Measured on the preset at one rank count, then used at every
-other (validated at 4-16 ranks: scripts/sim_validation.py).
+equals the measured one. Measured on the preset at four and at eight times the cores:
+the more ranks share a core, the more often their CPU work meets (the efficiency rises
+towards 1). Up to 4x the cores the first holds, between the two the line through them,
+beyond 8x the second (validated at 4-16 ranks: scripts/sim_validation.py; measured at 4x
+alone, FreeScale on comm-heavy came out 12-28% short at 16 ranks, 8x the cores, in
+held-back sets 3-6).
 """
 from __future__ import annotations
 
@@ -39,20 +43,31 @@ def solve_efficiency(simulated_ms: Callable[[float], float], measured_ms: float,
     return (lo + hi) / 2
 
 
+SHARING = (4, 8)
+"""Ranks per core the efficiency is measured at (fsbench.scaling.sim_costs interpolates)."""
+
+
 def measure_timeshare(workload: WorkloadConfig, trainers: list[str], store: str | Path,
                       steps: int = 20, repeats: int = 3) -> dict:
     """Each trainer's efficiency from emulated runs at 4 x cores ranks, the median run of
     `repeats` (the fit's overheads must be stored: they are part of the step it
-    simulates), and their mean. At 4 x cores an efficiency moves the step three times as
-    much as at 2 x cores (ranks / cores - 1), so a run's noise moves it a third as much
-    (at 2 x cores two calibrations of the same fit disagreed by several tenths)."""
+    simulates), and their mean; the same at 8 x cores under "wider". At 4 x cores an
+    efficiency moves the step three times as much as at 2 x cores (ranks / cores - 1), so
+    a run's noise moves it a third as much (at 2 x cores two calibrations of the same fit
+    disagreed by several tenths)."""
     from fsbench.running.calibrate import load_fit
 
     fit = load_fit(store, workload, "cpu")
     if fit is None or not fit.corun_processes:
         raise ConfigError(f"no cost fit with a co-run count for {workload.name} in {store}: "
                           f"run fsbench calibrate first")
-    ranks = 4 * fit.corun_processes
+    first, wider = (_efficiencies(workload, trainers, store, k * fit.corun_processes, steps, repeats)
+                    for k in SHARING)
+    return {**first, "wider": wider}
+
+
+def _efficiencies(workload: WorkloadConfig, trainers: list[str], store: str | Path, ranks: int,
+                  steps: int, repeats: int) -> dict:
     per_trainer = {}
     for trainer in trainers:
         runs = sorted((calibration_run(workload, trainer, store, "emulated", steps, ranks)[:2]
