@@ -730,6 +730,11 @@ def test_a_cluster_file_names_its_encoder_fit_beside_it(tmp_path):
     cluster = load_cluster(str(tmp_path / "h100x.toml"))
     assert cluster.encoder_fit == str(tmp_path / "gpu_fit.json") and "mfu" not in cluster.assumed
     assert cluster.source == str(tmp_path / "h100x.toml")
+    from fsbench.errors import ConfigError
+
+    (tmp_path / "bad.toml").write_text('name = "bad"\nencoder_fit = "missing.json"\n')
+    with pytest.raises(ConfigError, match=r"--cluster .*bad.toml: encoder_fit .*missing.json: cannot read it"):
+        load_cluster(str(tmp_path / "bad.toml"))
 
 
 @pytest.mark.parametrize("fit, argv, expected", [

@@ -143,33 +143,36 @@ def assumption_record(cluster: Cluster) -> dict:
             "line": assumptions(cluster)}
 
 
-def read_encoder_fit(path: str | Path):
-    """The CostFit stored at `path` (a `fsbench calibrate` fit file), or a one-line error."""
+def read_encoder_fit(path: str | Path, where: str = "--cluster-fit"):
+    """The CostFit stored at `path` (a `fsbench calibrate` fit file), or a one-line error
+    that starts with `where` (the option or file that named it)."""
     from fsbench.running.calibrate import CostFit
     from fsbench.running.store import read_json
 
-    where = f"--cluster-fit {path}"
+    where = f"{where} {path}"
     try:
         raw = read_json(path)
     except OSError as e:
         raise ConfigError(f"{where}: cannot read it ({e.strerror})") from None
     except ValueError as e:
         raise ConfigError(f"{where}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: not a fsbench calibrate fit (expected a JSON object)")
     known = {f.name for f in dataclasses.fields(CostFit)}
-    missing = sorted({"a", "b", "c", "model", "device"} - set(raw)) if isinstance(raw, dict) else ["a"]
+    missing = sorted({"a", "b", "c", "model", "device"} - set(raw))
     if missing:
         raise ConfigError(f"{where}: not a fsbench calibrate fit (lacks {', '.join(missing)})")
     fields = {k: v for k, v in raw.items() if k in known}
     return CostFit(**{"r2": float("nan"), "lengths": [], "per_sample_ms": [], **fields})
 
 
-def with_encoder_fit(cluster: Cluster, path: str | Path) -> Cluster:
+def with_encoder_fit(cluster: Cluster, path: str | Path, where: str = "--cluster-fit") -> Cluster:
     """`cluster` booking the encoder (and the optimizer, where measured) from the fit at
     `path`: the figures it replaces leave the assumptions."""
     if cluster.compute == "fit":
-        raise ConfigError(f"--cluster-fit: cluster {cluster.name!r} takes every cost from this "
+        raise ConfigError(f"{where}: cluster {cluster.name!r} takes every cost from this "
                           "machine's fits already; give a fit to a GPU preset or cluster file")
-    fit = read_encoder_fit(path)
+    fit = read_encoder_fit(path, where)
     replaced = FIT_REPLACES + (("table_ns_per_element",) if fit.table_ns_per_element is not None else ())
     return dataclasses.replace(cluster, encoder_fit=str(path), replaced=replaced,
                                assumed=tuple(f for f in cluster.assumed if f not in replaced),
@@ -245,7 +248,8 @@ def read_cluster_file(path: str | Path) -> Cluster:
         return cluster
     # a fit named in the file: relative to the file, and the file stays the source
     fit = path.parent / str(raw["encoder_fit"])
-    return dataclasses.replace(with_encoder_fit(cluster, fit), source=str(path))
+    return dataclasses.replace(with_encoder_fit(cluster, fit, f"--cluster {path}: encoder_fit"),
+                               source=str(path))
 
 
 def load_cluster(spec: str, overrides: list[str] = (), encoder_fit: str | None = None) -> Cluster:
