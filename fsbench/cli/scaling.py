@@ -89,9 +89,9 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
     p.add_argument("--overhead", type=csv(str), default=[], metavar="TRAINERS",
                    help="also measure these trainers' per-step overhead beyond the cost model "
                         "(a real 1-rank run each, with the model and emulated) and how much "
-                        "time-sharing ranks beyond the cores meet (emulated runs at four times "
-                        "the cores), for fsbench simulate --cluster local; e.g. ddp,freescale; "
-                        "default: none")
+                        "time-sharing ranks beyond the cores meet (emulated runs at four and at "
+                        "eight times the cores), for fsbench simulate --cluster local; e.g. "
+                        "ddp,freescale; default: none")
     add_format(p)
 
 
