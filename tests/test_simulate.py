@@ -779,11 +779,14 @@ def test_a_cluster_file_with_an_unknown_key_names_the_allowed_ones(tmp_path):
 
 def test_sensitivity_takes_each_assumed_figure_at_half_and_twice(tmp_path, capsys):
     """Every figure h100 assumes, at x0.5, x1 and x2: x1 is the plain projection's
-    reduction (freescale's bubble against ddp's) whatever the figure."""
+    reduction (freescale's bubble against ddp's) whatever the figure. Without the
+    planner's time: timed on this CPU in each command, it made the two differ on a busy
+    machine."""
     from fsbench.scaling.sim_inputs import FIGURES
 
     common = ["--workload", "small", "--trainers", "ddp,freescale", "--world-sizes", "16",
-              "--steps", "3", "--warmup", "1", "--set", "batch_per_rank=8", "--format", "json"]
+              "--steps", "3", "--warmup", "1", "--set", "batch_per_rank=8", "--format", "json",
+              "--planner-time", "off"]
     assert main(["simulate", "--sensitivity", *common]) == 0
     rows = json.loads(capsys.readouterr().out)["sensitivity"]
     assert [r["figure"] for r in rows] == list(FIGURES)
@@ -794,6 +797,37 @@ def test_sensitivity_takes_each_assumed_figure_at_half_and_twice(tmp_path, capsy
     assert any(r["swing"] > 0.01 for r in rows)  # some figure moves the headline
     assert all(r["swing"] == max(r[f"reduction_x{k}"] for k in ("0.5", "1", "2"))
                - min(r[f"reduction_x{k}"] for k in ("0.5", "1", "2")) for r in rows)
+
+
+def test_sensitivity_charges_every_variant_the_planning_time_timed_at_x1(monkeypatch):
+    """The planner's time is timed once per run, at x1, and charged alike at x0.5 and x2:
+    a planner clock that reads 5 ms a plan for the first (x1) run and 0 after (a busy
+    moment, say) stalls every variant as it stalled x1, so the swing does not come from
+    this CPU (each variant used to time its own)."""
+    import types
+
+    from freescale_impl import trainer as fs_trainer
+    from fsbench.scaling.sensitivity import reduction, sensitivity, varied
+
+    reads = []
+
+    def thread_time_ns():  # two reads a plan; the first run plans 4 times (a warm-up + 3)
+        reads.append(1)
+        return (5_000_000 if len(reads) <= 8 else 0) * (len(reads) // 2)
+    monkeypatch.setattr(fs_trainer, "time", types.SimpleNamespace(thread_time_ns=thread_time_ns))
+    w = dataclasses.replace(get_workload("small"), steps=3, warmup=1)
+    rows = sensitivity(H100, w, [("ddp", {}), ("freescale", {})], [16], 8, ".")
+    run = lambda t, ww: RunConfig(workload=ww, trainer=t, world_size=16)  # noqa: E731
+    scaled = dataclasses.replace(w, global_batch_size=16 * 8)
+    for r in rows:
+        for k in (0.5, 2.0):
+            c = varied(H100, r["figure"], k)
+            expected = reduction(*(simulate_run(run(t, scaled), c, ".", planner_ms=ms)[0]
+                                   for t, ms in (("ddp", 0.0), ("freescale", 5.0))))
+            assert r[f"reduction_x{k:g}"] == pytest.approx(expected, rel=1e-9), (r["figure"], k)
+    unstalled = simulate_run(run("freescale", scaled), H100, ".", planner_time=False)[0]
+    assert simulate_run(run("freescale", scaled), H100, ".", planner_ms=5.0)[0]["step_time_ms_median"] \
+        > unstalled["step_time_ms_median"]  # the 5 ms do stall the step
 
 
 def test_halving_the_network_slows_ddp_across_nodes():
@@ -837,7 +871,8 @@ def _exchange_runs(w, n=8):
     def run(priority):
         return RunConfig(workload=w, trainer="freescale", world_size=n,
                          trainer_options={"tables": "sharded", "overlap": "on", "priority": priority})
-    return [simulate_run(run(p), H100, ".")[0] for p in ("off", "on")]
+    # the exchange alone: the planner's time on this CPU is no part of it
+    return [simulate_run(run(p), H100, ".", planner_time=False)[0] for p in ("off", "on")]
 
 
 def test_prioritizing_cannot_send_rows_before_the_step_that_updates_them():

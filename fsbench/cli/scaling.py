@@ -42,6 +42,11 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
     p.add_argument("--cluster-set", action="append", default=[], metavar="FIGURE=VALUE",
                    help=f"override one of the cluster's figures ({', '.join(FIGURES)}); it then "
                         "counts as assumed in every output")
+    p.add_argument("--planner-time", default="measured", choices=["measured", "off"],
+                   help="measured: FreeScale's planning of each simulated global batch is timed "
+                        "on this CPU and is input stall where it outlasts the step; off: charged "
+                        "nothing, so the output does not depend on this machine (e.g. a CI check "
+                        "of simulated numbers)")
     p.add_argument("--sensitivity", action="store_true",
                    help="instead of storing runs: take each ASSUMED figure of the cluster at half "
                         "and twice its value and tabulate how the second trainer's bubble "
@@ -134,7 +139,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         w = scaled_workload(workload, n, args.scaling, batch_per_rank)
         run = RunConfig(workload=w, trainer=name, world_size=n, seed=args.seed,
                         trainer_options=trainer_options(name, trainer_sets.get(name, {})))
-        run_dir, summary = write_simulated(run, cluster, sim_store, args.store, args.scaling)
+        run_dir, summary = write_simulated(run, cluster, sim_store, args.store, args.scaling,
+                                           planner_time=args.planner_time == "measured")
         rows.append({**summary, "run_dir": str(run_dir)})
     if args.format == "json":
         print(dumps({"simulated": True, "cluster": cluster.name,
@@ -169,7 +175,8 @@ def _print_sensitivity(args, cluster, workload, trainer_sets: dict, batch_per_ra
     base, new = args.trainers
     runs = [(t, trainer_options(t, trainer_sets.get(t, {}))) for t in (base, new)]
     rows = sensitivity(cluster, workload, runs, args.world_sizes, batch_per_rank, args.store,
-                       args.seed, progress=lambda it: progress(it, "simulating", "point"))
+                       args.seed, progress=lambda it: progress(it, "simulating", "point"),
+                       planner_time=args.planner_time == "measured")
     if args.format == "json":
         print(dumps({"simulated": True, "sensitivity": rows, "base": base, "new": new,
                      "assumptions": assumptions(cluster)}))

@@ -35,23 +35,37 @@ def reduction(base: dict, new: dict) -> float:
 def sensitivity(cluster: Cluster, workload: WorkloadConfig,
                 runs: list[tuple[str, dict[str, str]]], world_sizes: list[int],
                 batch_per_rank: int, store: str | Path, seed: int = 0,
-                progress: Callable[[Iterable], Iterable] = lambda it: it) -> list[dict]:
+                progress: Callable[[Iterable], Iterable] = lambda it: it,
+                planner_time: bool = True) -> list[dict]:
     """One row per (assumed figure, world size): the figure's value and the reduction of
     the second of `runs` (trainer, its options) against the first at x0.5, x1, x2 (the
-    same trainer may come twice: e.g. FreeScale against its sharded baseline)."""
+    same trainer may come twice: e.g. FreeScale against its sharded baseline). A planner's
+    time is timed once per run, at x1, and charged alike at every variant: no figure
+    changes it, so the swing is the figures', not this CPU's noise."""
     (base, base_opts), (new, new_opts) = runs[:2]
     figures = [f for f in FIGURES if f in cluster.assumed]
     points = [(f, n, k) for f in figures for n in world_sizes for k in FACTORS]
     memo: dict[tuple, float] = {}
+    timed: dict[tuple, float] = {}  # (trainer index, n) -> planning ms per step at x1
+
+    def reduction_at(c: Cluster, n: int) -> float:
+        w = scaled_workload(workload, n, "weak", batch_per_rank)
+        summaries = []
+        for i, (t, o) in enumerate(((base, base_opts), (new, new_opts))):
+            summary = simulate_run(RunConfig(workload=w, trainer=t, world_size=n, seed=seed,
+                                             trainer_options=o), c, store, planner_time=planner_time,
+                                   planner_ms=timed.get((i, n)))[0]
+            timed.setdefault((i, n), summary["plan_ms_per_step"])
+            summaries.append(summary)
+        return reduction(*summaries)
+
+    for n in world_sizes:  # x1 first: it times the planners
+        memo[(dataclasses.astuple(cluster), n)] = reduction_at(cluster, n)
     for figure, n, factor in progress(points):
         c = varied(cluster, figure, factor)
         key = (dataclasses.astuple(c), n)
         if key not in memo:  # x1 is the same cluster for every figure
-            w = scaled_workload(workload, n, "weak", batch_per_rank)
-            summaries = [simulate_run(RunConfig(workload=w, trainer=t, world_size=n, seed=seed,
-                                                trainer_options=o), c, store)[0]
-                         for t, o in ((base, base_opts), (new, new_opts))]
-            memo[key] = reduction(*summaries)
+            memo[key] = reduction_at(c, n)
         memo[(figure, n, factor)] = memo[key]
     return [{"figure": f, "value": getattr(cluster, f), "unit": FIGURES[f][0], "world_size": n,
              **{f"reduction_x{k:g}": memo[(f, n, k)] for k in FACTORS},

@@ -105,13 +105,15 @@ def profile_of(trainer: str, options: dict[str, str], n: int) -> SimProfile:
 
 def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                  profile: SimProfile | None = None, step_overhead: bool = True,
-                 planner_time: bool = True, timeshare_efficiency: float | None = None
-                 ) -> tuple[dict, list[dict]]:
+                 planner_time: bool = True, timeshare_efficiency: float | None = None,
+                 planner_ms: float | None = None) -> tuple[dict, list[dict]]:
     """Summary (the measured schema, `simulated: true`) and per-step rows of one
     (trainer, world size) on `cluster`; `step_overhead=False` leaves out the fit's
     measured per-step overhead (to measure it); `planner_time=False` leaves out the
     planner's time measured here (for outputs that must not depend on this CPU);
-    `timeshare_efficiency` replaces the fit's (to measure it)."""
+    `planner_ms` charges that planning time per step instead of timing it (a variant of
+    a run already timed: fsbench.scaling.sensitivity); `timeshare_efficiency` replaces
+    the fit's (to measure it)."""
     from fsbench.specs import parse_popularity
     from fsbench.workloads.distributions import parse_length_spec
     from fsbench.workloads.generator import step_rng
@@ -167,6 +169,8 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
         plans, planning_ms = plan(lengths, n, planning)
         windows.append((window, lengths, plans, planning_ms / len(window)))
     plan_ms = float(np.median([ms for *_, ms in windows])) if planner_time else 0.0
+    if planner_time and planner_ms is not None:
+        plan_ms = planner_ms
     # The previous step's global item draws (negatives shared by all ranks) and samples:
     # the rows it updated, which the prioritized exchange cannot send before its update.
     prev = None
@@ -333,14 +337,15 @@ def summarize_steps(run: RunConfig, rows: list[dict], cluster: Cluster) -> dict:
 
 
 def write_simulated(run: RunConfig, cluster: Cluster, out_dir: str | Path, store: str | Path,
-                    scaling: str, profile: SimProfile | None = None) -> tuple[Path, dict]:
+                    scaling: str, profile: SimProfile | None = None,
+                    planner_time: bool = True) -> tuple[Path, dict]:
     """Simulate one (trainer, world size) and store it as a run: manifest (`simulated`),
     summary.json in the measured schema, steps.csv."""
     import pandas as pd
 
     from fsbench.running import store as runs_store
 
-    summary, rows = simulate_run(run, cluster, store, profile)
+    summary, rows = simulate_run(run, cluster, store, profile, planner_time=planner_time)
     run_dir = runs_store.create_run_dir(out_dir, run)
     summary["run_id"] = run_dir.name
     pd.DataFrame(rows).to_csv(run_dir / "steps.csv", index=False)
