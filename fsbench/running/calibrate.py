@@ -371,22 +371,30 @@ def median_of_passes(fits: list[CostFit], workload: WorkloadConfig) -> CostFit:
     are residuals against it and so belong together) of the pass whose time for the
     workload's batch is the median, and each of PASS_SCALARS' median over the passes
     (None where a pass lacks it). Every pass's figures are kept in `passes`."""
-    ranked = sorted(fits, key=lambda f: encoder_batch_ms(f, workload))
-    chosen = ranked[(len(ranked) - 1) // 2]
+    times = [encoder_batch_ms(f, workload) for f in fits]
+    chosen = fits[sorted(range(len(fits)), key=times.__getitem__)[(len(fits) - 1) // 2]]
     scalars = {name: (None if any(getattr(f, name) is None for f in fits)
                       else float(statistics.median(getattr(f, name) for f in fits)))
                for name in PASS_SCALARS}
-    record = [{"encoder_batch_ms": encoder_batch_ms(f, workload),
-               **{name: getattr(f, name) for name in PASS_SCALARS}} for f in fits]
+    record = [{"encoder_batch_ms": t, **{name: getattr(f, name) for name in PASS_SCALARS}}
+              for f, t in zip(fits, times)]
     return dataclasses.replace(chosen, **scalars, passes=record)
 
 
 def load_fit(out_dir: str | Path, workload: WorkloadConfig, device: str = "cpu") -> CostFit | None:
     """The stored fit for this model on this device, if one exists."""
     path = fit_path(out_dir, workload, device)
-    if not path.exists():
-        return None
+    return fit_from_dict(read_json(path)) if path.exists() else None
+
+
+def fit_from_dict(raw: dict) -> CostFit:
+    """A CostFit from its stored fields. Fields an older version stored and this one
+    replaced are left out (their quantity is then missing: measured again where it is
+    needed)."""
     known = {f.name for f in dataclasses.fields(CostFit)}
-    # Fields an older version stored and this one replaced are left out (their quantity
-    # is then missing: measured again where it is needed).
-    return CostFit(**{k: v for k, v in read_json(path).items() if k in known})
+    return CostFit(**{k: v for k, v in raw.items() if k in known})
+
+
+REQUIRED_FIT_FIELDS = tuple(f.name for f in dataclasses.fields(CostFit)
+                            if f.default is dataclasses.MISSING)
+"""What every stored fit holds (the fields without a default)."""

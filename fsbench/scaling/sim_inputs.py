@@ -146,24 +146,32 @@ def assumption_record(cluster: Cluster) -> dict:
 def read_encoder_fit(path: str | Path, where: str = "--cluster-fit"):
     """The CostFit stored at `path` (a `fsbench calibrate` fit file), or a one-line error
     that starts with `where` (the option or file that named it)."""
-    from fsbench.running.calibrate import CostFit
-    from fsbench.running.store import read_json
+    from fsbench.running.calibrate import REQUIRED_FIT_FIELDS, fit_from_dict
 
     where = f"{where} {path}"
+    raw = _read_table(Path(path), where)
+    missing = sorted(set(REQUIRED_FIT_FIELDS) - set(raw))
+    if missing:
+        raise ConfigError(f"{where}: not a fsbench calibrate fit (lacks {', '.join(missing)})")
+    return fit_from_dict(raw)
+
+
+def _read_table(path: Path, where: str) -> dict:
+    """A .toml or JSON file's table of keys, or a one-line error that starts with `where`."""
     try:
-        raw = read_json(path)
+        if path.suffix == ".toml":
+            import tomllib
+
+            raw = tomllib.loads(path.read_text())
+        else:
+            raw = json.loads(path.read_text())
     except OSError as e:
         raise ConfigError(f"{where}: cannot read it ({e.strerror})") from None
     except ValueError as e:
-        raise ConfigError(f"{where}: not valid JSON ({e})") from None
+        raise ConfigError(f"{where}: not valid {'TOML' if path.suffix == '.toml' else 'JSON'} ({e})") from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: not a fsbench calibrate fit (expected a JSON object)")
-    known = {f.name for f in dataclasses.fields(CostFit)}
-    missing = sorted({"a", "b", "c", "model", "device"} - set(raw))
-    if missing:
-        raise ConfigError(f"{where}: not a fsbench calibrate fit (lacks {', '.join(missing)})")
-    fields = {k: v for k, v in raw.items() if k in known}
-    return CostFit(**{"r2": float("nan"), "lengths": [], "per_sample_ms": [], **fields})
+        raise ConfigError(f"{where}: expected a table of keys, got {type(raw).__name__}")
+    return raw
 
 
 def with_encoder_fit(cluster: Cluster, path: str | Path, where: str = "--cluster-fit") -> Cluster:
@@ -219,19 +227,7 @@ def read_cluster_file(path: str | Path) -> Cluster:
     assumed."""
     path = Path(path)
     where = f"--cluster {path}"
-    try:
-        if path.suffix == ".toml":
-            import tomllib
-
-            raw = tomllib.loads(path.read_text())
-        else:
-            raw = json.loads(path.read_text())
-    except OSError as e:
-        raise ConfigError(f"{where}: cannot read it ({e.strerror})") from None
-    except ValueError as e:
-        raise ConfigError(f"{where}: not valid {'TOML' if path.suffix == '.toml' else 'JSON'} ({e})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a table of keys, got {type(raw).__name__}")
+    raw = _read_table(path, where)
     allowed = {"name", "description", "measured", "encoder_fit", *FIGURES}
     unknown = sorted(set(raw) - allowed)
     if unknown:
