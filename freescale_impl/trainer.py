@@ -227,12 +227,22 @@ class FreeScaleTrainer(DataParallelTrainer):
             # Indices into the window's concatenated samples, per step and rank.
             return [[ws.positions()[idx] for idx in ws.plan.assignment] for ws in steps], planning_ms
 
+        def route(workload, n: int, seed: int, inputs: PlanInputs, tokens: float) -> tuple[float, bool]:
+            # RoutedShare's work beyond the plan, as the trainer's loader worker does it.
+            from freescale_impl.routing_cost import routing_ms
+
+            cost = cost_model(inputs.workload, inputs.store, inputs.device, opts.cost, fit=inputs.fit)
+            chunks = opts.chunks or (4 if inputs.device == "cuda" else 1)  # as the trainer's auto
+            return routing_ms(workload, n, seed, cost, opts, chunks, tokens)
+
         exchange = "none"
         if opts.tables == "sharded":
             exchange = ("blocking" if opts.overlap == "off" else
                         "prioritized" if opts.priority == "on" else "overlapped")
         return SimProfile(tables=FreeScaleTrainer.table_memory(options, world_size),
                           exchange=exchange, sm_free=opts.transport == "sm_free", plan=plan,
+                          # routed on the host wherever the trainer routes (make_preparer)
+                          route=route if opts.tables == "sharded" and opts.data == "replicated" else None,
                           window=opts.window if opts.balance == "on" else 1,
                           chunks=opts.chunks or 4)  # auto: 4 on GPUs, where it is projected
 

@@ -12,7 +12,7 @@ from fsbench.scaling.commcal import fit as fit_comm
 from fsbench.config import RunConfig
 from fsbench.scaling.sim_inputs import CLUSTERS, SimProfile
 from fsbench.scaling.sim_costs import Costs
-from fsbench.scaling.simulate import simulate_run
+from fsbench.scaling.simulate import profile_of, simulate_run
 from fsbench.running.store import load_runs
 from fsbench.workloads.generator import SyntheticBatches
 from fsbench.workloads.presets import get_workload
@@ -42,9 +42,13 @@ def test_one_rank_takes_the_sum_of_its_samples_costs():
 
 
 def test_freescale_balances_and_hides_what_ddp_cannot():
+    # The step alone: its input stage (planning and routing, timed on this CPU) is another
+    # test's (test_a_routing_slower_than_the_step_is_input_stall).
     w = small(64 * 8)
-    ddp, _ = simulate_run(RunConfig(workload=w, trainer="ddp", world_size=64), SLOW, ".")
-    fs, _ = simulate_run(RunConfig(workload=w, trainer="freescale", world_size=64), SLOW, ".")
+    ddp, _ = simulate_run(RunConfig(workload=w, trainer="ddp", world_size=64), SLOW, ".",
+                          planner_time=False)
+    fs, _ = simulate_run(RunConfig(workload=w, trainer="freescale", world_size=64), SLOW, ".",
+                         planner_time=False)
     assert ddp["straggler_bubble_ratio"] > 0.2  # heavy-tailed lengths, contiguous split
     assert fs["straggler_bubble_ratio"] < ddp["straggler_bubble_ratio"] / 2
     assert fs["bubble_ratio"] < ddp["bubble_ratio"]
@@ -222,7 +226,8 @@ def test_overheads_follow_the_global_batchs_tokens_between_their_two_measurement
         CLUSTERS["local"], small(64), ".")
     assert isinstance(costs, Costs)
     assert costs.step_overhead("ddp", "model", 4000.0) == pytest.approx(
-        {"wall_ms": 5.0, "cpu_ms": 4.0, "busy_ms": 0.5, "input_ms": 0.5, "worker_ms": 2.5})
+        {"wall_ms": 5.0, "cpu_ms": 4.0, "busy_ms": 0.5, "input_ms": 0.5, "worker_ms": 2.5,
+         "stage_ms": 0.0})
     low = costs.step_overhead("ddp", "model", 400.0)  # the line: wall 0.5, CPU 1.0 > wall
     assert low["wall_ms"] == pytest.approx(0.5) and low["cpu_ms"] == pytest.approx(0.5)
     assert low["busy_ms"] == 0.0 and costs.step_overhead("ddp", "model", 0.0)["wall_ms"] == 0.0
@@ -806,7 +811,7 @@ def test_sensitivity_charges_every_variant_the_planning_time_timed_at_x1(monkeyp
     this CPU (each variant used to time its own)."""
     import types
 
-    from freescale_impl import trainer as fs_trainer
+    from freescale_impl import routing_cost, trainer as fs_trainer
     from fsbench.scaling.sensitivity import reduction, sensitivity, varied
 
     reads = []
@@ -815,6 +820,12 @@ def test_sensitivity_charges_every_variant_the_planning_time_timed_at_x1(monkeyp
         reads.append(1)
         return (5_000_000 if len(reads) <= 8 else 0) * (len(reads) // 2)
     monkeypatch.setattr(fs_trainer, "time", types.SimpleNamespace(thread_time_ns=thread_time_ns))
+    routes = []
+
+    def routing_ms(*args):  # the routing likewise: 3 ms at x1's run, 0 after
+        routes.append(1)
+        return (3.0 if len(routes) == 1 else 0.0), False
+    monkeypatch.setattr(routing_cost, "routing_ms", routing_ms)
     w = dataclasses.replace(get_workload("small"), steps=3, warmup=1)
     rows = sensitivity(H100, w, [("ddp", {}), ("freescale", {})], [16], 8, ".")
     run = lambda t, ww: RunConfig(workload=ww, trainer=t, world_size=16)  # noqa: E731
@@ -822,11 +833,11 @@ def test_sensitivity_charges_every_variant_the_planning_time_timed_at_x1(monkeyp
     for r in rows:
         for k in (0.5, 2.0):
             c = varied(H100, r["figure"], k)
-            expected = reduction(*(simulate_run(run(t, scaled), c, ".", planner_ms=ms)[0]
-                                   for t, ms in (("ddp", 0.0), ("freescale", 5.0))))
+            expected = reduction(*(simulate_run(run(t, scaled), c, ".", planner_ms=ms, route_ms=r)[0]
+                                   for t, ms, r in (("ddp", 0.0, 0.0), ("freescale", 5.0, 3.0))))
             assert r[f"reduction_x{k:g}"] == pytest.approx(expected, rel=1e-9), (r["figure"], k)
     unstalled = simulate_run(run("freescale", scaled), H100, ".", planner_time=False)[0]
-    assert simulate_run(run("freescale", scaled), H100, ".", planner_ms=5.0)[0]["step_time_ms_median"] \
+    assert simulate_run(run("freescale", scaled), H100, ".", planner_ms=5.0, route_ms=0.0)[0]["step_time_ms_median"] \
         > unstalled["step_time_ms_median"]  # the 5 ms do stall the step
 
 
@@ -977,9 +988,9 @@ def test_each_switch_alone_moves_the_projection_the_way_the_trainer_moves(switch
                             item_vocab=10_000_000, user_vocab=10_000_000,
                             context_vocabs=(1_000_000,), popularity="zipf:0.3")
 
-    def run(options):
+    def run(options):  # the step's model alone: no input stage timed on this CPU
         return simulate_run(RunConfig(workload=w, trainer="freescale", world_size=64,
-                                      trainer_options=options), H100, ".")[0]
+                                      trainer_options=options), H100, ".", planner_time=False)[0]
     before, after = run(base), run({**base, switch: on})
     assert after[lowered] < before[lowered] * 0.995, (switch, before[lowered], after[lowered])
 
@@ -1014,3 +1025,72 @@ def test_a_planner_slower_than_the_step_is_input_stall():
         assert row["step_time_ms"] == pytest.approx(row["plan_ms"], rel=1e-9)  # the plan sets the pace
         assert row["input_stall_ms"] >= 8 * (row["plan_ms"] - exact["step_time_ms_median"]) * 0.9
     assert slow["input_stall_ratio"] > 0.8
+
+
+def test_freescale_routing_is_timed_at_the_simulated_size_and_the_baselines_route_nothing():
+    """FreeScale with sharded tables routes every step in its input stage: the real
+    RoutedShare is timed at the simulated world size (CPU time, > 0; no claim on how much,
+    which is this CPU's); DDP, and FreeScale with replicated tables, route nothing."""
+    w = small(64 * 8)
+    run = RunConfig(workload=w, trainer="freescale", world_size=8)
+    fs = simulate_run(run, H100, ".")[0]
+    assert fs["route_ms_per_step"] > 0 and fs["route_extrapolated"] is False
+    assert simulate_run(dataclasses.replace(run, trainer="ddp"), H100, ".")[0]["route_ms_per_step"] == 0.0
+    replicated = dataclasses.replace(run, trainer_options={"tables": "replicated"})
+    assert simulate_run(replicated, H100, ".")[0]["route_ms_per_step"] == 0.0
+    assert simulate_run(run, H100, ".", planner_time=False)[0]["route_ms_per_step"] == 0.0
+
+
+def test_a_routing_slower_than_the_step_is_input_stall():
+    """Planning and routing are one input stage: together they stall every rank once they
+    outlast the step (a routing of 30 ms against H100 steps under a millisecond)."""
+    base = profile_of("freescale", {}, 8)
+    slow = dataclasses.replace(base, route=lambda *args: (30.0, False))
+    run = RunConfig(workload=small(64 * 8), trainer="freescale", world_size=8)
+    summary, rows = simulate_run(run, H100, ".", profile=slow, planner_ms=1.0)
+    for row in rows:
+        assert row["route_ms"] == 30.0
+        assert row["step_time_ms"] == pytest.approx(31.0, rel=1e-9)  # plan + route set the pace
+    assert summary["input_stall_ratio"] > 0.9
+
+
+def test_routing_beyond_the_timed_tokens_follows_the_line_through_two_smaller_batches(monkeypatch):
+    """A global batch beyond TIMED_TOKENS is routed at two smaller batches (at the same
+    world size) and the line through them followed: planted routing of 2 ms + 1 us per
+    token gives exactly that at 10x the limit; below the limit the batch itself is timed."""
+    from freescale_impl import routing_cost
+
+    seen = []
+
+    def planted(workload, n, *args):
+        tokens = 10.0 * workload.global_batch_size
+        seen.append((workload.global_batch_size, n))
+        return 2.0 + 1e-3 * tokens, tokens
+    monkeypatch.setattr(routing_cost, "_routing_ms", planted)
+    monkeypatch.setattr(routing_cost, "TIMED_TOKENS", 10_000)
+    w = small(10_000)
+    ms, extrapolated = routing_cost.routing_ms(w, 16, 0, None, None, 1, 100_000.0)
+    assert extrapolated and ms == pytest.approx(2.0 + 100.0)
+    assert all(b * 10 <= 10_000 and n == 16 for b, n in seen) and len(seen) == 2
+    ms, extrapolated = routing_cost.routing_ms(small(500), 16, 0, None, None, 1, 5_000.0)
+    assert not extrapolated and ms == pytest.approx(7.0) and seen[-1] == (500, 16)
+
+
+def test_local_loader_worker_takes_the_timed_stage_only_where_the_fit_measured_it_apart(monkeypatch):
+    """On `local` the loader worker's CPU is what 1-rank runs measured beyond the input
+    stage (`stage_ms` held beside it) plus the stage timed at the simulated size; at 2
+    ranks on 2 cores it all preempts the ranks. A fit from before holds the worker's whole
+    CPU, to which nothing is added."""
+    from fsbench.scaling import simulate
+
+    route = dataclasses.replace(profile_of("freescale", {}, 2), route=lambda *args: (6.0, False))
+    over = {"wall_ms": 0.0, "cpu_ms": 0.0, "busy_ms": 0.0, "input_ms": 0.0, "worker_ms": 1.0}
+    steps = {}
+    for label, entry in (("net", {**over, "stage_ms": 4.0}), ("whole", over)):
+        fit = planted_fit(step_overhead={"freescale/model": entry})
+        monkeypatch.setattr(simulate, "Costs", local_with(fit))
+        run = RunConfig(workload=small(64), trainer="freescale", world_size=2)
+        steps[label] = simulate_run(run, CLUSTERS["local"], ".", profile=route, planner_ms=2.0)[1]
+    for net, whole in zip(steps["net"], steps["whole"]):
+        # 2 workers on 2 busy cores: each core's share of them lengthens the step
+        assert net["step_time_ms"] - whole["step_time_ms"] == pytest.approx(2 * (2.0 + 6.0) / 2, rel=1e-9)

@@ -41,21 +41,22 @@ def sensitivity(cluster: Cluster, workload: WorkloadConfig,
     the second of `runs` (trainer, its options) against the first at x0.5, x1, x2 (the
     same trainer may come twice: e.g. FreeScale against its sharded baseline). A planner's
     time is timed once per run, at x1, and charged alike at every variant: no figure
-    changes it, so the swing is the figures', not this CPU's noise."""
+    changes it, so the swing is the figures', not this CPU's noise. Its routing likewise."""
     (base, base_opts), (new, new_opts) = runs[:2]
     figures = [f for f in FIGURES if f in cluster.assumed]
     points = [(f, n, k) for f in figures for n in world_sizes for k in FACTORS]
     memo: dict[tuple, float] = {}
-    timed: dict[tuple, float] = {}  # (trainer index, n) -> planning ms per step at x1
+    timed: dict[tuple, tuple] = {}  # (trainer index, n) -> planning, routing ms per step at x1
 
     def reduction_at(c: Cluster, n: int) -> float:
         w = scaled_workload(workload, n, "weak", batch_per_rank)
         summaries = []
         for i, (t, o) in enumerate(((base, base_opts), (new, new_opts))):
+            plan_ms, route_ms = timed.get((i, n), (None, None))
             summary = simulate_run(RunConfig(workload=w, trainer=t, world_size=n, seed=seed,
                                              trainer_options=o), c, store, planner_time=planner_time,
-                                   planner_ms=timed.get((i, n)))[0]
-            timed.setdefault((i, n), summary["plan_ms_per_step"])
+                                   planner_ms=plan_ms, route_ms=route_ms)[0]
+            timed.setdefault((i, n), (summary["plan_ms_per_step"], summary["route_ms_per_step"]))
             summaries.append(summary)
         return reduction(*summaries)
 

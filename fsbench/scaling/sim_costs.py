@@ -15,8 +15,10 @@ from fsbench.errors import ConfigError
 from fsbench.scaling.sim_inputs import Cluster
 
 # worker_ms: the rank's loader worker's CPU per step (its own process: in none of the
-# others). Fits from before it lack it and read 0.
-OVERHEAD_KEYS = ("wall_ms", "cpu_ms", "busy_ms", "input_ms", "worker_ms")
+# others) beyond stage_ms, its planning and routing at 1 rank, which the simulator times at
+# the simulated size instead. Fits from before worker_ms lack it and read 0; fits from
+# before stage_ms hold the worker's whole CPU (`Costs.worker_excludes_stage`).
+OVERHEAD_KEYS = ("wall_ms", "cpu_ms", "busy_ms", "input_ms", "worker_ms", "stage_ms")
 
 
 def encoder_flops(workload: WorkloadConfig, lengths: np.ndarray) -> np.ndarray:
@@ -158,12 +160,22 @@ class Costs:
         if tokens is None or not other or "tokens" not in found or found["tokens"] == other[0]["tokens"]:
             return {k: float(found.get(k, 0.0)) for k in OVERHEAD_KEYS}
         at = (min(tokens, found["tokens"]) - found["tokens"]) / (found["tokens"] - other[0]["tokens"])
-        v = {k: max(0.0, found[k] + at * (found[k] - other[0][k])) for k in OVERHEAD_KEYS}
+        v = {k: max(0.0, found.get(k, 0.0) + at * (found.get(k, 0.0) - other[0].get(k, 0.0)))
+             for k in OVERHEAD_KEYS}
         # the parts stay parts of the whole: busy <= cpu <= wall, cpu + input <= wall
         v["cpu_ms"] = min(v["cpu_ms"], v["wall_ms"])
         v["busy_ms"] = min(v["busy_ms"], v["cpu_ms"])
         v["input_ms"] = min(v["input_ms"], v["wall_ms"] - v["cpu_ms"])
         return v
+
+    def worker_excludes_stage(self, trainer: str, compute: str) -> bool:
+        """Whether the fit's loader-worker CPU for this trainer and compute mode leaves
+        out the input stage's planning and routing (measured net of them, or not
+        measured at all), so that the simulator adds theirs at the simulated size; a fit
+        from before holds the worker's whole CPU at 1 rank."""
+        held = (self.fit.step_overhead or {}) if self.cluster.compute == "fit" else {}
+        found = held.get(f"{trainer}/{compute}")
+        return found is None or "stage_ms" in found
 
     def table_ms(self, elements: float, replicated: bool = False) -> float:
         if self.cluster.compute != "fit":

@@ -35,6 +35,11 @@ class SimProfile:
     which plan nothing). A planner predicts costs as the trainer would (its own cost
     model), while the simulator books the cluster's costs: prediction error is residual
     straggler."""
+    route: Callable[[object, int, int, "PlanInputs", float], tuple[float, bool]] | None = None
+    """(workload, N, seed, what a planner may know, the global batch's expected tokens) ->
+    (CPU ms per step the trainer's input stage spends routing the step beyond planning it,
+    timed on this machine; whether it was extrapolated from smaller batches); None: the
+    input stage routes nothing (the baselines; FreeScale with replicated tables)."""
     window: int = 1
     chunks: int = 1
     """Pieces of the row exchange: the first is waited for, the rest hide under compute."""

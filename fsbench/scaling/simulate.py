@@ -32,7 +32,8 @@ batches (the same length draws the generator makes for that seed and step):
             and followed along the global batch's expected tokens (up to the calibrated
             batch's) (fsbench.scaling.step_overhead): its wall time, the
             part that is the rank's CPU (time-shares), the part counted busy, input waits,
-            and its loader worker's CPU (a process of its own, on a spare core at 1 rank):
+            and its loader worker's CPU (a process of its own, on a spare core at 1 rank;
+            its planning and routing at the simulated size are timed here instead):
             at n ranks the n workers' CPU beyond what the spare cores take lengthens the
             step by its share per core (beyond the cores, times e), booked as the preempted rank's run-queue wait
             (other idle) and its peers' wait in communication (`worker_preemption_ms`).
@@ -53,10 +54,15 @@ batches (the same length draws the generator makes for that seed and step):
               waits for its rows.
   input     the trainer's planning at the simulated size (what its input stage computes:
             predicted costs and the partitioner, a window's spread over its steps), timed
-            on this machine's CPU (one thread, warm; the median over the run's windows);
-            the baselines plan nothing. The input stage prepares it ahead of the step, so
-            it costs nothing until it takes longer than the step; beyond that every rank
-            waits for it (input stall, `plan_stall_ms`).
+            on this machine's CPU (one thread, warm; the median over the run's windows),
+            and its routing (FreeScale with sharded tables: every rank's request and this
+            rank's service, computed in the loader worker; `route_ms`): the real
+            `RoutedShare` timed at the simulated world size and global batch (beyond a
+            million tokens, on the line through two smaller batches:
+            freescale_impl.routing_cost); the baselines plan and route nothing. The input
+            stage prepares it ahead of the step, so it costs nothing until it takes longer
+            than the step; beyond that every rank waits for it (input stall,
+            `plan_stall_ms`). On `local` it is also the loader worker's CPU (below).
   SM        overlapped communication on SMs slows the compute it overlaps by
             `sm_slowdown` (a preset's parameter; `fsbench micro sm-contention` measures it
             where a GPU exists); copy-engine transport (FreeScale's sm_free) costs nothing.
@@ -106,13 +112,14 @@ def profile_of(trainer: str, options: dict[str, str], n: int) -> SimProfile:
 def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                  profile: SimProfile | None = None, step_overhead: bool = True,
                  planner_time: bool = True, timeshare_efficiency: float | None = None,
-                 planner_ms: float | None = None) -> tuple[dict, list[dict]]:
+                 planner_ms: float | None = None, route_ms: float | None = None
+                 ) -> tuple[dict, list[dict]]:
     """Summary (the measured schema, `simulated: true`) and per-step rows of one
     (trainer, world size) on `cluster`; `step_overhead=False` leaves out the fit's
     measured per-step overhead (to measure it); `planner_time=False` leaves out the
     planner's time measured here (for outputs that must not depend on this CPU);
-    `planner_ms` charges that planning time per step instead of timing it (a variant of
-    a run already timed: fsbench.scaling.sensitivity); `timeshare_efficiency` replaces
+    `planner_ms` and `route_ms` charge that planning and routing time per step instead
+    of timing them (a variant of a run already timed: fsbench.scaling.sensitivity); `timeshare_efficiency` replaces
     the fit's (to measure it)."""
     from fsbench.specs import parse_popularity
     from fsbench.workloads.distributions import parse_length_spec
@@ -171,6 +178,16 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     plan_ms = float(np.median([ms for *_, ms in windows])) if planner_time else 0.0
     if planner_time and planner_ms is not None:
         plan_ms = planner_ms
+    # The routing at the simulated size, timed once (every step routes alike).
+    routed_by_line = False
+    if not planner_time or prof.route is None:
+        route_ms = 0.0
+    elif route_ms is None:
+        route_ms, routed_by_line = prof.route(w, n, run.seed, planning, expected_tokens(w))
+    stage_ms = plan_ms + route_ms
+    # The loader worker's CPU (`local`): what was measured at 1 rank beyond the input
+    # stage's planning and routing there, plus theirs at this size.
+    worker_ms = over["worker_ms"] + (stage_ms if costs_model.worker_excludes_stage(run.trainer, w.compute) else 0.0)
     # The previous step's global item draws (negatives shared by all ranks) and samples:
     # the rows it updated, which the prioritized exchange cannot send before its update.
     prev = None
@@ -258,13 +275,13 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             cpu = cpu + upd * table_corun
             # The input stage plans ahead of the step (prefetched), so the plan costs the
             # step nothing until it takes longer than the step: then every rank waits for it.
-            plan_stall = max(0.0, plan_ms - t)
+            plan_stall = max(0.0, stage_ms - t)
             c, t = c + plan_stall, t + plan_stall
             # Each rank's loader worker is a process of its own: spare cores run it, and
             # what they cannot take preempts the ranks, a share per core. A preempted
             # rank waits in the run queue (other idle) and delays its peers at their next
             # collective (they wait in communication).
-            steal = worker_preemption_ms(n, cores, over["worker_ms"], t,
+            steal = worker_preemption_ms(n, cores, worker_ms, t,
                                          costs_model.timeshare_efficiency(run.trainer, n))
             c, t = c + steal / n, t + steal
             # A rank waits in communication for the rest of the step (for its peers
@@ -278,7 +295,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                 "input_stall_ms": float(causes["input_stall"].sum()),
                 "other_idle_ms": float(causes["other_idle"].sum()), "capacity_ms": n * t,
                 "num_samples": float(samples.sum()), "num_targets": float(tokens.sum()),
-                "plan_ms": plan_ms, "plan_stall_ms": plan_stall,
+                "plan_ms": plan_ms, "route_ms": route_ms, "plan_stall_ms": plan_stall,
                 # Every transfer of the step, and what the shared links exposed of them.
                 "link_ms": t_ar + (sent if prof.exchange != "none" else 0.0), "shared_link_ms": shared,
                 # No split of whole samples can beat the larger of the mean load and the
@@ -287,7 +304,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                                          float(all_costs[np.concatenate(owners)].max()) * enc_busy
                                          + (0.0 if emulated else upd * table_corun)),
             })
-    return summarize_steps(run, rows, cluster), rows
+    return summarize_steps(run, rows, cluster, routed_by_line), rows
 
 
 def worker_preemption_ms(n: int, cores: int | None, worker_ms: float, step_ms: float,
@@ -302,7 +319,8 @@ def worker_preemption_ms(n: int, cores: int | None, worker_ms: float, step_ms: f
     return share * max(0.0, n * worker_ms - max(0, cores - n) * step_ms) / cores
 
 
-def summarize_steps(run: RunConfig, rows: list[dict], cluster: Cluster) -> dict:
+def summarize_steps(run: RunConfig, rows: list[dict], cluster: Cluster,
+                    route_extrapolated: bool = False) -> dict:
     import pandas as pd
 
     df = pd.DataFrame(rows)
@@ -321,6 +339,10 @@ def summarize_steps(run: RunConfig, rows: list[dict], cluster: Cluster) -> dict:
         # hosts'): MEASURED here, beside a SIMULATED step, as a run's summary gives it.
         "plan_ms_per_step": float(m["plan_ms"].mean()),
         "plan_share_of_step": float(m["plan_ms"].mean() / m["step_time_ms"].median()),
+        # The routing likewise (FreeScale with sharded tables), and whether it was followed
+        # on a line beyond the batches timed (freescale_impl.routing_cost).
+        "route_ms_per_step": float(m["route_ms"].mean()),
+        "route_extrapolated": route_extrapolated,
         "step_time_ms_mean": float(m["step_time_ms"].mean()),
         "samples_per_s": float(m["num_samples"].sum() / secs),
         "tokens_per_s": float(m["num_targets"].sum() / secs),

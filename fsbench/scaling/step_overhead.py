@@ -74,8 +74,12 @@ def _one_step_overhead(workload: WorkloadConfig, trainer: str, store: str | Path
     input_ms = min(wall - cpu, measured["input_stall_ratio"] * measured["step_time_ms_mean"])
     # The loader worker's CPU: on this 1-rank run it had a core of its own, so none of
     # the above; with as many ranks as cores it takes theirs (fsbench.scaling.simulate).
+    # Its planning and routing are timed by the simulator at every size (here: 1 rank):
+    # they grow with the ranks and the batch, so they are kept out of what is followed.
+    stage = summary["plan_ms_per_step"] + summary["route_ms_per_step"]
     worker = measured.get("input_worker_cpu_ratio", 0.0) * measured["step_time_ms_mean"]
-    return {"wall_ms": wall, "cpu_ms": cpu, "busy_ms": busy, "input_ms": input_ms, "worker_ms": worker}
+    return {"wall_ms": wall, "cpu_ms": cpu, "busy_ms": busy, "input_ms": input_ms,
+            "worker_ms": max(0.0, worker - stage), "stage_ms": stage}
 
 
 def store_step_overheads(workload: WorkloadConfig, trainers: list[str], store: str | Path,
