@@ -83,26 +83,48 @@ def simulate_all(presets: list[str], steps: int) -> pd.DataFrame:
         w = scaled_workload(workload_of(preset, steps), n, "weak", batch)
         run = RunConfig(workload=w, trainer=trainer, world_size=n,
                         trainer_options=trainer_options(trainer, sets))
-        s, _ = simulate_run(run, cluster, store=HERE / "runs")  # h100: no calibration read
+        s, steps_ = simulate_run(run, cluster, store=HERE / "runs")  # h100: no calibration read
+        # The step alone: without the waits for an input stage that outlasts it (the
+        # techniques' own effect; the input stage is this implementation's, timed here).
+        m = pd.DataFrame(steps_)
+        m = m[m["step"] >= w.warmup]
+        stall = (n * m["plan_stall_ms"]).sum()
+        alone_s = (m["step_time_ms"] - m["plan_stall_ms"]).sum() / 1e3
         rows.append({"preset": preset, "batch_per_rank": batch, "gpus": n, "config": name,
                      "bubble": s["bubble_ratio"], "straggler": s["straggler_bubble_ratio"],
                      "exposed_comm": s["exposed_comm_ratio"], "samples_per_s": s["samples_per_s"],
                      "bound": s["whole_sample_bound_bubble"],
-                     "plan_ms": s["plan_ms_per_step"], "step_ms": s["step_time_ms_median"]})
-    df = pd.DataFrame(rows)
+                     "plan_ms": s["plan_ms_per_step"], "route_ms": s["route_ms_per_step"],
+                     "route_extrapolated": s["route_extrapolated"], "step_ms": s["step_time_ms_median"],
+                     "step_alone_ms": float((m["step_time_ms"] - m["plan_stall_ms"]).median()),
+                     "bubble_step_alone": float((m["idle_ms"].sum() - stall) / (m["capacity_ms"].sum() - stall)),
+                     "samples_per_s_step_alone": float(m["num_samples"].sum() / alone_s)})
+    return with_reductions(pd.DataFrame(rows))
+
+
+def with_reductions(df: pd.DataFrame) -> pd.DataFrame:
+    """Reductions against ddp and the sharded baseline at the same point, and scaling
+    efficiency against 8 GPUs: as implemented, and for the step alone (`_alone`)."""
     key = ["preset", "batch_per_rank", "gpus"]
-    ddp = df[df["config"] == "ddp"].set_index(key)["bubble"]
-    sharded = df[df["config"] == "sharded baseline"].set_index(key)["bubble"]
-    df["reduction"] = 1 - df["bubble"] / df.set_index(key).index.map(ddp).to_numpy()
-    df["reduction_vs_sharded"] = 1 - df["bubble"] / df.set_index(key).index.map(sharded).to_numpy()
-    base = df[df["gpus"] == WORLD_SIZES[0]].set_index(["preset", "batch_per_rank", "config"])
-    per_gpu8 = base["samples_per_s"] / WORLD_SIZES[0]
-    df["scaling_eff"] = (df["samples_per_s"] / df["gpus"]) / df.set_index(
-        ["preset", "batch_per_rank", "config"]).index.map(per_gpu8).to_numpy()
+    point = df.set_index(key).index
+    config = df.set_index(["preset", "batch_per_rank", "config"]).index
+    for suffix, bubble, speed in (("", "bubble", "samples_per_s"),
+                                  ("_alone", "bubble_step_alone", "samples_per_s_step_alone")):
+        if bubble not in df:  # a CSV written before the input stage was timed
+            continue
+        ddp = df[df["config"] == "ddp"].set_index(key)[bubble]
+        sharded = df[df["config"] == "sharded baseline"].set_index(key)[bubble]
+        df["reduction" + suffix] = 1 - df[bubble] / point.map(ddp).to_numpy()
+        df["reduction_vs_sharded" + suffix] = 1 - df[bubble] / point.map(sharded).to_numpy()
+        base = df[df["gpus"] == WORLD_SIZES[0]].set_index(["preset", "batch_per_rank", "config"])
+        per_gpu8 = base[speed] / WORLD_SIZES[0]
+        df["scaling_eff" + suffix] = (df[speed] / df["gpus"]) / config.map(per_gpu8).to_numpy()
     return df
 
 
 def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str) -> str:
+    timed = "bubble_step_alone" in df  # a CSV from before the input stage was timed: as it was
+    alone = "_alone" if timed else ""
     fs = df[df["config"] == "freescale"]
     at256 = fs[fs["gpus"] == 256]
     lines = [
@@ -131,21 +153,55 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str) 
         "baseline (+: a larger bubble). `scaling eff`: throughput per GPU against the same "
         "configuration at 8 GPUs. `bound`: no split of whole samples has a smaller straggler "
         "bubble; **bold** where FreeScale's straggler bubble is within 10% of it.\n",
-        f"## At 256 GPUs, beside the paper's {PAPER_REDUCTION_256}%\n",
-        "| preset | batch/rank | sharded baseline bubble | freescale bubble | "
-        "reduction vs sharded baseline | ddp bubble | reduction vs ddp | window=4 vs sharded |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
-    w4 = df[(df["config"] == "freescale window=4") & (df["gpus"] == 256)].set_index(
-        ["preset", "batch_per_rank"])["reduction_vs_sharded"]
-    at = df[df["gpus"] == 256].set_index(["config", "preset", "batch_per_rank"])["bubble"]
-    for _, r in at256.iterrows():
-        k = (r["preset"], r["batch_per_rank"])
-        lines.append(f"| {k[0]} | {k[1]} | {100 * at[('sharded baseline', *k)]:.1f}% | "
-                     f"{100 * r['bubble']:.1f}% | {100 * r['reduction_vs_sharded']:.1f}% | "
-                     f"{100 * at[('ddp', *k)]:.1f}% | {100 * r['reduction']:.1f}% | "
-                     f"{100 * w4[k]:.1f}% |")
+    if timed:
+        lines.append(
+            "**As implemented** and **the step alone.** Every configuration here but ddp is "
+            "this repository's FreeScale trainer with switches set, so each has its input "
+            "stage: the balanced plan (where balancing is on) and, with sharded tables and "
+            "every rank holding the global batch, the step's whole all-to-all routing (each "
+            "rank's loader worker computes every rank's request). The simulator times both at "
+            "each point's size on this machine's CPU (one thread of the 2-core VM; the routing "
+            "of a global batch beyond a million tokens on the line through two smaller ones) "
+            "and books the excess over the step as input stall: `as implemented`. The routing "
+            "grows with the ranks and the global batch's tokens and outlasts the projected "
+            "steps from a few dozen GPUs on, so as implemented the sharded configurations wait "
+            "for their input at scale, and their bubbles say more about this host routing than "
+            "about the techniques. `step alone` leaves the input stage out (the step as if its "
+            "input were ready: `fsbench simulate --planner-time off`): what each technique "
+            "does to the step. TorchRec itself routes ids on the GPUs inside the step, which "
+            "is not modelled; the sharded baseline here pays the same host routing as FreeScale.\n")
+    lines += [f"## At 256 GPUs, beside the paper's {PAPER_REDUCTION_256}%\n"]
+    at = df[df["gpus"] == 256].set_index(["config", "preset", "batch_per_rank"])
+    if timed:
+        lines += ["| preset | batch/rank | freescale input stage ms (plan + routing) | freescale step "
+                  "alone ms | as implemented: sharded bubble | freescale bubble | reduction vs "
+                  "sharded | ddp bubble | reduction vs ddp | step alone: sharded bubble | freescale "
+                  "bubble | reduction vs sharded | reduction vs ddp | window=4 vs sharded |",
+                  "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+        for _, r in at256.iterrows():
+            k = (r["preset"], r["batch_per_rank"])
+            lines.append(
+                f"| {k[0]} | {k[1]} | {r['plan_ms'] + r['route_ms']:.1f} | {r['step_alone_ms']:.2f} | "
+                f"{100 * at.loc[('sharded baseline', *k), 'bubble']:.1f}% | {100 * r['bubble']:.1f}% | "
+                f"{100 * r['reduction_vs_sharded']:.1f}% | {100 * at.loc[('ddp', *k), 'bubble']:.1f}% | "
+                f"{100 * r['reduction']:.1f}% | "
+                f"{100 * at.loc[('sharded baseline', *k), 'bubble_step_alone']:.1f}% | "
+                f"{100 * r['bubble_step_alone']:.1f}% | {100 * r['reduction_vs_sharded_alone']:.1f}% | "
+                f"{100 * r['reduction_alone']:.1f}% | "
+                f"{100 * at.loc[('freescale window=4', *k), 'reduction_vs_sharded_alone']:.1f}% |")
+    else:
+        lines += ["| preset | batch/rank | sharded baseline bubble | freescale bubble | "
+                  "reduction vs sharded baseline | ddp bubble | reduction vs ddp | window=4 vs sharded |",
+                  "|---|--:|--:|--:|--:|--:|--:|--:|"]
+        for _, r in at256.iterrows():
+            k = (r["preset"], r["batch_per_rank"])
+            lines.append(f"| {k[0]} | {k[1]} | {100 * at.loc[('sharded baseline', *k), 'bubble']:.1f}% | "
+                         f"{100 * r['bubble']:.1f}% | {100 * r['reduction_vs_sharded']:.1f}% | "
+                         f"{100 * at.loc[('ddp', *k), 'bubble']:.1f}% | {100 * r['reduction']:.1f}% | "
+                         f"{100 * at.loc[('freescale window=4', *k), 'reduction_vs_sharded']:.1f}% |")
     lines.append("")
+    label = " (step alone)" if timed else ""
     for (preset, batch), g in df.groupby(["preset", "batch_per_rank"], sort=False):
         lines += [f"## {preset}, {batch} samples per GPU\n",
                   "| config | " + " | ".join(str(n) for n in WORLD_SIZES) + " |",
@@ -155,17 +211,18 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str) 
             cells = []
             for n in WORLD_SIZES:
                 r = c.loc[n]
-                cell = f"{100 * r['bubble']:.1f}%"
+                cell = f"{100 * r['bubble' + ('_step' + alone if timed else '')]:.1f}%"
                 if name != "sharded baseline":  # a bubble larger than the baseline's: +
-                    cell += f" ({-100 * r['reduction_vs_sharded']:+.0f}%)"
+                    cell += f" ({-100 * r['reduction_vs_sharded' + alone]:+.0f}%)"
                 cells.append(cell)
-            lines.append(f"| {name}: bubble (change vs sharded) | " + " | ".join(cells) + " |")
+            lines.append(f"| {name}{label}: bubble (change vs sharded) | " + " | ".join(cells) + " |")
         for name in ("sharded baseline", "ddp", "freescale", "freescale window=4"):
             c = g[g["config"] == name].set_index("gpus")
-            lines.append(f"| {name}: samples/s | " + " | ".join(
-                f"{c.loc[n, 'samples_per_s']:,.0f}" for n in WORLD_SIZES) + " |")
-            lines.append(f"| {name}: scaling eff | " + " | ".join(
-                f"{100 * c.loc[n, 'scaling_eff']:.0f}%" for n in WORLD_SIZES) + " |")
+            speed = "samples_per_s_step_alone" if timed else "samples_per_s"
+            lines.append(f"| {name}{label}: samples/s | " + " | ".join(
+                f"{c.loc[n, speed]:,.0f}" for n in WORLD_SIZES) + " |")
+            lines.append(f"| {name}{label}: scaling eff | " + " | ".join(
+                f"{100 * c.loc[n, 'scaling_eff' + alone]:.0f}%" for n in WORLD_SIZES) + " |")
         c = g[g["config"] == "freescale"].set_index("gpus")
         cells = []
         for n in WORLD_SIZES:
@@ -173,26 +230,35 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str) 
             cell = f"{100 * b:.1f}% / {100 * s:.1f}%"
             cells.append(f"**{cell}**" if s <= 1.1 * b + 1e-4 else cell)
         lines.append("| bound / freescale straggler | " + " | ".join(cells) + " |")
+        if timed:
+            lines.append("| freescale: input stage ms (plan + routing) / step alone ms | " + " | ".join(
+                f"{c.loc[n, 'plan_ms'] + c.loc[n, 'route_ms']:.1f} / {c.loc[n, 'step_alone_ms']:.2f}"
+                + ("*" if c.loc[n, "route_extrapolated"] else "") for n in WORLD_SIZES) + " |")
+            for name in ("sharded baseline", "ddp", "freescale"):
+                c = g[g["config"] == name].set_index("gpus")
+                lines.append(f"| {name} as implemented: bubble | " + " | ".join(
+                    f"{100 * c.loc[n, 'bubble']:.1f}%" for n in WORLD_SIZES) + " |")
         lines.append("")
-    lines += planner_section(df)
+    if timed:
+        lines += ["`*`: the routing followed on the line through two smaller global batches "
+                  "(beyond a million tokens).\n"]
+    else:
+        lines += planner_section(df)
     if sens is not None:
         lines += sensitivity_section(sens)
     return "\n".join(lines) + "\n"
 
 
 def planner_section(df: pd.DataFrame) -> list[str]:
-    """The points where FreeScale's planning (timed on this machine's CPU at the point's
-    size) takes at least half its step: there it is input stall, or close to it."""
+    """(CSVs from before the routing was timed.) The points where FreeScale's planning
+    takes at least half its step: there it is input stall, or close to it."""
     if "plan_ms" not in df:  # a CSV written before the planner was timed
         return []
     fs = df[df["config"].str.startswith(("freescale", "balance")) & (df["plan_ms"] >= 0.5 * df["step_ms"])]
     lines = ["## Where the planner sets the pace\n",
              "The balanced plan is computed by each rank's input stage ahead of its step; the "
-             "simulator times it at each point's size on this machine's CPU (one thread of the "
-             "2-core VM, the compiled planner from 2,048 samples on, warm; the median over the "
-             "run's windows) and books it as input stall where it outlasts the step. At these "
-             "points it takes at least half the step, so their bubbles depend on this CPU and "
-             "move between runs of this script (up to ~7 points where the two are close).\n",
+             "simulator times it at each point's size on this machine's CPU and books it as "
+             "input stall where it outlasts the step.\n",
              "| preset | batch/rank | GPUs | config | planning ms/step | step ms | bubble |",
              "|---|--:|--:|---|--:|--:|--:|"]
     for _, r in fs.sort_values(["preset", "batch_per_rank", "gpus"]).iterrows():
@@ -209,8 +275,9 @@ def sensitivity_rows() -> pd.DataFrame:
     `h100` at half and twice its value (fsbench.scaling.sensitivity), at one point."""
     preset, batch, n = SENSITIVITY_POINT
     runs = [(CONFIGS[name][0], trainer_options(*CONFIGS[name])) for name in ("sharded baseline", "freescale")]
+    # The step alone: the input stage (timed on this CPU) would swamp every figure's effect.
     rows = sensitivity(CLUSTERS["h100"], workload_of(preset, 12), runs, [n], batch, HERE / "runs",
-                       progress=lambda it: progress(it, "sensitivity", "point"))
+                       progress=lambda it: progress(it, "sensitivity", "point"), planner_time=False)
     return pd.DataFrame(rows)
 
 
@@ -219,8 +286,9 @@ def sensitivity_section(sens: pd.DataFrame) -> list[str]:
     lines = [f"## Sensitivity: the headline against each assumed figure ({preset}, {batch} per GPU, "
              f"{n} GPUs)\n",
              "FreeScale's bubble reduction against the sharded baseline with one figure of `h100` "
-             "halved, as assumed, and doubled, the rest held (`fsbench simulate --sensitivity` "
-             "computes the same for any two configurations). `swing`: the largest minus the "
+             "halved, as assumed, and doubled, the rest held, for the step alone (without the "
+             "input stage, which no figure moves; `fsbench simulate --sensitivity --planner-time "
+             "off` computes the same for any two configurations). `swing`: the largest minus the "
              "smallest of the three.\n",
              "| figure | assumed value | x0.5 | x1 | x2 | swing |", "|---|--:|--:|--:|--:|--:|"]
     for _, r in sens.iterrows():
@@ -239,9 +307,14 @@ def plot(df: pd.DataFrame, path: Path) -> None:
         for j, batch in enumerate(BATCHES):
             ax = axes[i][j]
             g = df[(df["preset"] == preset) & (df["batch_per_rank"] == batch)]
+            alone = "bubble_step_alone" if "bubble_step_alone" in g else "bubble"
             for name in CONFIGS:
                 c = g[g["config"] == name].sort_values("gpus")
-                ax.plot(c["gpus"], 100 * c["bubble"], "--o", mfc="none", label=name)
+                ax.plot(c["gpus"], 100 * c[alone], "--o", mfc="none",
+                        label=name + (" (step alone)" if alone != "bubble" else ""))
+            if alone != "bubble":  # FreeScale with its input stage, as implemented
+                c = g[g["config"] == "freescale"].sort_values("gpus")
+                ax.plot(c["gpus"], 100 * c["bubble"], ":x", color="black", label="freescale as implemented")
             ax.set_xscale("log", base=2)
             ax.set_title(f"{preset}, {batch}/GPU", fontsize=9)
             ax.set_ylabel("bubble % (SIMULATED)" if j == 0 else "")
@@ -269,7 +342,7 @@ def main() -> None:
                                         text=True, cwd=HERE).stdout.strip()
     sens_csv = out.with_name(out.name + "_sensitivity.csv")
     if args.from_csv:
-        df = pd.read_csv(out.with_suffix(".csv"))
+        df = with_reductions(pd.read_csv(out.with_suffix(".csv")))
         sens = pd.read_csv(sens_csv) if sens_csv.exists() else None
     else:
         df = simulate_all(args.presets.split(","), args.steps)

@@ -1062,7 +1062,7 @@ def test_routing_beyond_the_timed_tokens_follows_the_line_through_two_smaller_ba
 
     seen = []
 
-    def planted(workload, n, *args):
+    def planted(workload, n, *args, **kwargs):
         tokens = 10.0 * workload.global_batch_size
         seen.append((workload.global_batch_size, n))
         return 2.0 + 1e-3 * tokens, tokens

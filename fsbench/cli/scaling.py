@@ -43,10 +43,11 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
                    help=f"override one of the cluster's figures ({', '.join(FIGURES)}); it then "
                         "counts as assumed in every output")
     p.add_argument("--planner-time", default="measured", choices=["measured", "off"],
-                   help="measured: FreeScale's planning of each simulated global batch is timed "
-                        "on this CPU and is input stall where it outlasts the step; off: charged "
-                        "nothing, so the output does not depend on this machine (e.g. a CI check "
-                        "of simulated numbers)")
+                   help="measured: FreeScale's input stage at the simulated size (its planning "
+                        "and, with sharded tables, its routing) is timed on this CPU and is input "
+                        "stall where it outlasts the step; off: charged nothing, so the output "
+                        "does not depend on this machine (e.g. a CI check of simulated numbers) "
+                        "and shows the step alone")
     p.add_argument("--sensitivity", action="store_true",
                    help="instead of storing runs: take each ASSUMED figure of the cluster at half "
                         "and twice its value and tabulate how the second trainer's bubble "
@@ -152,10 +153,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"SIMULATED ({cluster.name}: {cluster.description}); {args.scaling} scaling"
               + (f", {batch_per_rank} samples per rank" if args.scaling == "weak" else ""))
         print(assumptions(cluster))
+        # The input stage beside the step: planning and routing timed on this CPU, input
+        # stall where they outlast it.
         print(format_table(pd.DataFrame(rows), ["trainer", "world_size", *[
             c for c in RUN_VIEW if c in ("step_time_ms_median", "samples_per_s", "bubble_ratio",
-                                         "straggler_bubble_ratio", "exposed_comm_ratio", "load_imbalance")],
-            *[f for f in FLAGS if f in rows[0]]]))
+                                         "straggler_bubble_ratio", "exposed_comm_ratio",
+                                         "input_stall_ratio", "load_imbalance")],
+            "plan_ms_per_step", "route_ms_per_step", *[f for f in FLAGS if f in rows[0]]]))
     note(f"simulated runs stored in {sim_store}/")
     return 0
 
