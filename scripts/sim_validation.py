@@ -349,7 +349,7 @@ def main() -> None:
          "variant's lengths or batch size. The development points, which the model was revised "
          "against, are in `results/sim_validation_cpu.md` (with the bimodal lengths of "
          "`results/sim_hist_check_cpu.md`, and the earlier held-back sets, "
-         "`results/sim_validation_heldback_set1_cpu.md` to `_set6_cpu.md`).\n"
+         f"`results/sim_validation_heldback_set1_cpu.md` to `_set{max(HELD_BACK_SETS) - 1}_cpu.md`).\n"
          if held_back else
          "**Development points**: the simulator was revised against these (and the bimodal "
          "lengths of `results/sim_hist_check_cpu.md`). Points it was never tuned on: "
