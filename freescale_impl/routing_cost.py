@@ -12,8 +12,10 @@ VM).
 
 A global batch of more than `TIMED_TOKENS` tokens is not routed whole (at 1,024 ranks x
 512 samples that is ~90 million ids): the routing is timed at two smaller global batches
-at the same world size, and the line through them in tokens is followed to the
-simulated batch's (`extrapolated` says so).
+at the same world size, one eighth and all of `TIMED_TOKENS` (each the median of three
+steps: with the two at a half and the whole, one step each, the line's slope moved so
+much that 512 ranks came out at a fifth of 256's), and the line through them in tokens
+is followed to the simulated batch's (`extrapolated` says so).
 """
 from __future__ import annotations
 
@@ -69,12 +71,12 @@ def routing_ms(workload, n: int, seed: int, cost, opts, chunks: int,
     size n on `workload`'s global batch (`expected_tokens` of it), and whether it was
     extrapolated (see the module's docstring)."""
     batch = workload.global_batch_size
-    if expected_tokens <= TIMED_TOKENS or batch < 4 * n:  # three steps: one is noisy here
+    if expected_tokens <= TIMED_TOKENS or batch < 16 * n:  # three steps: one is noisy here
         return _routing_ms(workload, n, seed, cost, opts, chunks, repeats=3)[0], False
     per_sample = expected_tokens / batch
-    big = max(2 * n, int(TIMED_TOKENS / per_sample))
-    points = [_routing_ms(dataclasses.replace(workload, global_batch_size=b), n, seed, cost, opts, chunks)
-              for b in (big // 2, big)]
+    big = max(8 * n, int(TIMED_TOKENS / per_sample))
+    points = [_routing_ms(dataclasses.replace(workload, global_batch_size=b), n, seed, cost, opts, chunks,
+                          repeats=3) for b in (max(n, big // 8), big)]
     (ms_lo, tok_lo), (ms_hi, tok_hi) = points
     slope = max(0.0, (ms_hi - ms_lo) / (tok_hi - tok_lo)) if tok_hi > tok_lo else 0.0
     return ms_hi + slope * (expected_tokens - tok_hi), True
