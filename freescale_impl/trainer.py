@@ -183,7 +183,9 @@ class BalancedShare:
         by_batch: dict[int, list[int]] = {}
         for off, idx in (ws.samples[i] for i in ws.plan.assignment[rank]):
             by_batch.setdefault(off, []).append(idx)  # one select per source batch
-        parts = [batches[off].select(idx) for off, idx in sorted(by_batch.items())]
+        # A rank may get no sample of a step (whales packed apart, about a sample a rank).
+        parts = ([batches[off].select(idx) for off, idx in sorted(by_batch.items())]
+                 or [batches[step - start].select([])])
         step_targets = sum(int(trained[off][idx]) for off, idx in ws.samples)
         return concat_batches(parts, batches[step - start].negative_ids, step_targets, step), ws.plan
 
