@@ -64,3 +64,17 @@ def test_the_summary_gives_the_mean_planning_time_of_the_measured_steps():
     out = plan_accuracy(spans, stats)
     assert out["plan_ms_per_step"] == 3.0  # steps 1 and 2: step 0 is warm-up
     assert "plan_ms_per_step" not in plan_accuracy(spans, stats.drop(columns="plan_ms"))
+
+
+def test_a_window_that_leaves_a_rank_no_sample_gives_it_an_empty_batch():
+    """`large` at a sample a rank with a window of 4: the window packs its whales apart and
+    some rank gets no sample of some step. Its input stage gives it an empty batch (it
+    used to fail joining no parts); every step still trains its batch's samples once."""
+    import dataclasses
+
+    w = dataclasses.replace(get_workload("large"), global_batch_size=8)
+    opts = FreeScaleOptions.parse({"window": "4"}, prefix="freescale")
+    share = BalancedShare(make_batch_source(w, 0), 0, 8, analytical_cost(w), opts, steps=4)
+    sizes = [[share.share(k, r)[0].batch_size for r in range(8)] for k in range(4)]
+    assert any(0 in row for row in sizes), sizes  # the case under test happens
+    assert [sum(row) for row in sizes] == [8] * 4
