@@ -143,6 +143,9 @@ class _Free:
     def seconds(self, n, nbytes):
         return 0.0
 
+    def cpu_seconds(self, n, nbytes):
+        return 0.0
+
 
 def local_with(fit):
     """`Costs` of the local cluster with a given fit and free collectives."""
@@ -365,7 +368,7 @@ def test_communication_hides_under_the_encoder_not_under_the_overhead(monkeypatc
     exchange can hide only under the encoder's time, however long the overhead."""
     from fsbench.scaling import simulate
 
-    class AllToAll50:
+    class AllToAll50(_Free):
         def seconds(self, n, nbytes):
             return 0.05
 
@@ -389,6 +392,39 @@ def test_communication_hides_under_the_encoder_not_under_the_overhead(monkeypatc
         # each rank waits at least 50 ms less its encoder for the rows (the straggler's
         # share aside)
         assert row["exposed_comm_ms"] >= 2 * (50.0 - encoder) - row["straggler_ms"] - 1e-6
+
+
+def test_collectives_cpu_hidden_under_compute_preempts_the_ranks(monkeypatch):
+    """gloo's threads carry a collective out on the cores the ranks compute on: on `local`,
+    the part of its CPU that is hidden under the backward lengthens a 2-rank step on 2
+    cores by exactly that CPU (no spare core takes it), booked per step as comm_cpu_ms; a
+    comm fit without CPU points (from before they were measured) books none."""
+    from fsbench.scaling import simulate
+
+    class PerByte(_Free):  # 1 ns per byte: the last bucket is exposed, the rest hides
+        def seconds(self, n, nbytes):
+            return 1e-9 * nbytes
+
+    class PerByteWithCpu(PerByte):
+        def cpu_seconds(self, n, nbytes):
+            return 0.8e-9 * nbytes
+
+    def rows(comm):
+        class WithComm(local_with(planted_fit())):
+            def __init__(self, *args):
+                super().__init__(*args)
+                self.comm = {"all_reduce": comm, "all_to_all": comm}
+        monkeypatch.setattr(simulate, "Costs", WithComm)
+        return simulate_run(RunConfig(workload=small(64), trainer="ddp", world_size=2),
+                            CLUSTERS["local"], ".", planner_time=False)[1]
+
+    without, with_cpu = rows(PerByte()), rows(PerByteWithCpu())
+    for a, b in zip(without, with_cpu):
+        assert a["comm_cpu_ms"] == 0.0
+        # some of the all-reduce hides (its CPU is booked), not all of it (the last bucket)
+        assert 0.0 < b["comm_cpu_ms"] < 0.8 * b["link_ms"]  # link_ms: ddp's all-reduce
+        assert b["step_time_ms"] == pytest.approx(a["step_time_ms"] + b["comm_cpu_ms"], rel=1e-9)
+        assert b["other_idle_ms"] > a["other_idle_ms"]
 
 
 def test_comm_fit_keeps_a_line_per_measured_world_size():
@@ -440,6 +476,8 @@ def test_calibrate_comm_measures_real_gloo_collectives(tmp_path):
         assert len(f.points) == 2 and all(p[2] > 0 for p in f.points)
         # 64 megabytes take longer than four kilobytes on any real link
         assert f.seconds(2, 64 << 20) > f.seconds(2, 4096)
+        # gloo's threads sum and copy 64 MiB: CPU a rank's other threads spend
+        assert len(f.cpu_points) == 2 and f.cpu_seconds(2, 64 << 20) > 0
 
 
 def test_calibrate_overhead_of_an_unknown_trainer_is_refused_before_calibrating(tmp_path, capsys):

@@ -10,7 +10,11 @@ fitted by least squares on relative error:
     all_to_all   t = alpha0 + alpha1 (N - 1) + beta * (N - 1) / N * bytes
 
 (`bytes`: each rank's buffer; the ring all-reduce moves 2 (N-1)/N of it per rank, an
-all-to-all (N-1)/N). The fit and every measured point are stored in
+all-to-all (N-1)/N). Beside each time, the CPU the collective took on the rank's other
+threads (gloo's, which carry it out while the calling thread waits; `cpu_points`, a line
+per N): in a training step those threads compete for the cores with the compute they
+overlap, which the simulator books (fsbench.scaling.simulate). The fit and every
+measured point are stored in
 STORE/calibrations/comm__<backend>__<host>.json, where `fsbench simulate --cluster local`
 finds them.
 """
@@ -45,6 +49,9 @@ class CommFit:
     beta_s_per_byte: float
     max_rel_error: float
     points: list  # [world_size, bytes, seconds]
+    # [world_size, bytes, CPU seconds of the rank's other threads]; empty in fits from
+    # before they were measured (the simulator then books no CPU for communication)
+    cpu_points: list = dataclasses.field(default_factory=list)
 
     def seconds(self, n: int, nbytes: float) -> float:
         """At a world size the calibration measured, its own line over the message sizes;
@@ -55,16 +62,19 @@ class CommFit:
         model over N misses by several times at some sizes."""
         if n <= 1:
             return 0.0
-        lines = self.lines
-        if n in lines:
-            return _line_seconds(lines[n], nbytes)
-        below = [k for k in lines if k < n]
-        above = [k for k in lines if k > n]
-        if below and above:
-            lo, hi = max(below), min(above)
-            share = (n - lo) / (hi - lo)
-            return (1 - share) * _line_seconds(lines[lo], nbytes) + share * _line_seconds(lines[hi], nbytes)
-        return self.model_seconds(n, nbytes)
+        at = _between_lines(self.lines, n, nbytes)
+        return self.model_seconds(n, nbytes) if at is None else at
+
+    def cpu_seconds(self, n: int, nbytes: float) -> float:
+        """CPU seconds the collective takes on a rank's other threads: each measured N's
+        line, interpolated between two, beyond them the nearest measured N's; 0 in a fit
+        without CPU points."""
+        lines = _per_n_lines(self.cpu_points)
+        if n <= 1 or not lines:
+            return 0.0
+        at = _between_lines(lines, n, nbytes)
+        nearest = min(lines, key=lambda k: abs(k - n))
+        return max(0.0, _line_seconds(lines[nearest], nbytes) if at is None else at)
 
     def model_seconds(self, n: int, nbytes: float) -> float:
         """The alpha-beta model over every measured N (beyond the measured world sizes)."""
@@ -75,20 +85,40 @@ class CommFit:
     def lines(self) -> dict[int, tuple[float, float]]:
         """World size -> (latency s, s per byte of a rank's buffer), fitted on that N's
         points alone (relative least squares, both >= 0), where two or more sizes exist."""
-        out = {}
-        for n in sorted({int(p[0]) for p in self.points}):
-            pts = np.array([(p[1], p[2]) for p in self.points if int(p[0]) == n], dtype=float)
-            if len(np.unique(pts[:, 0])) < 2:
-                continue
-            design = np.stack([np.ones(len(pts)), pts[:, 0]], axis=1)
-            w = 1.0 / pts[:, 1]
-            coef = np.linalg.lstsq(design * w[:, None], pts[:, 1] * w, rcond=None)[0]
-            if coef[1] < 0:  # no per-byte cost visible: latency alone
-                coef = np.array([float(np.median(pts[:, 1])), 0.0])
-            elif coef[0] < 0:  # through the origin
-                coef = np.array([0.0, float((pts[:, 0] @ pts[:, 1]) / (pts[:, 0] @ pts[:, 0]))])
-            out[n] = (float(coef[0]), float(coef[1]))
-        return out
+        return _per_n_lines(self.points)
+
+
+def _per_n_lines(points: list) -> dict[int, tuple[float, float]]:
+    """[N, bytes, seconds] points -> per N with two or more sizes, (intercept s, s per
+    byte), relative least squares, both >= 0."""
+    out = {}
+    for n in sorted({int(p[0]) for p in points}):
+        pts = np.array([(p[1], p[2]) for p in points if int(p[0]) == n], dtype=float)
+        if len(np.unique(pts[:, 0])) < 2:
+            continue
+        design = np.stack([np.ones(len(pts)), pts[:, 0]], axis=1)
+        w = 1.0 / np.maximum(pts[:, 1], 1e-9)  # a CPU point can be 0
+        coef = np.linalg.lstsq(design * w[:, None], pts[:, 1] * w, rcond=None)[0]
+        if coef[1] < 0:  # no per-byte cost visible: latency alone
+            coef = np.array([float(np.median(pts[:, 1])), 0.0])
+        elif coef[0] < 0:  # through the origin
+            coef = np.array([0.0, float((pts[:, 0] @ pts[:, 1]) / (pts[:, 0] @ pts[:, 0]))])
+        out[n] = (float(coef[0]), float(coef[1]))
+    return out
+
+
+def _between_lines(lines: dict[int, tuple[float, float]], n: int, nbytes: float) -> float | None:
+    """A measured N's line, or the two nearest measured N's interpolated in N; None
+    outside the measured sizes."""
+    if n in lines:
+        return _line_seconds(lines[n], nbytes)
+    below = [k for k in lines if k < n]
+    above = [k for k in lines if k > n]
+    if not (below and above):
+        return None
+    lo, hi = max(below), min(above)
+    share = (n - lo) / (hi - lo)
+    return (1 - share) * _line_seconds(lines[lo], nbytes) + share * _line_seconds(lines[hi], nbytes)
 
 
 def _line_seconds(line: tuple[float, float], nbytes: float) -> float:
@@ -121,19 +151,25 @@ def _rank_main(rank: int, world: int, port: int, sizes: list[int], repeats: int,
         for nbytes in sizes:
             numel = max(world, nbytes // 4 // world * world)  # all_to_all: divisible by N
             buf, out_buf = torch.ones(numel), torch.empty(numel)
-            times = []
+            times, helper_cpu = [], []
             for i in range(repeats + 2):
                 dist.barrier()
+                # The CPU of this process's threads but this one (gloo's: the calling
+                # thread waits while they carry the collective out).
+                others0 = time.process_time() - time.thread_time()
                 t0 = time.perf_counter()
                 if coll == "all_reduce":
                     dist.all_reduce(buf)
                 else:
                     dist.all_to_all_single(out_buf, buf)
-                elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                wall = time.perf_counter() - t0
+                others = time.process_time() - time.thread_time() - others0
+                elapsed = torch.tensor([wall], dtype=torch.float64)
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the collective ends with its last rank
                 if i >= 2:
                     times.append(float(elapsed))
-            results.append([coll, world, numel * 4, statistics.median(times)])
+                    helper_cpu.append(max(0.0, others))
+            results.append([coll, world, numel * 4, statistics.median(times), statistics.median(helper_cpu)])
     if rank == 0:
         Path(out).write_text(json.dumps(results))
     dist.destroy_process_group()
@@ -153,8 +189,8 @@ def measure(world_sizes: list[int], sizes: list[int] = DEFAULT_SIZES, repeats: i
             out = os.path.join(tmp, "comm.json")
             mp.start_processes(_rank_main, args=(world, free_port(), list(sizes), repeats, out),
                                nprocs=world, start_method="spawn")
-            for coll, n, nbytes, seconds in json.loads(Path(out).read_text()):
-                points[coll].append((n, nbytes, seconds))
+            for coll, n, nbytes, seconds, cpu_seconds in json.loads(Path(out).read_text()):
+                points[coll].append((n, nbytes, seconds, cpu_seconds))
     return points
 
 
@@ -164,7 +200,9 @@ def comm_fit_path(store: str | Path, backend: str = "gloo") -> Path:
 
 def calibrate_comm(store: str | Path, world_sizes: list[int], sizes=DEFAULT_SIZES, repeats: int = 7,
                    progress=lambda it: it) -> dict[str, CommFit]:
-    fits = {c: fit(c, p) for c, p in measure(world_sizes, sizes, repeats, progress).items()}
+    fits = {c: dataclasses.replace(fit(c, [p[:3] for p in pts]),
+                                   cpu_points=[[float(n), float(b), float(cpu)] for n, b, _, cpu in pts])
+            for c, pts in measure(world_sizes, sizes, repeats, progress).items()}
     path = comm_fit_path(store)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({

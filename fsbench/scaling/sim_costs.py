@@ -208,6 +208,14 @@ class Costs:
             seconds = alpha + volume_factor(collective, n) * nbytes / (bw * 1e9)
         return seconds * 1e3
 
+    def collective_cpu_ms(self, collective: str, n: int, nbytes: float) -> float:
+        """`local`: the CPU a collective takes on a rank's other threads (gloo's), from the
+        comm fit (0 in a fit from before it was measured). GPU presets: 0 (NCCL's work is
+        on the GPU; its host threads are not modelled)."""
+        if n <= 1 or nbytes <= 0 or self.cluster.compute != "fit" or self.comm is None:
+            return 0.0
+        return self.comm[collective].cpu_seconds(n, nbytes) * 1e3
+
 
 @functools.lru_cache(maxsize=8)
 def _zipf_bins(vocab: int, s: float) -> tuple[np.ndarray, np.ndarray]:

@@ -37,6 +37,10 @@ batches (the same length draws the generator makes for that seed and step):
             at n ranks the n workers' CPU beyond what the spare cores take lengthens the
             step by its share per core (beyond the cores, times e), booked as the preempted rank's run-queue wait
             (other idle) and its peers' wait in communication (`worker_preemption_ms`).
+            The collectives' own CPU on each rank's other threads (gloo's, measured by
+            `fsbench calibrate --comm` beside their times) preempts the ranks alike for
+            the part of each transfer hidden under compute (`comm_cpu_ms`; none in a
+            comm fit from before).
   comm      an alpha-beta model per collective: fitted on this machine by
             `fsbench calibrate --comm` (`local`: a line per measured world size), or a preset's links (`h100`: 8 GPUs per
             node on NVLink 4, 400 Gb/s per GPU across nodes).
@@ -81,8 +85,8 @@ batches (the same length draws the generator makes for that seed and step):
   waits first. On a GPU preset busy_r = wall_r, so exposed communication = T - max busy.
 
 What is not modelled: the dense parameters' optimizer step (outside `local`'s measured
-overhead), contention between communication and compute for CPU cores, congestion beyond one
-rank's links (switches, other jobs).
+overhead), the CPU of communication on GPU presets (NCCL's host threads), congestion
+beyond one rank's links (switches, other jobs).
 A trainer class declares how it behaves with `sim_profile(options, world_size)`
 (`SimProfile`); trainers that do not are modelled as DDP.
 """
@@ -207,7 +211,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             cpu = (0.0 if emulated else enc * corun) + over["cpu_ms"] * corun
             tokens = np.array([all_lengths[idx].sum() for idx in owners], dtype=np.float64)
             samples = np.array([len(idx) for idx in owners], dtype=np.float64)
-            pre = post_emb = hidden_emb = t_x = sent = 0.0
+            pre = post_emb = hidden_emb = t_x = sent = cpu_x = 0.0
             draws = tokens + samples + w.negatives_per_step
             if prof.exchange != "none":
                 # Unique rows a rank reads: items and targets (one table), shared negatives,
@@ -215,6 +219,8 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                 rows_r = (expected_distinct(draws, w.item_vocab, zipf_s)
                           + samples * (1 + len(w.context_vocabs)))
                 t_x = costs_model.collective_ms("all_to_all", n, float(rows_r.max()) * dim_bytes)
+                # its helper threads' CPU, a rank's rows forward and their gradients back
+                cpu_x = 2 * costs_model.collective_cpu_ms("all_to_all", n, float(rows_r.mean()) * dim_bytes)
                 fwd_min, bwd_min = model_ms.min() / 3, 2 * model_ms.min() / 3
                 sent = 2 * t_x  # forward rows and backward gradients
                 if prof.exchange == "blocking":
@@ -281,7 +287,11 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             # what they cannot take preempts the ranks, a share per core. A preempted
             # rank waits in the run queue (other idle) and delays its peers at their next
             # collective (they wait in communication).
-            steal = worker_preemption_ms(n, cores, worker_ms, t,
+            # The collectives' own CPU (`local`: gloo's threads) competes for the cores
+            # with the compute while it is hidden under it; exposed, the rank waits anyway.
+            comm_cpu = ((costs_model.collective_cpu_ms("all_reduce", n, sum(buckets)) * ar_hidden / t_ar if t_ar
+                         else 0.0) + (cpu_x * max(hidden_emb, 0.0) / sent if sent else 0.0))
+            steal = worker_preemption_ms(n, cores, worker_ms + comm_cpu, t,
                                          costs_model.timeshare_efficiency(run.trainer, n))
             c, t = c + steal / n, t + steal
             # A rank waits in communication for the rest of the step (for its peers
@@ -296,6 +306,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                 "other_idle_ms": float(causes["other_idle"].sum()), "capacity_ms": n * t,
                 "num_samples": float(samples.sum()), "num_targets": float(tokens.sum()),
                 "plan_ms": plan_ms, "route_ms": route_ms, "plan_stall_ms": plan_stall,
+                "comm_cpu_ms": comm_cpu,
                 # Every transfer of the step, and what the shared links exposed of them.
                 "link_ms": t_ar + (sent if prof.exchange != "none" else 0.0), "shared_link_ms": shared,
                 # No split of whole samples can beat the larger of the mean load and the
