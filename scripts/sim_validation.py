@@ -51,7 +51,19 @@ DEVELOPMENT = tuple((preset, (), POINTS) for preset in ("small", "comm-heavy"))
 # changes only), as a user calibrates once and then projects variants. A held-back set is
 # used once: after the model changes, its points are development points, and a new set
 # is drawn; `--held-back N` re-simulates (`--reuse`) or measures an earlier one.
-# The eighth set, drawn as the seventh was (default_rng(202612068): each group's lengths
+# The ninth set, drawn by scripts/draw_held_back.py 202612069 after the simulator booked
+# the collectives' CPU (comm_cpu_ms), before any of its points was run.
+NINTH_HELD_BACK = (
+    ("small", (("lengths", "powerlaw:alpha=1.8,xmin=3"), ("global_batch_size", "64")),
+     ((1, "model"), (2, "model"), (8, "emulated"))),
+    ("small", (("lengths", "lognormal:mu=2.4,sigma=0.9"),), ((2, "model"), (4, "emulated"))),
+    ("comm-heavy", (("lengths", "powerlaw:alpha=2.3,xmin=3"), ("global_batch_size", "256")),
+     ((2, "model"), (16, "emulated"))),
+    ("small", (("model.family", "sasrec"), ("lengths", "lognormal:mu=3.3,sigma=0.9")),
+     ((2, "model"), (8, "emulated"))),
+    ("small", (("global_batch_size", "96"),), ((4, "emulated"),)),
+)
+# The eighth set (measured at 993b6ef: 13 of 20), drawn as the seventh was (default_rng(202612068): each group's lengths
 # kind, then its parameters, then its batch size, in the groups' order) after the
 # simulator timed FreeScale's routing, before any of its points was run; its fourth group
 # came out as set 6's (sasrec on amazon-beauty lengths) and was drawn again (the next
@@ -154,7 +166,7 @@ FIRST_HELD_BACK = (
 
 HELD_BACK_SETS = {1: FIRST_HELD_BACK, 2: SECOND_HELD_BACK, 3: THIRD_HELD_BACK,
                   4: FOURTH_HELD_BACK, 5: FIFTH_HELD_BACK, 6: SIXTH_HELD_BACK,
-                  7: SEVENTH_HELD_BACK, 8: EIGHTH_HELD_BACK}
+                  7: SEVENTH_HELD_BACK, 8: EIGHTH_HELD_BACK, 9: NINTH_HELD_BACK}
 HELD_BACK = HELD_BACK_SETS[max(HELD_BACK_SETS)]  # the current set
 
 
