@@ -212,10 +212,13 @@ def cmd_calibrate_comm(args: argparse.Namespace) -> int:
         rows = []
         for f in fits.values():
             bw = 1 / f.beta_s_per_byte / 1e6 if f.beta_s_per_byte > 0 else float("inf")
+            n, nbytes, _ = max(f.points, key=lambda p: (p[1], p[0]))  # the largest message
+            cpu = f.cpu_seconds(int(n), nbytes) / f.seconds(int(n), nbytes)
             rows.append([f.collective, f"{f.alpha0_s * 1e6:.1f}", f"{f.alpha1_s * 1e6:.1f}",
-                         f"{bw:.0f}", f"{100 * f.max_rel_error:.0f}%"])
+                         f"{bw:.0f}", f"{100 * f.max_rel_error:.0f}%", f"{100 * cpu:.0f}%"])
         print(grid(["collective", "alpha0 (us)", "alpha1 (us per rank)", "bandwidth (MB/s)",
-                    "worst fit error"], rows, align=["left", *["right"] * 4]))
+                    "worst fit error", "other threads' CPU (largest message)"], rows,
+                   align=["left", *["right"] * 5]))
     note(f"stored in {path}")
     return 0
 
