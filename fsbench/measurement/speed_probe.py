@@ -43,13 +43,17 @@ class SpeedProbe:
 def probe_ns_per_step(spans: "pd.DataFrame") -> "pd.Series | None":  # noqa: F821
     """The probe's thread CPU time (ns) around each step: the median of every rank's
     probes in a window of WINDOW_STEPS steps centred on it. None when the run has no probes
-    (CUDA runs, or runs recorded before the probe existed)."""
+    (CUDA runs, or runs recorded before the probe existed). In a `compute=emulated` run a
+    span's `cpu_ns` is its emulated compute (none in the probe) and its real thread CPU is
+    `overhead_ns`: the probe's CPU is their sum in every run."""
     import pandas as pd  # analysis only: ranks import this module to probe, without pandas
 
     probes = spans[spans["name"] == PROBE_SPAN] if "name" in spans else spans.iloc[:0]
+    cpu = probes["cpu_ns"] + (probes["overhead_ns"] if "overhead_ns" in probes else 0)
+    probes = probes.assign(probe_cpu_ns=cpu)[cpu > 0]  # a probe measured no CPU: no speed
     if not len(probes):
         return None
-    per_step = probes.groupby("step")["cpu_ns"].apply(lambda s: s.to_numpy(dtype=float))
+    per_step = probes.groupby("step")["probe_cpu_ns"].apply(lambda s: s.to_numpy(dtype=float))
     steps = per_step.index.to_numpy()
     half = WINDOW_STEPS // 2
     out = {}
