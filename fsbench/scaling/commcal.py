@@ -69,7 +69,7 @@ class CommFit:
         """CPU seconds the collective takes on a rank's other threads: each measured N's
         line, interpolated between two, beyond them the nearest measured N's; 0 in a fit
         without CPU points."""
-        lines = _per_n_lines(self.cpu_points)
+        lines = self.cpu_lines
         if n <= 1 or not lines:
             return 0.0
         at = _between_lines(lines, n, nbytes)
@@ -86,6 +86,11 @@ class CommFit:
         """World size -> (latency s, s per byte of a rank's buffer), fitted on that N's
         points alone (relative least squares, both >= 0), where two or more sizes exist."""
         return _per_n_lines(self.points)
+
+    @functools.cached_property
+    def cpu_lines(self) -> dict[int, tuple[float, float]]:
+        """The same of `cpu_points` (the simulator asks every step)."""
+        return _per_n_lines(self.cpu_points)
 
 
 def _per_n_lines(points: list) -> dict[int, tuple[float, float]]:
