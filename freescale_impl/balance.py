@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from fsbench.running.calibrate import fit_path, load_fit
+from fsbench.running.cost_curve import quadratic_cost
 from fsbench.config import WorkloadConfig
 
 
@@ -26,10 +27,11 @@ class CostModel:
     """`ms` for a calibrated fit (comparable with measured busy time), `flop` otherwise."""
     source: str
     """Human-readable: which model, from where."""
+    padded: bool = False
+    """The square term is of the padded length (a calibrated fit's, quadratic_cost)."""
 
     def __call__(self, lengths) -> np.ndarray:
-        L = np.asarray(lengths, dtype=np.float64)
-        return self.a * L * L + self.b * L + self.c
+        return quadratic_cost(self.a, self.b, self.c, lengths, self.padded)
 
 
 def analytical_cost(workload: WorkloadConfig) -> CostModel:
@@ -63,5 +65,6 @@ def cost_model(workload: WorkloadConfig, store_dir: str | Path | None, device: s
                                 f"run: fsbench calibrate --workload {workload.name}")
     if fit is not None and choice in ("auto", "calibrated") and workload.compute != "synthetic":
         return CostModel(fit.a, fit.b, fit.c, "ms",
-                         f"calibrated on {fit.device} (R^2 {fit.r2:.3f}, {fit.created[:10]})")
+                         f"calibrated on {fit.device} (R^2 {fit.r2:.3f}, {fit.created[:10]})",
+                         padded=bool(fit.padded))
     return analytical_cost(workload)

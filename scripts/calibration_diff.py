@@ -27,7 +27,7 @@ from fsbench.workloads.presets import get_workload
 
 GROUPS = {"encoder cost(L)": ("a", "b", "c", "lengths", "per_sample_ms"),
           "batch terms": ("batch_ms", "batch_sample_ms", "bucket_ms", "wide_ms_per_melem",
-                          "wide_threshold_melem"),
+                          "wide_threshold_melem", "footprint_per_ktoken"),
           "co-run": ("corun_slowdown", "table_corun_slowdown"),
           "table work": ("table_ns_per_element", "replicated_ns_per_element"),
           "step overhead": ("step_overhead",)}

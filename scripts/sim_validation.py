@@ -203,9 +203,7 @@ def fit_line(preset: str, fit) -> str:
                      f"{o['input_ms']:.1f} input, {o.get('worker_ms', 0.0):.1f} loader worker)"
                      for key, o in sorted((fit.step_overhead or {}).items()))
     return (f"{preset}: {fit.table_ns_per_element:.2f} ns sharded, {fit.replicated_ns_per_element:.2f} ns "
-            f"replicated, batch {fit.batch_ms:.2f} ms + {fit.bucket_ms:.2f} ms per bucket + "
-            f"{fit.wide_ms_per_melem:.1f} ms per million attention elements beyond "
-            f"{fit.wide_threshold_melem:.2f} million in a bucket, "
+            f"replicated, batch {fit.batch_terms_text()}, "
             f"co-run {fit.corun_slowdown:.2f}x (tables {fit.table_corun_slowdown or 0:.2f}x), "
             f"time-sharing efficiency {(fit.timeshare or {}).get('efficiency', 1.0):.2f}"
             + (f" at {fit.timeshare['ranks']} ranks, {fit.timeshare['wider']['efficiency']:.2f} at "
@@ -277,9 +275,9 @@ def main() -> None:
         fit = load_fit(store, base, "cpu")
         if fit is None:
             calibrate(base, store, passes=3)  # as `fsbench calibrate` does by default
-        elif fit.corun_slowdown is None or fit.batch_ms is None or fit.wide_ms_per_melem is None:
+        elif fit.corun_slowdown is None or fit.batch_ms is None or fit.footprint_per_ktoken is None:
             raise SystemExit(f"{fit_path(store, base, 'cpu')}: a fit from before its batch terms "
-                             f"(wide buckets); its emulated runs waited for another cost and its "
+                             f"(the batch's footprint); its emulated runs waited for another cost and its "
                              f"overheads are against another model. Use a new --store.")
         fit = load_fit(store, base, "cpu")
         if fit.table_corun_slowdown is None:  # a fit from before the tables' co-run slowdown

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -313,6 +314,12 @@ def test_padded_length_is_within_25_percent_or_one_step_and_buckets_are_few():
     padded = [bucketing.padded_length(n) for n in range(1, 1025)]
     assert all(n <= p <= max(n + 7, 1.25 * n) for n, p in zip(range(1, 1025), padded))
     assert len(set(padded[:200])) == 15  # 8 up to 64, 4 in (64, 128], 3 cover (128, 200]
+
+
+def test_padded_lengths_of_a_batch_are_each_lengths_own():
+    lengths = np.arange(1, 5000)
+    for bucketing in (Bucketing(), Bucketing.exact(), Bucketing(step=32, linear_until=32, per_octave=1)):
+        assert bucketing.padded_lengths(lengths).tolist() == [bucketing.padded_length(int(n)) for n in lengths]
 
 
 def test_each_sample_lands_in_the_bucket_of_its_own_length():

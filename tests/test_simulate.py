@@ -111,32 +111,63 @@ def test_calibrate_measures_batch_terms_and_a_replicas_table_work():
     w = get_workload("tiny")
     # Against a per-sample model that says "free", the whole encoder time is residual: the
     # fit must then find a positive cost per batch (fixed or per bucket).
-    batch_ms, sample_ms, bucket_ms, wide_ms, threshold = measure_batch_terms(
-        w, lambda L: np.zeros(len(L)), batches=2, repeats=2)
+    terms = measure_batch_terms(w, lambda L: np.zeros(len(L)), batches=2, repeats=2)
     # against a model that says "free", no sample can cost less than nothing
-    assert min(batch_ms, sample_ms, bucket_ms, wide_ms, threshold) >= 0
-    assert batch_ms + sample_ms + bucket_ms + wide_ms > 0
+    assert min(dataclasses.astuple(terms)) >= 0
+    assert terms.batch_ms + terms.batch_sample_ms + terms.bucket_ms + terms.wide_ms_per_melem > 0
     assert 0.01 < measure_replicated_ns_per_element(w, repeats=2) < 1000
 
 
-def test_batch_terms_recover_planted_fixed_bucket_and_wide_costs():
+def test_cost_fit_squares_the_padded_length_as_the_model_does():
+    """Costs planted as the model pays them (attention at the bucket's padded length) are
+    fitted back exactly on calibrate's grid, and a fit says which square it holds: older
+    fits (padded None) keep meaning a L^2 + b L + c."""
+    from fsbench.running.cost_curve import default_lengths, fit_quadratic, quadratic_cost
+    from fsbench.models import Bucketing
+
+    grid = default_lengths(200)
+    P = Bucketing().padded_lengths(grid)
+    planted = 1e-4 * P ** 2 + 0.01 * np.asarray(grid) + 0.02
+    a, b, c, r2 = fit_quadratic(grid, planted)
+    assert (a, b, c, r2) == pytest.approx((1e-4, 0.01, 0.02, 1.0), rel=1e-6)
+    assert quadratic_cost(a, b, c, [200], padded=True)[0] == pytest.approx(1e-4 * 224 ** 2 + 2.02)
+    assert quadratic_cost(a, b, c, [200], padded=False)[0] == pytest.approx(1e-4 * 200 ** 2 + 2.02)
+    assert planted_fit(a=a, b=b, c=c).cost_ms(np.array([200]))[0] == pytest.approx(1e-4 * 200 ** 2 + 2.02)
+    assert planted_fit(a=a, b=b, c=c, padded=True).cost_ms(np.array([200]))[0] == pytest.approx(
+        1e-4 * 224 ** 2 + 2.02)
+
+
+def test_batch_terms_recover_planted_fixed_bucket_wide_and_footprint_costs():
     """Residuals made from 2 ms a batch, -0.05 ms a sample (cost(L)'s constant too big),
-    0.5 ms a bucket and 10 ms per million attention elements beyond a bucket of 16 samples
-    of 200 (padded to 224) are fitted back to those five numbers."""
-    from fsbench.running.batch_terms import attention_melem, fit_batch_terms, wide_excess
+    0.5 ms a bucket, 10 ms per million attention elements beyond a bucket of 16 samples
+    of 200 (padded to 224) and 2% of cost(L) per thousand tokens beyond 2,048 are fitted
+    back to those six numbers, on batches like calibrate's (jagged ones, long fixed
+    lengths, many short samples)."""
+    from fsbench.running.batch_terms import (
+        attention_melem, fit_batch_terms, footprint_excess, wide_excess)
     from fsbench.running.calibrate import bucket_count
 
     assert attention_melem([200] * 4 + [10]).tolist() == pytest.approx([4 * 224 ** 2 / 1e6, 16 ** 2 / 1e6])
+    def cost(L):
+        return 1e-4 * np.asarray(L, dtype=float) ** 2 + 0.01 * np.asarray(L, dtype=float)
+
+    assert footprint_excess([100] * 20, cost) == 0.0  # 2,000 tokens: what cost(L) was timed on
+    assert footprint_excess([100] * 30, cost) == pytest.approx(30 * 2.0 * 0.952)
     rng = np.random.default_rng(0)
-    batches = [rng.integers(1, 200, int(rng.integers(1, 64))) for _ in range(12)]
+    batches = [rng.integers(1, 200, int(rng.integers(1, 128))) for _ in range(12)]
     batches += [np.full(n, 200) for n in (8, 16, 32, 64, 128)]  # up to 6.4 million
+    batches += [np.full(n, 8) for n in (16, 128)]
     threshold = 16 * 224 ** 2 / 1e6
-    planted = [(L, 2.0 - 0.05 * len(L) + 0.5 * bucket_count(L) + 10.0 * wide_excess(L, threshold))
-               for L in batches]
-    assert fit_batch_terms(planted) == pytest.approx((2.0, -0.05, 0.5, 10.0, threshold), abs=1e-6)
-    # nothing wide: no slope, and the threshold says 0
+    planted = [(L, 2.0 - 0.05 * len(L) + 0.5 * bucket_count(L) + 10.0 * wide_excess(L, threshold)
+                + 0.02 * footprint_excess(L, cost)) for L in batches]
+    assert dataclasses.astuple(fit_batch_terms(planted, cost)) == pytest.approx(
+        (2.0, -0.05, 0.5, 10.0, threshold, 0.02), abs=1e-6)
+    # nothing wide, no footprint: no slope, and the threshold says 0
     flat = [(L, 2.0 + 0.5 * bucket_count(L)) for L in batches]
-    assert fit_batch_terms(flat) == pytest.approx((2.0, 0.0, 0.5, 0.0, 0.0), abs=1e-6)
+    assert dataclasses.astuple(fit_batch_terms(flat, cost)) == pytest.approx((2.0, 0.0, 0.5, 0.0, 0.0, 0.0), abs=1e-9)
+    # a footprint alone is not booked per sample (what the fit did before it had the term)
+    grown = [(L, 0.02 * footprint_excess(L, cost)) for L in batches]
+    assert dataclasses.astuple(fit_batch_terms(grown, cost)) == pytest.approx((0.0, 0.0, 0.0, 0.0, 0.0, 0.02), abs=1e-9)
 
 
 class _Free:

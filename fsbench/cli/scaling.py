@@ -265,12 +265,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                      "stored_in": path}))
         note(f"stored in {path}")
         return 0
-    print(f"cost(L) = {fit.a:.4g} L^2 + {fit.b:.4g} L + {fit.c:.4g} ms   R^2 = {fit.r2:.4f}   "
+    square = "P(L)^2" if fit.padded else "L^2"  # P(L): the sample's padded (bucket) length
+    print(f"cost(L) = {fit.a:.4g} {square} + {fit.b:.4g} L + {fit.c:.4g} ms   R^2 = {fit.r2:.4f}   "
           f"({fit.model} on {fit.device})")
     print(grid(["L", "measured ms/sample", "fit ms/sample"],
                [[str(L), f"{t:.4f}", f"{float(fit.cost_ms([L])[0]):.4f}"]
                 for L, t in zip(fit.lengths, fit.per_sample_ms)]))
-    print(f"per batch: {fit.batch_ms:.3f} ms + {fit.bucket_ms:.3f} ms per attention bucket; tables: "
+    print(f"per batch: {fit.batch_terms_text()}; tables: "
           f"{fit.table_ns_per_element:.2f} ns per updated element, a replica's "
           f"{fit.replicated_ns_per_element:.2f} ns per element per step"
           + (f"; co-run slowdown {fit.corun_slowdown:.2f}x (table work {fit.table_corun_slowdown:.2f}x)"

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -48,6 +49,16 @@ class Bucketing:
             octave = 1 << ((length - 1).bit_length() - 1)  # length in (octave, 2 * octave]
             quantum = max(self.step, octave // self.per_octave)
         return -(-length // quantum) * quantum
+
+    def padded_lengths(self, lengths) -> np.ndarray:
+        """padded_length of each of many lengths (>= 1) at once (cost models call it on
+        whole batches)."""
+        L = np.asarray(lengths, dtype=np.int64)
+        # (L - 1).bit_length() is frexp's exponent (exact for integers below 2^53)
+        octave = np.left_shift(1, np.frexp(np.maximum(L - 1, 1))[1] - 1)
+        quantum = np.where(L <= self.linear_until, self.step,
+                           np.maximum(self.step, octave // self.per_octave))
+        return -(-L // quantum) * quantum
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
 """A batch's encoder cost beyond its samples' cost(L), measured by `fsbench calibrate`:
 
-    extra = batch_ms + sample_ms x samples + bucket_ms x buckets + wide_ms_per_melem x wide excess
+    extra = batch_ms + batch_sample_ms x samples + bucket_ms x buckets
+            + wide_ms_per_melem x wide excess + footprint_per_ktoken x sum cost(L) x ktokens beyond
 
 cost(L) is measured on batches of about 2,048 tokens of one length. A jagged batch pays a
 fixed cost, one per sample (cost(L)'s constant was measured at one batch size) and one
@@ -11,20 +12,44 @@ megabytes, which on this kind of host cost more per element (measured on the 2-c
 tensors that large come from the allocator as fresh pages, ~0.4 ms a megabyte:
 `python scripts/host_memory_probe.py`). The wide excess
 is each bucket's samples x padded length^2 beyond `wide_threshold_melem` million,
-summed. All five are fitted together, all >= 0 but the per-sample term (cost(L)'s
-constant can be too large or too small), on jagged batches of the workload's
-lengths at the per-rank sizes of its global batch and on fixed-length batches of its
-longest lengths at sizes doubling up to the global batch.
+summed. The footprint term is the same effect at the batch's scale: every token's
+activations grow with the batch, and a batch of more tokens than cost(L) was timed on
+runs slower per token at every length (measured on the 2-core VM, fixed lengths 8, 32,
+100 and 200: 1.00-1.15x cost(L) at 4,096 tokens, 1.28-1.30x at 16,384). It is a fraction
+of the batch's cost(L) per thousand tokens beyond TOKENS_PER_POINT. Without it the growth
+was booked per sample (calibration batches of one length distribution grow in samples
+and tokens together), which over-charged batches of many short samples by up to 40%.
+All six are fitted together, all >= 0 but the per-sample term (cost(L)'s constant can be
+too large or too small), on jagged batches of the workload's lengths at the per-rank
+sizes of its global batch, on fixed-length batches of its longest lengths at sizes
+doubling up to the global batch, and on batches of many short samples (many samples,
+few tokens: what tells a sample's cost from a token's).
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 
 from fsbench.models.jagged import Bucketing
+
+TOKENS_PER_POINT = 2048
+"""Each batch timed for cost(L) holds about this many tokens (at least one sample), so
+short and long lengths are timed over similar amounts of work."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTerms:
+    """The fitted terms, named as CostFit's fields."""
+    batch_ms: float
+    batch_sample_ms: float
+    bucket_ms: float
+    wide_ms_per_melem: float
+    wide_threshold_melem: float
+    footprint_per_ktoken: float
 
 
 def attention_melem(lengths, bucketing: Bucketing = Bucketing()) -> np.ndarray:
@@ -37,6 +62,13 @@ def attention_melem(lengths, bucketing: Bucketing = Bucketing()) -> np.ndarray:
 def wide_excess(lengths, threshold: float) -> float:
     """Million attention elements beyond `threshold`, summed over the batch's buckets."""
     return float(np.clip(attention_melem(lengths) - threshold, 0.0, None).sum())
+
+
+def footprint_excess(lengths, cost_ms) -> float:
+    """The batch's cost(L) sum times its thousands of tokens beyond TOKENS_PER_POINT."""
+    lengths = np.asarray(lengths).ravel()
+    beyond = max(0.0, float(lengths.sum()) - TOKENS_PER_POINT) / 1e3
+    return float(np.sum(cost_ms(lengths))) * beyond if beyond else 0.0
 
 
 def _nonnegative_lstsq(design: np.ndarray, y: np.ndarray, free: tuple[int, ...] = ()
@@ -58,14 +90,14 @@ def _nonnegative_lstsq(design: np.ndarray, y: np.ndarray, free: tuple[int, ...] 
     return best
 
 
-def fit_batch_terms(batches: list[tuple[np.ndarray, float]]) -> tuple[float, float, float, float, float]:
-    """(batch_ms, sample_ms, bucket_ms, wide_ms_per_melem, wide_threshold_melem) from
-    (lengths, residual ms beyond cost(L)) per timed batch; the threshold is the best of 0
-    and each bucket size seen."""
+def fit_batch_terms(batches: list[tuple[np.ndarray, float]], cost_ms) -> BatchTerms:
+    """The terms from (lengths, residual ms beyond cost(L)) per timed batch, cost_ms
+    being that cost(L); the threshold is the best of 0 and each bucket size seen."""
     from fsbench.running.calibrate import bucket_count
 
     y = np.array([r for _, r in batches], dtype=np.float64)
-    base = np.array([[1.0, len(L), bucket_count(L)] for L, _ in batches], dtype=np.float64)
+    base = np.array([[1.0, len(L), bucket_count(L), footprint_excess(L, cost_ms)] for L, _ in batches],
+                    dtype=np.float64)
     seen = sorted({float(x) for L, _ in batches for x in attention_melem(L)})
     best = None
     for threshold in [0.0, *seen]:
@@ -73,19 +105,19 @@ def fit_batch_terms(batches: list[tuple[np.ndarray, float]]) -> tuple[float, flo
         coef, sse = _nonnegative_lstsq(np.hstack([base, excess]), y, free=(1,))
         if best is None or sse < best[0] - 1e-12 * max(1.0, best[0]):
             best = (sse, coef, threshold)
-    _, (fixed, per_sample, per_bucket, slope), threshold = best
-    clean = [0.0 if abs(c) < 1e-9 else float(c) for c in (fixed, per_sample, per_bucket, slope)]
-    if clean[3] == 0.0:  # no wide term
-        threshold = 0.0
-    return clean[0], clean[1], clean[2], clean[3], float(threshold)
+    _, coef, threshold = best
+    fixed, per_sample, per_bucket, footprint, slope = (0.0 if abs(c) < 1e-9 else float(c) for c in coef)
+    return BatchTerms(batch_ms=fixed, batch_sample_ms=per_sample, bucket_ms=per_bucket,
+                      wide_ms_per_melem=slope, wide_threshold_melem=float(threshold) if slope else 0.0,
+                      footprint_per_ktoken=footprint)
 
 
 def measure_batch_terms(workload, cost_ms, device: str = "cpu", batches: int = 3, repeats: int = 3,
-                        max_split: int = 16) -> tuple[float, float, float, float, float]:
+                        max_split: int = 16) -> BatchTerms:
     """fit_batch_terms over timed batches (see the module docstring) less the sum of
     cost_ms(L)."""
     from fsbench.models import build_model
-    from fsbench.running.calibrate import CALIBRATION_SEED, TOKENS_PER_POINT, time_encoder_ms
+    from fsbench.running.calibrate import CALIBRATION_SEED, time_encoder_ms
     from fsbench.workloads.generator import SyntheticBatches
 
     timed = []
@@ -95,6 +127,10 @@ def measure_batch_terms(workload, cost_ms, device: str = "cpu", batches: int = 3
         took = time_encoder_ms(model, batch.to(device), repeats, warmup=1, device=device)
         timed.append((lengths, took - float(np.sum(cost_ms(lengths)))))
 
+    def time_fixed(length: int, n: int) -> None:
+        w = dataclasses.replace(workload, lengths=f"fixed:{length}", global_batch_size=n)
+        time_batch(build_model(w, seed=0).to(device), SyntheticBatches(w, seed=0).global_batch(0))
+
     model = build_model(workload, seed=0).to(device)
     for size in sorted({max(1, workload.global_batch_size // k) for k in (1, 2, 4, 8, 16) if k <= max_split}):
         source = SyntheticBatches(dataclasses.replace(workload, global_batch_size=size), seed=CALIBRATION_SEED)
@@ -103,12 +139,15 @@ def measure_batch_terms(workload, cost_ms, device: str = "cpu", batches: int = 3
     for length in sorted({workload.max_seq_len, max(8, workload.max_seq_len // 2)}):
         n = max(1, TOKENS_PER_POINT // length)
         while True:
-            w = dataclasses.replace(workload, lengths=f"fixed:{length}", global_batch_size=n)
-            time_batch(build_model(w, seed=0).to(device), SyntheticBatches(w, seed=0).global_batch(0))
+            time_fixed(length, n)
             if n >= workload.global_batch_size:
                 break
             n = min(2 * n, workload.global_batch_size)
-    fixed, per_sample, per_bucket, slope, threshold = fit_batch_terms(timed)
+    # Many samples, few tokens: a sample's own cost apart from its tokens'.
+    short = min(8, workload.max_seq_len)
+    for n in sorted({max(1, workload.global_batch_size // 8), workload.global_batch_size}):
+        time_fixed(short, n)
+    terms = fit_batch_terms(timed, cost_ms)
     # A negative per-sample term corrects cost(L)'s constant; it never makes a sample free.
-    per_sample = max(per_sample, -float(np.asarray(cost_ms(np.array([1])))[0]))
-    return fixed, per_sample, per_bucket, slope, threshold
+    floor = -float(np.asarray(cost_ms(np.array([1])))[0])
+    return dataclasses.replace(terms, batch_sample_ms=max(terms.batch_sample_ms, floor))

@@ -41,16 +41,14 @@ import torch
 from fsbench.config import WorkloadConfig
 from fsbench.models import Bucketing, EmbeddingLookups, build_model
 from fsbench.running.store import read_json, write_json_atomic
-from fsbench.running.batch_terms import measure_batch_terms, wide_excess
+from fsbench.running.cost_curve import default_lengths, fit_quadratic, quadratic_cost
+from fsbench.running.batch_terms import TOKENS_PER_POINT, footprint_excess, measure_batch_terms, wide_excess
 from fsbench.workloads.generator import SyntheticBatches
 
 # Batches no run draws by default (runs use small seeds), so a validation against runs
 # never times its own batches.
 CALIBRATION_SEED = 7919
 LOOKUP_FIELDS = tuple(f.name for f in dataclasses.fields(EmbeddingLookups))
-TOKENS_PER_POINT = 2048
-"""Each timed batch holds about this many tokens (at least one sample), so short and long
-lengths are timed over similar amounts of work."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +103,14 @@ class CostFit:
     batch_sample_ms: float | None = None
     """A jagged batch's cost per sample beyond cost(L) (either sign: cost(L)'s constant
     was measured at one batch size; fsbench.running.batch_terms). None in older fits."""
+    footprint_per_ktoken: float | None = None
+    """A batch of more tokens than cost(L) was timed on runs slower per token: this
+    fraction of its cost(L) per thousand tokens beyond TOKENS_PER_POINT
+    (fsbench.running.batch_terms). None in older fits (then 0)."""
+    padded: bool | None = None
+    """cost(L)'s square term is of the sample's padded length P(L) (the attention bucket's,
+    `Bucketing`), as the model computes it: a P(L)^2 + b L + c. None in older fits, whose
+    square term is of L (see quadratic_cost)."""
     passes: list[dict] | None = None
     """A fit calibrated in several passes (calibrate's `passes`): each pass's encoder time
     for the workload's batch and PASS_SCALARS, in the order measured. None: one pass."""
@@ -115,12 +121,22 @@ class CostFit:
             return 0.0
         wide = (self.wide_ms_per_melem * wide_excess(lengths, self.wide_threshold_melem or 0.0)
                 if self.wide_ms_per_melem else 0.0)
-        return ((self.batch_ms or 0.0) + (self.batch_sample_ms or 0.0) * len(lengths)
+        footprint = (self.footprint_per_ktoken * footprint_excess(lengths, self.cost_ms)
+                     if self.footprint_per_ktoken else 0.0)
+        return ((self.batch_ms or 0.0) + (self.batch_sample_ms or 0.0) * len(lengths) + footprint
                 + (self.bucket_ms or 0.0) * bucket_count(lengths) + wide)
 
+    def batch_terms_text(self) -> str:
+        """The batch terms in words (calibrate's output, the validation's header)."""
+        return (f"{self.batch_ms or 0.0:.2f} ms + {self.batch_sample_ms or 0.0:.3f} ms per sample + "
+                f"{self.bucket_ms or 0.0:.2f} ms per attention bucket + "
+                f"{self.wide_ms_per_melem or 0.0:.1f} ms per million attention elements beyond "
+                f"{self.wide_threshold_melem or 0.0:.2f} million in a bucket + "
+                f"{100 * (self.footprint_per_ktoken or 0.0):.2f}% of cost(L) per thousand tokens beyond "
+                f"{TOKENS_PER_POINT:,}")
+
     def cost_ms(self, lengths: np.ndarray) -> np.ndarray:
-        L = np.asarray(lengths, dtype=np.float64)
-        return self.a * L * L + self.b * L + self.c
+        return quadratic_cost(self.a, self.b, self.c, lengths, bool(self.padded))
 
 
 def bucket_count(lengths, bucketing: Bucketing = Bucketing()) -> int:
@@ -155,29 +171,6 @@ def model_key(workload: WorkloadConfig) -> str:
 
 def fit_path(out_dir: str | Path, workload: WorkloadConfig, device: str) -> Path:
     return Path(out_dir) / "calibrations" / f"{model_key(workload)}__{device_key(device)}.json"
-
-
-def default_lengths(max_len: int) -> list[int]:
-    grid = sorted({1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 200, 256, 384, 512, 768, 1024,
-                   1536, 2048, 3072, 4096, max_len})
-    return [L for L in grid if L <= max_len]
-
-
-def fit_quadratic(lengths, costs) -> tuple[float, float, float, float]:
-    """a, b, c of a L^2 + b L + c by least squares on *relative* error, and R^2.
-
-    Relative, because plain least squares lets the few longest lengths set the fit and
-    leaves short lengths (most samples of a heavy-tailed batch) off by 2-3x; a balancer
-    sums many short samples, so their error matters as much as the whales'."""
-    L = np.asarray(lengths, dtype=np.float64)
-    y = np.asarray(costs, dtype=np.float64)
-    design = np.stack([L * L, L, np.ones_like(L)], axis=1)
-    weight = 1.0 / np.maximum(y, 1e-12)
-    (a, b, c), *_ = np.linalg.lstsq(design * weight[:, None], y * weight, rcond=None)
-    residual = y - design @ np.array([a, b, c])
-    total = float(((y - y.mean()) ** 2).sum())
-    r2 = 1.0 - float((residual ** 2).sum()) / total if total > 0 else 1.0
-    return float(a), float(b), float(c), r2
 
 
 def encoder_inputs(model, batch) -> EmbeddingLookups:
@@ -336,14 +329,12 @@ def measure_fit(workload: WorkloadConfig, device: str = "cpu", lengths: list[int
     per_sample = [measure_per_sample_ms(workload, L, repeats, device=device) for L in progress(lengths)]
     a, b, c, r2 = fit_quadratic(lengths, per_sample)
     fit = CostFit(a=a, b=b, c=c, r2=r2, model=model_key(workload), device=device_key(device),
-                  lengths=list(lengths), per_sample_ms=per_sample,
+                  lengths=list(lengths), per_sample_ms=per_sample, padded=True,
                   created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                   table_ns_per_element=measure_table_ns_per_element(workload, device),
                   table_optimizer=workload.optimizer,
                   replicated_ns_per_element=measure_replicated_ns_per_element(workload, device))
-    batch_ms, sample_ms, bucket_ms, slope, threshold = measure_batch_terms(workload, fit.cost_ms, device)
-    fit = dataclasses.replace(fit, batch_ms=batch_ms, batch_sample_ms=sample_ms, bucket_ms=bucket_ms,
-                              wide_ms_per_melem=slope, wide_threshold_melem=threshold)
+    fit = dataclasses.replace(fit, **dataclasses.asdict(measure_batch_terms(workload, fit.cost_ms, device)))
     if device == "cpu":
         from fsbench.running.corun import measure_corun_slowdown
 
