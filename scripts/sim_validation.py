@@ -51,7 +51,20 @@ DEVELOPMENT = tuple((preset, (), POINTS) for preset in ("small", "comm-heavy"))
 # changes only), as a user calibrates once and then projects variants. A held-back set is
 # used once: after the model changes, its points are development points, and a new set
 # is drawn; `--held-back N` re-simulates (`--reuse`) or measures an earlier one.
-# The ninth set, drawn by scripts/draw_held_back.py 202612069 after the simulator booked
+# The tenth set, drawn by scripts/draw_held_back.py 2026120610 after the encoder's cost
+# model changed (cost(L) squares the padded length; the batch's footprint term), before
+# any of its points was run.
+TENTH_HELD_BACK = (
+    ("small", (("lengths", "powerlaw:alpha=2.3,xmin=6"), ("global_batch_size", "96")),
+     ((1, "model"), (2, "model"), (8, "emulated"))),
+    ("small", (("lengths", "powerlaw:alpha=2.1,xmin=4"),), ((2, "model"), (4, "emulated"))),
+    ("comm-heavy", (("lengths", "powerlaw:alpha=2.4,xmin=10"), ("global_batch_size", "48")),
+     ((2, "model"), (16, "emulated"))),
+    ("small", (("model.family", "sasrec"), ("lengths", "lognormal:mu=4.3,sigma=1.2")),
+     ((2, "model"), (8, "emulated"))),
+    ("small", (("global_batch_size", "192"),), ((4, "emulated"),)),
+)
+# The ninth set (measured at 4ca2014: 14 of 20), drawn by scripts/draw_held_back.py 202612069 after the simulator booked
 # the collectives' CPU (comm_cpu_ms), before any of its points was run.
 NINTH_HELD_BACK = (
     ("small", (("lengths", "powerlaw:alpha=1.8,xmin=3"), ("global_batch_size", "64")),
@@ -166,7 +179,8 @@ FIRST_HELD_BACK = (
 
 HELD_BACK_SETS = {1: FIRST_HELD_BACK, 2: SECOND_HELD_BACK, 3: THIRD_HELD_BACK,
                   4: FOURTH_HELD_BACK, 5: FIFTH_HELD_BACK, 6: SIXTH_HELD_BACK,
-                  7: SEVENTH_HELD_BACK, 8: EIGHTH_HELD_BACK, 9: NINTH_HELD_BACK}
+                  7: SEVENTH_HELD_BACK, 8: EIGHTH_HELD_BACK, 9: NINTH_HELD_BACK,
+                  10: TENTH_HELD_BACK}
 HELD_BACK = HELD_BACK_SETS[max(HELD_BACK_SETS)]  # the current set
 
 
