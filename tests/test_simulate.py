@@ -298,6 +298,33 @@ def test_measuring_overheads_drops_the_efficiency_solved_against_the_old_ones(tm
     assert fit.timeshare is None and fit.step_overhead["ddp/model@16"]["tokens"] > 0
 
 
+def test_encoder_drift_sets_the_real_encoder_now_against_the_fit(tmp_path):
+    """A fit that books half of another's reads twice its drift on the same encoder: the
+    real encoder is timed on the run's batches and set against what the stored fit says
+    (the overhead then leaves out what the fit under-books, and keeps the trainer's own
+    work)."""
+    import torch
+
+    from fsbench.running.calibrate import fit_path
+    from fsbench.running.store import write_json_atomic
+    from fsbench.scaling.step_overhead import encoder_drift
+
+    torch.set_num_threads(1)
+    w = dataclasses.replace(get_workload("tiny"), warmup=1)
+    some = planted_fit(a=0.0, b=0.01, c=0.02, batch_ms=0.5, bucket_ms=0.1)
+    half = dataclasses.replace(some, b=0.005, c=0.01, batch_ms=0.25, bucket_ms=0.05)
+    ratios = []
+    for held in (some, half):
+        path = fit_path(tmp_path, w, "cpu")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, dataclasses.asdict(held))
+        ms, ratio = encoder_drift(w, 0, tmp_path, batches=4)
+        assert ratio > 0 and (ms > 0) == (ratio > 1)
+        ratios.append(ratio)
+    # timings of a few ms on a shared host move by tens of percent; halving moves it 100%
+    assert 1.4 < ratios[1] / ratios[0] < 2.9
+
+
 def test_loader_workers_beyond_the_cores_preempt_by_the_measured_efficiency():
     from fsbench.scaling.simulate import worker_preemption_ms
 

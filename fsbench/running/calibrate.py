@@ -83,7 +83,8 @@ class CostFit:
     """Per "trainer/compute" (compute: model or emulated): what a real 1-rank step costs
     beyond the simulator's model of it (framework and input work, a sharded trainer's row
     gathering and exchange calls), from a run at CALIBRATION_SEED
-    (fsbench.scaling.step_overhead.measure_step_overhead): `wall_ms` of it, of which `cpu_ms` the
+    (fsbench.scaling.step_overhead.measure_step_overhead; with compute=model, less the real
+    encoder's drift from the fit at that moment, `encoder_drift`): `wall_ms` of it, of which `cpu_ms` the
     rank's own thread CPU (it time-shares), `busy_ms` counted busy by the metrics, and
     `input_ms` waiting for input. None: 0."""
     table_corun_slowdown: float | None = None

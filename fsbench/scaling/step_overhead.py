@@ -62,15 +62,20 @@ def _one_step_overhead(workload: WorkloadConfig, trainer: str, store: str | Path
                        steps: int) -> dict[str, float]:
     run, measured, spans = calibration_run(workload, trainer, store, compute, steps)
     w = run.workload
+    # The real encoder's speed now against the fit's (an emulated rank only waits the fit's
+    # cost): without it, this host's drift between the calibration and this run (5-13%
+    # measured minutes apart on the 2-core VM) lands whole in the overhead, which came out
+    # 0 ms in one calibration and 15-24 ms minutes later for the same trainer and batch.
+    drift_ms, drift = encoder_drift(w, run.seed, store) if compute == "model" else (0.0, 1.0)
     steps_ = spans[(spans["kind"] == "step") & ~spans["warmup"]]
     # The rank's real thread CPU per step (an emulated span books it as overhead_ns).
     cpu_ms = float((steps_["overhead_ns"] if compute == "emulated" else steps_["cpu_ns"]).median()) / 1e6
     summary, rows = simulate_run(run, CLUSTERS["local"], store, step_overhead=False)
     sim = [r for r in rows if r["step"] >= w.warmup]
-    wall = max(0.0, measured["step_time_ms_median"] - summary["step_time_ms_median"])
-    cpu = min(wall, max(0.0, cpu_ms - float(np.median([r["cpu_mean_ms"] for r in sim]))))
+    wall = max(0.0, measured["step_time_ms_median"] - summary["step_time_ms_median"] - drift_ms)
+    cpu = min(wall, max(0.0, cpu_ms - float(np.median([r["cpu_mean_ms"] for r in sim])) - drift_ms))
     busy_ms = (1 - measured["bubble_ratio"]) * measured["step_time_ms_mean"]
-    busy = min(cpu, max(0.0, busy_ms - float(np.median([r["busy_mean_ms"] for r in sim]))))
+    busy = min(cpu, max(0.0, busy_ms - float(np.median([r["busy_mean_ms"] for r in sim])) - drift_ms))
     input_ms = min(wall - cpu, measured["input_stall_ratio"] * measured["step_time_ms_mean"])
     # The loader worker's CPU: on this 1-rank run it had a core of its own, so none of
     # the above; with as many ranks as cores it takes theirs (fsbench.scaling.simulate).
@@ -79,7 +84,28 @@ def _one_step_overhead(workload: WorkloadConfig, trainer: str, store: str | Path
     stage = summary["plan_ms_per_step"] + summary["route_ms_per_step"]
     worker = measured.get("input_worker_cpu_ratio", 0.0) * measured["step_time_ms_mean"]
     return {"wall_ms": wall, "cpu_ms": cpu, "busy_ms": busy, "input_ms": input_ms,
-            "worker_ms": max(0.0, worker - stage), "stage_ms": stage}
+            "worker_ms": max(0.0, worker - stage), "stage_ms": stage, "encoder_drift": drift}
+
+
+def encoder_drift(workload: WorkloadConfig, seed: int, store: str | Path, batches: int = 4,
+                  repeats: int = 3) -> tuple[float, float]:
+    """(ms per step, ratio): how much longer than the stored fit says the real encoder
+    takes right now on the run's own batches (the first `batches` after its warm-up),
+    per step, and the ratio of the two."""
+    from fsbench.models import build_model
+    from fsbench.running.calibrate import load_fit, time_encoder_ms
+    from fsbench.workloads.generator import SyntheticBatches
+
+    fit = load_fit(store, workload, "cpu")
+    model = build_model(workload, seed=0)
+    source = SyntheticBatches(workload, seed=seed)
+    timed = predicted = 0.0
+    for k in range(workload.warmup, workload.warmup + batches):
+        batch = source.global_batch(k)
+        lengths = batch.lengths.numpy()
+        timed += time_encoder_ms(model, batch, repeats, warmup=1)
+        predicted += float(fit.cost_ms(lengths).sum()) + fit.batch_extra_ms(lengths)
+    return (timed - predicted) / batches, timed / predicted
 
 
 def store_step_overheads(workload: WorkloadConfig, trainers: list[str], store: str | Path,
