@@ -10,7 +10,8 @@ Groups, in order (the shape of every set since the sixth):
 Per group: the lengths' kind (lognormal, power law, uniform or a preset, in equal
 chance), then its parameters (lognormal mu 2-4.5, sigma 0.5-1.5; power law alpha
 1.5-2.5, xmin 2-10; uniform low 2-30, high 60-200; one of the length presets), then the
-batch size (48, 64, 96, 160, 192, 256), in that order from one generator. A group equal
+batch size (48, 64, 96, 160, 192, 256; for the batch-only group, once all six were
+drawn, 32 to 320 in steps of 16), in that order from one generator. A group equal
 to one of an earlier set is drawn again (the generator's next draws). Prints the set as
 a Python tuple, to paste into sim_validation.py and commit before any point runs. With
 --number N, the sets before N count as earlier (to draw set N again: set 9 is
@@ -32,6 +33,9 @@ from sim_validation import HELD_BACK_SETS  # noqa: E402
 from fsbench.specs import LENGTH_PRESET_SPECS  # noqa: E402
 
 BATCHES = (48, 64, 96, 160, 192, 256)
+WIDER_BATCHES = tuple(range(32, 321, 16))
+"""Drawn from once a shape that draws a batch size alone has used every one of BATCHES
+(set 12 on: sets 6-11 used all six)."""
 SHAPES = (  # (preset, model changes, draws lengths, draws batch, points)
     ("small", (), True, True, ((1, "model"), (2, "model"), (8, "emulated"))),
     ("small", (), True, False, ((2, "model"), (4, "emulated"))),
@@ -58,12 +62,18 @@ def draw(seed: int, number: int) -> tuple:
                for preset, changes, _ in s}
     groups = []
     for preset, model, with_lengths, with_batch, points in SHAPES:
-        while True:
+        batches = BATCHES
+        if with_batch and not with_lengths and all(
+                (preset, model + (("global_batch_size", str(b)),)) in earlier for b in BATCHES):
+            batches = WIDER_BATCHES
+        for _ in range(10_000):
             changes = model + ((("lengths", lengths(rng)),) if with_lengths else ())
             if with_batch:
-                changes += (("global_batch_size", str(BATCHES[rng.integers(len(BATCHES))])),)
+                changes += (("global_batch_size", str(batches[rng.integers(len(batches))])),)
             if (preset, changes) not in earlier:
                 break
+        else:
+            raise SystemExit(f"every variant of the shape {preset} {model} was drawn before")
         groups.append((preset, changes, points))
     return tuple(groups)
 
