@@ -51,7 +51,19 @@ DEVELOPMENT = tuple((preset, (), POINTS) for preset in ("small", "comm-heavy"))
 # changes only), as a user calibrates once and then projects variants. A held-back set is
 # used once: after the model changes, its points are development points, and a new set
 # is drawn; `--held-back N` re-simulates (`--reuse`) or measures an earlier one.
-# The eleventh set, drawn by scripts/draw_held_back.py 2026120611 after the step overhead
+# The twelfth set, drawn by scripts/draw_held_back.py 2026120612 with no model change
+# after set 11 (18 of 20): a second sample of the same model, before any of its points ran.
+TWELFTH_HELD_BACK = (
+    ("small", (("lengths", "uniform:26-161"), ("global_batch_size", "64")),
+     ((1, "model"), (2, "model"), (8, "emulated"))),
+    ("small", (("lengths", "lognormal:mu=2.8,sigma=0.8"),), ((2, "model"), (4, "emulated"))),
+    ("comm-heavy", (("lengths", "lognormal:mu=3.8,sigma=1.0"), ("global_batch_size", "64")),
+     ((2, "model"), (16, "emulated"))),
+    ("small", (("model.family", "sasrec"), ("lengths", "lognormal:mu=3.9,sigma=1.4")),
+     ((2, "model"), (8, "emulated"))),
+    ("small", (("global_batch_size", "224"),), ((4, "emulated"),)),
+)
+# The eleventh set (measured at 59ba6ad: 18 of 20), drawn by scripts/draw_held_back.py 2026120611 after the step overhead
 # left out the encoder's drift from the fit (encoder_drift), before any of its points ran.
 ELEVENTH_HELD_BACK = (
     ("small", (("lengths", "lognormal:mu=2.1,sigma=1.1"), ("global_batch_size", "48")),
@@ -192,7 +204,8 @@ FIRST_HELD_BACK = (
 HELD_BACK_SETS = {1: FIRST_HELD_BACK, 2: SECOND_HELD_BACK, 3: THIRD_HELD_BACK,
                   4: FOURTH_HELD_BACK, 5: FIFTH_HELD_BACK, 6: SIXTH_HELD_BACK,
                   7: SEVENTH_HELD_BACK, 8: EIGHTH_HELD_BACK, 9: NINTH_HELD_BACK,
-                  10: TENTH_HELD_BACK, 11: ELEVENTH_HELD_BACK}
+                  10: TENTH_HELD_BACK, 11: ELEVENTH_HELD_BACK,
+                  12: TWELFTH_HELD_BACK}
 HELD_BACK = HELD_BACK_SETS[max(HELD_BACK_SETS)]  # the current set
 
 
