@@ -357,14 +357,20 @@ def test_runs_from_two_machines_are_inconclusive_unless_allowed(tmp_path, capsys
     assert any(n.startswith("NEW machine: hostname=other") for n in result["notes"])
 
 
-@pytest.mark.parametrize("damage", ["garbage", "empty", "missing"])
+@pytest.mark.parametrize("damage", ["garbage", "empty", "missing", "one rank's garbage"])
 def test_unreadable_rank_files_are_named_not_a_crash_nor_a_verdict(tmp_path, capsys, damage):
+    """Also when one rank's files alone are damaged: a one-line garbage file reads as a
+    cut last line (no records), and the other rank's steps alone would look sound (no
+    straggler) and give a verdict."""
     from written_runs import write_run
 
     rng = np.random.default_rng(5)
     write_run(tmp_path / "a", "r1", _steps_ms(rng))
     run = write_run(tmp_path / "b", "r1", _steps_ms(rng))
-    for f in [*run.glob("rank-*.jsonl"), *run.glob("steps-rank-*.jsonl")]:
+    files = [*run.glob("rank-*.jsonl"), *run.glob("steps-rank-*.jsonl")]
+    if damage == "one rank's garbage":
+        files = [run / "rank-1.jsonl"]
+    for f in files:
         if damage == "missing":
             f.unlink()
         else:

@@ -47,9 +47,17 @@ def step_samples(run_dir: str | Path) -> pd.DataFrame:
     from fsbench.measurement.timeline import read_step_stats
     from fsbench.measurement.timeline import read_timelines
 
+    from fsbench.running import store
+
     run_dir = Path(run_dir)
-    table = metrics.throughput(metrics.step_metrics(read_timelines(run_dir)),
-                               read_step_stats(run_dir))
+    spans, stats = read_timelines(run_dir), read_step_stats(run_dir)
+    # A rank whose file is empty or cut to nothing would leave the others' steps looking
+    # sound (no straggler, less communication wait): the run cannot be compared.
+    world = int(store.read_object(run_dir / "manifest.json").get("world_size") or 1)
+    silent = [r for r in range(world) if r not in set(spans["rank"]) or r not in set(stats["rank"])]
+    if silent:
+        raise ValueError(f"no timeline or step records of rank(s) {', '.join(map(str, silent))}")
+    table = metrics.throughput(metrics.step_metrics(spans), stats)
     table = table[~table["warmup"]]
     if table.empty:
         raise ValueError("no measured steps in its rank files")
