@@ -51,8 +51,21 @@ def time_batches(workload, distributions, sizes, batches: int, repeats: int) -> 
     return timed
 
 
-def predicted_ms(fit, lengths: np.ndarray) -> float:
-    return float(fit.cost_ms(lengths).sum()) + fit.batch_extra_ms(lengths)
+def footprint_lines(workload, fit, repeats: int) -> list[str]:
+    """Fixed-length batches of growing size against cost(L) (timed on ~2,048 tokens): the
+    per-token slowdown the footprint term books (fsbench.running.batch_terms)."""
+    model = build_model(workload, seed=0)
+    lines = ["## A batch's footprint: fixed lengths at growing token counts, over cost(L)\n",
+             "| length | 2,048 tokens | 4,096 | 8,192 | 16,384 |", "|--:|--:|--:|--:|--:|"]
+    for length in (8, 32, 100, 200):
+        ratios = []
+        for tokens in (2048, 4096, 8192, 16384):
+            n = max(1, tokens // length)
+            w = dataclasses.replace(workload, lengths=f"fixed:{length}", global_batch_size=n)
+            ms = time_encoder_ms(model, SyntheticBatches(w, seed=0).global_batch(0), repeats, warmup=1)
+            ratios.append(ms / float(np.sum(fit.cost_ms(np.full(n, length)))))
+        lines.append(f"| {length} | " + " | ".join(f"{r:.2f}x" for r in ratios) + " |")
+    return lines + [""]
 
 
 def main() -> None:
@@ -64,6 +77,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=2, help="batches per distribution and size")
     ap.add_argument("--repeats", type=int, default=3, help="timed repeats per batch (median)")
     ap.add_argument("--out", default="results/encoder_model_check_cpu.md")
+    ap.add_argument("--footprint", action="store_true",
+                    help="also time fixed lengths at 2,048-16,384 tokens against the first fit's cost(L)")
     args = ap.parse_args()
     torch.set_num_threads(1)  # the ranks' setting: part of the fit's key
     workload = override_all(get_workload(args.workload), [tuple(kv.split("=", 1)) for kv in args.set])
@@ -84,8 +99,8 @@ def main() -> None:
              f"(median of {args.repeats}), every fit set against the same timings.\n"]
     drifts = {store: encoder_drift(workload, CALIBRATION_SEED, store)[1] for store in fits}
     for store, fit in fits.items():
-        errors = np.array([predicted_ms(fit, t["batch"]) / t["ms"] - 1 for t in timed])
-        own = np.array([predicted_ms(fit, t["batch"]) * drifts[store] / t["ms"] - 1 for t in timed])
+        errors = np.array([fit.encoder_ms(t["batch"]) / t["ms"] - 1 for t in timed])
+        own = np.array([fit.encoder_ms(t["batch"]) * drifts[store] / t["ms"] - 1 for t in timed])
         lines += [f"## `{store}` (fit of {fit.created[:19]})\n", f"Batch terms: {fit.batch_terms_text()}; "
                   f"cost(L)'s square of the {'padded' if fit.padded else 'plain'} length.\n",
                   f"- mean |error| **{100 * np.mean(np.abs(errors)):.1f}%**, within 15%: "
@@ -97,13 +112,16 @@ def main() -> None:
                   "| lengths | samples | buckets | tokens | measured ms | predicted ms | error | error, drift out |",
                   "|---|--:|--:|--:|--:|--:|--:|--:|"]
         lines += [f"| {t['lengths']} | {t['samples']} | {bucket_count(t['batch'])} | {int(t['batch'].sum())} | "
-                  f"{t['ms']:.1f} | {predicted_ms(fit, t['batch']):.1f} | {100 * e:+.0f}% | {100 * o:+.0f}% |"
+                  f"{t['ms']:.1f} | {fit.encoder_ms(t['batch']):.1f} | {100 * e:+.0f}% | {100 * o:+.0f}% |"
                   for t, e, o in zip(timed, errors, own)]
         lines.append("")
         print(f"{store}: mean |error| {100 * np.mean(np.abs(errors)):.1f}%, within 15% "
               f"{np.mean(np.abs(errors) < 0.15):.0%}, worst {100 * np.max(np.abs(errors)):.0f}%; "
               f"drift {drifts[store]:.2f}x, taken out: {100 * np.mean(np.abs(own)):.1f}%, within 15% "
               f"{np.mean(np.abs(own) < 0.15):.0%}")
+    if args.footprint:
+        lines += footprint_lines(workload, fits[args.store[0]], args.repeats)
+        print("\n".join(lines[-7:]))
     Path(args.out).write_text("\n".join(lines))
     print(f"wrote {args.out}")
 

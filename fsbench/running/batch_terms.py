@@ -15,10 +15,12 @@ is each bucket's samples x padded length^2 beyond `wide_threshold_melem` million
 summed. The footprint term is the same effect at the batch's scale: every token's
 activations grow with the batch, and a batch of more tokens than cost(L) was timed on
 runs slower per token at every length (measured on the 2-core VM, fixed lengths 8, 32,
-100 and 200: 1.00-1.15x cost(L) at 4,096 tokens, 1.28-1.30x at 16,384). It is a fraction
+100 and 200: 0.94-1.06x cost(L) at 4,096 tokens, 1.17-1.29x at 16,384; `python
+scripts/encoder_model_check.py --store S --footprint`). It is a fraction
 of the batch's cost(L) per thousand tokens beyond TOKENS_PER_POINT. Without it the growth
 was booked per sample (calibration batches of one length distribution grow in samples
-and tokens together), which over-charged batches of many short samples by up to 40%.
+and tokens together), which over-charged batches of many short samples (by up to 135%
+in results/encoder_model_check_cpu.md).
 All six are fitted together, all >= 0 but the per-sample term (cost(L)'s constant can be
 too large or too small), on jagged batches of the workload's lengths at the per-rank
 sizes of its global batch, on fixed-length batches of its longest lengths at sizes

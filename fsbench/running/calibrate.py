@@ -127,6 +127,10 @@ class CostFit:
         return ((self.batch_ms or 0.0) + (self.batch_sample_ms or 0.0) * len(lengths) + footprint
                 + (self.bucket_ms or 0.0) * bucket_count(lengths) + wide)
 
+    def encoder_ms(self, lengths: np.ndarray) -> float:
+        """A batch's encoder time: its samples' cost(L) and the batch terms."""
+        return float(np.sum(self.cost_ms(lengths))) + self.batch_extra_ms(lengths)
+
     def batch_terms_text(self) -> str:
         """The batch terms in words (calibrate's output, the validation's header)."""
         return (f"{self.batch_ms or 0.0:.2f} ms + {self.batch_sample_ms or 0.0:.3f} ms per sample + "
@@ -355,7 +359,7 @@ def encoder_batch_ms(fit: CostFit, workload: WorkloadConfig) -> float:
     """The fit's encoder time for the workload's own global batch at CALIBRATION_SEED: how
     passes' encoder models (cost(L) and batch terms, fitted together) are ranked."""
     lengths = SyntheticBatches(workload, seed=CALIBRATION_SEED).global_batch(0).lengths.numpy()
-    return float(fit.cost_ms(lengths).sum()) + fit.batch_extra_ms(lengths)
+    return fit.encoder_ms(lengths)
 
 
 def median_of_passes(fits: list[CostFit], workload: WorkloadConfig) -> CostFit:

@@ -8,6 +8,11 @@ import numpy as np
 from fsbench.models.jagged import Bucketing
 
 
+def _squared_length(L: np.ndarray, padded: bool) -> np.ndarray:
+    """What the square term squares: the padded length P(L), or L."""
+    return Bucketing().padded_lengths(np.maximum(L, 1)).astype(np.float64) if padded else L
+
+
 def quadratic_cost(a: float, b: float, c: float, lengths, padded: bool) -> np.ndarray:
     """a X^2 + b L + c per sample, X its padded length P(L) or (`padded` false) L.
 
@@ -16,7 +21,7 @@ def quadratic_cost(a: float, b: float, c: float, lengths, padded: bool) -> np.nd
     fit on L^2 bends its curve through those steps, and a jagged batch of other lengths
     then pays what its own padding costs, not the curve's."""
     L = np.asarray(lengths, dtype=np.float64)
-    X = Bucketing().padded_lengths(np.maximum(L, 1)).astype(np.float64) if padded else L
+    X = _squared_length(L, padded)
     return a * X * X + b * L + c
 
 
@@ -35,7 +40,7 @@ def fit_quadratic(lengths, costs, padded: bool = True) -> tuple[float, float, fl
     sums many short samples, so their error matters as much as the whales'."""
     L = np.asarray(lengths, dtype=np.float64)
     y = np.asarray(costs, dtype=np.float64)
-    X = Bucketing().padded_lengths(np.maximum(L, 1)).astype(np.float64) if padded else L
+    X = _squared_length(L, padded)
     design = np.stack([X * X, L, np.ones_like(L)], axis=1)
     weight = 1.0 / np.maximum(y, 1e-12)
     (a, b, c), *_ = np.linalg.lstsq(design * weight[:, None], y * weight, rcond=None)

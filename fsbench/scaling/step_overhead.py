@@ -63,9 +63,9 @@ def _one_step_overhead(workload: WorkloadConfig, trainer: str, store: str | Path
     run, measured, spans = calibration_run(workload, trainer, store, compute, steps)
     w = run.workload
     # The real encoder's speed now against the fit's (an emulated rank only waits the fit's
-    # cost): without it, this host's drift between the calibration and this run (5-13%
-    # measured minutes apart on the 2-core VM) lands whole in the overhead, which came out
-    # 0 ms in one calibration and 15-24 ms minutes later for the same trainer and batch.
+    # cost): without it, this host's drift between the calibration and this run lands
+    # whole in the overhead (set 10's fit held 0.6 ms for FreeScale at a quarter batch,
+    # set 9's 6.6 ms: results/sim_validation_heldback_set10_cpu.md, _set9_cpu.md).
     drift_ms, drift = encoder_drift(w, run.seed, store) if compute == "model" else (0.0, 1.0)
     steps_ = spans[(spans["kind"] == "step") & ~spans["warmup"]]
     # The rank's real thread CPU per step (an emulated span books it as overhead_ns).
@@ -102,9 +102,8 @@ def encoder_drift(workload: WorkloadConfig, seed: int, store: str | Path, batche
     timed = predicted = 0.0
     for k in range(workload.warmup, workload.warmup + batches):
         batch = source.global_batch(k)
-        lengths = batch.lengths.numpy()
         timed += time_encoder_ms(model, batch, repeats, warmup=1)
-        predicted += float(fit.cost_ms(lengths).sum()) + fit.batch_extra_ms(lengths)
+        predicted += fit.encoder_ms(batch.lengths.numpy())
     return (timed - predicted) / batches, timed / predicted
 
 
