@@ -221,23 +221,41 @@ class ShardedEmbeddings:
         self._ready: list[bool] = []
 
     # -- requests -----------------------------------------------------------------
-    def request(self, batch: JaggedBatch) -> tuple[Request, Service, Pending]:
-        """Send a step's requests (before its forward): counts (waited: the ids' splits
-        need them), then the ids (returned pending; `serve` waits)."""
-        with span("emb.route", kind="compute"):
-            req = build_request(batch, self.layout, self.chunks)
-        counts_in = self.control.all_to_all(req.counts, [1] * self.n, [1] * self.n,
-                                            "emb.counts").wait().tolist()  # (N sources, chunks)
-        ids = self.control.all_to_all(req.rows, req.send_counts, [sum(row) for row in counts_in],
-                                      "emb.ids")
-        src = [r for r in range(self.n) for c in range(self.chunks) for _ in range(counts_in[r][c])]
-        chunk = [c for r in range(self.n) for c in range(self.chunks) for _ in range(counts_in[r][c])]
-        svc = Service(local=torch.empty(0, dtype=torch.int64), src=torch.tensor(src, dtype=torch.int64),
-                      chunk=torch.tensor(chunk, dtype=torch.int64))
-        self._new_buffer(req)
+    # A step's requests are exchanged in three messages, each issued early and waited
+    # late (freescale_impl.sharded_step pipelines them over the steps before): counts
+    # (the ids' splits), the ids, and with priority the owners' fresh masks.
+    def request(self, batch: JaggedBatch, req: Request | None = None
+                ) -> tuple[Request, Service, Pending]:
+        """Send a step's requests at once: counts (waited: the ids' splits need them),
+        then the ids (returned pending; `serve` waits). `req`: built by the input stage
+        (`freescale_impl.routing.OwnRequest`), else built here."""
+        if req is None:
+            with span("emb.route", kind="compute"):
+                req = build_request(batch, self.layout, self.chunks)
+        svc, ids = self.send_ids(req, self.send_counts(req))
         return req, svc, ids
 
+    def send_counts(self, req: Request) -> Pending:
+        """Issue the counts: entries this rank asks each owner for, per chunk."""
+        return self.control.all_to_all(req.counts, [1] * self.n, [1] * self.n, "emb.counts")
+
+    def send_ids(self, req: Request, counts: Pending) -> tuple[Service, Pending]:
+        """Wait for the counts (the ids' splits), then issue the ids. Returns this owner's
+        service without its rows (`serve` fills them in) and the ids in flight."""
+        counts_in = counts.wait().cpu()  # (N requesters, chunks); host values: the splits
+        with span("emb.route", kind="compute"):
+            per = counts_in.reshape(-1)
+            # Entries arrive by requester, then chunk: one (src, chunk) label per entry.
+            svc = Service(local=torch.empty(0, dtype=torch.int64),
+                          src=torch.arange(self.n).repeat_interleave(self.chunks).repeat_interleave(per),
+                          chunk=torch.arange(self.chunks).repeat(self.n).repeat_interleave(per))
+            recv = counts_in.sum(1).tolist()
+        ids = self.control.all_to_all(req.rows, req.send_counts, recv, "emb.ids")
+        self._new_buffer(req)
+        return svc, ids
+
     def serve(self, svc: Service, ids: Pending) -> None:
+        """Wait for the ids asked of this owner; its service's rows."""
         ids = ids.wait()
         with span("emb.route", kind="compute"):
             svc.local = self.layout.local_index(ids)
@@ -249,7 +267,8 @@ class ShardedEmbeddings:
     def _plan(self, req: Request, svc: Service, final: bool) -> None:
         """Requests exchanged inside the step: plan its messages now (before the forward,
         or between forward and backward), and move the plan's indices to the device."""
-        plan_fetches(req, svc, self.n, self.chunks, final)
+        with span("emb.route", kind="compute"):
+            plan_fetches(req, svc, self.n, self.chunks, final)
         to = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
         for f in [req.final_fetch, *req.fresh_fetches]:
             if f is not None:
@@ -281,13 +300,22 @@ class ShardedEmbeddings:
         """Priority, requests exchanged: rows the current step touches (`touched`: this
         owner's local rows asked for at the current step) are fresh; tell the requesters
         which, plan, and send the others now (between the current forward and backward)."""
+        self.adopt_fresh_mask(req, svc, self.send_fresh_mask(req, svc, touched))
+        self.send_final(req, svc)
+
+    def send_fresh_mask(self, req: Request, svc: Service, touched: torch.Tensor) -> Pending:
+        """Priority, requests exchanged: mark this owner's entries whose rows the current
+        step touches (`touched`: its local rows asked for at the current step) fresh, and
+        issue the mask to the requesters."""
         with span("emb.route", kind="compute"):
             svc.fresh = torch.isin(svc.local, touched)
-        mask = self.control.all_to_all(svc.fresh.to(torch.uint8), _counts(svc.src, self.n),
-                                       req.send_counts, "emb.fresh_mask").wait()
-        req.fresh = mask.bool()
+        return self.control.all_to_all(svc.fresh.to(torch.uint8), _counts(svc.src, self.n),
+                                       req.send_counts, "emb.fresh_mask")
+
+    def adopt_fresh_mask(self, req: Request, svc: Service, mask: Pending) -> None:
+        """The owners' fresh masks arrived: plan the step's messages from them."""
+        req.fresh = mask.wait().bool()
         self._plan(req, svc, final=True)
-        self.send_final(req, svc)
 
     def send_final(self, req: Request, svc: Service) -> None:
         """Priority: rows the current step cannot change, now (they are final)."""

@@ -1,13 +1,19 @@
-"""FreeScale's input stage with sharded tables and replicated input: the rank's planned
-samples plus the step's whole all-to-all routing, computed in the loader worker.
+"""FreeScale's input stage with sharded tables: the rank's planned samples and their
+embedding routing, computed in the loader worker. Two ways (`freescale.routing`):
 
-With `data=replicated` every rank holds the global batch and computes the same plan, so it
-knows what *every* rank will ask each owner for. The request phase of
-`freescale_impl.embedding_exchange` (counts, ids, and with priority the fresh/final masks)
-is then computed here, ahead of the step and off its thread, instead of exchanged inside
-it: three latency-bound all-to-alls per step fewer, and the final rows of step k+1 can be
-sent as soon as step k starts. Only rows and gradients cross the network.
-(`data=sharded` cannot: a rank sees only its own shard, so it exchanges requests.)
+host       (`RoutedShare`) With `data=replicated` every rank can compute every rank's
+           planned samples, so it knows what *every* rank will ask each owner for. The
+           request phase of `freescale_impl.embedding_exchange` (counts, ids, and with
+           priority the fresh/final masks) is computed here instead of exchanged: three
+           latency-bound all-to-alls per step fewer, and the final rows of step k+1 can be
+           sent as soon as step k starts. But it reads every rank's samples and builds
+           every rank's request: O(N x local batch) per rank and step, on every rank.
+exchanged  (`OwnRequest`) The rank builds only its own request (O(local batch + N)); the
+           owners learn what to serve from the request exchange, which the step pipelines
+           over the steps before (freescale_impl.sharded_step). What scales.
+
+`choose_routing` picks one for `routing=auto` by a rule measured with
+`fsbench micro input-stage` (docs/freescale.md).
 """
 from __future__ import annotations
 
@@ -42,6 +48,40 @@ def route(batches: list[JaggedBatch], rank: int, layout: RowLayout, chunks: int,
     # tensors and host splits alone (no host sync in its forward and backward).
     plan_fetches(req, svc, n, chunks, final=final)
     return req, svc, torch.unique(torch.cat([q.rows for q in reqs]))
+
+
+# `routing=auto` routes on the host up to this many ranks, and exchanges requests beyond.
+# Measured (`fsbench micro input-stage --routing host,exchanged`, results/input_stage_cpu.md):
+# the host route costs O(N x local batch) and outgrows the exchanged stage (own request
+# plus the owner's service preparation on the rank's thread) from a few ranks on.
+HOST_ROUTING_MAX_RANKS = 2
+
+
+def choose_routing(routing: str, world_size: int, data: str) -> tuple[str, str]:
+    """(the routing a run uses, why): `data=sharded` must exchange (no rank sees the
+    others' samples); `auto` follows the measured rule."""
+    if data == "sharded":
+        return "exchanged", "data=sharded: a rank sees only its own shard"
+    if routing != "auto":
+        return routing, f"routing={routing} (asked)"
+    chosen = "host" if world_size <= HOST_ROUTING_MAX_RANKS else "exchanged"
+    return chosen, f"routing=auto: host at <= {HOST_ROUTING_MAX_RANKS} ranks, else exchanged ({world_size} ranks)"
+
+
+class OwnRequest:
+    """step -> StepInput whose `aux` holds this rank's own Request for the step (no
+    Service: the step exchanges the requests). O(local batch + N) per step."""
+
+    def __init__(self, balanced, layout: RowLayout, chunks: int) -> None:
+        self.balanced, self.layout, self.chunks = balanced, layout, chunks
+        self.rank = balanced.rank
+
+    def __call__(self, step: int) -> StepInput:
+        local, plan = self.balanced.share(step, self.rank)
+        req = build_request(local, self.layout, self.chunks)
+        req.batch = None  # travels as the step's batch; the trainer puts it back
+        return StepInput(step, [local], local.batch_size, local.num_targets,
+                         self.balanced.plan_stats(plan), aux={"request": req})
 
 
 class RoutedShare:

@@ -15,6 +15,8 @@ The dense part is replicated under DDP; the tables live in shards
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
@@ -26,9 +28,9 @@ from fsbench.models.init import materialize
 from fsbench.training.optim import make_optimizer
 from fsbench.measurement.timeline import span
 from fsbench.training.trainer import StepInput, StepStats
-from freescale_impl.embedding_exchange import ShardedEmbeddings
+from freescale_impl.embedding_exchange import Request, Service, ShardedEmbeddings, build_request
 from freescale_impl.sharded_tables import LocalShard, RowLayout, gather_tables
-from freescale_impl.transport import make_transport
+from freescale_impl.transport import Pending, make_transport
 
 
 def build_dense(run: RunConfig, device: torch.device) -> torch.nn.Module:
@@ -40,6 +42,17 @@ def build_dense(run: RunConfig, device: torch.device) -> torch.nn.Module:
     dense = materialize(model.dense)
     dense.init_weights(run.seed)
     return dense.to(device)
+
+
+@dataclass
+class Routed:
+    """A step whose requests are being exchanged (exchanged routing)."""
+    prepared: StepInput
+    req: Request
+    counts: Pending | None = None
+    svc: Service | None = None
+    ids: Pending | None = None
+    rows_sent: bool = False  # its rows are on their way (priority, sent during the step before)
 
 
 class ShardedTableTrainer:
@@ -59,24 +72,39 @@ class ShardedTableTrainer:
         self.engine = ShardedEmbeddings(layout, shard, make_transport(opts.transport, group, ctx.device),
                                         group, ctx.rank, opts.chunks or (4 if ctx.device.type == "cuda" else 1), overlap=opts.overlap == "on",
                                         priority=opts.priority == "on")
-        self.ahead = None  # (StepInput, Request, Service) of the next step, when prepared
-
-    def begin(self, prepared: StepInput):
-        """A step nothing was sent for yet (the first, or every step without priority):
-        its requests (computed by the input stage, else exchanged), then its rows."""
-        engine, batch = self.engine, prepared.batches[0]
-        if prepared.aux is not None:
-            req, svc = engine.adopt(batch, prepared.aux)
-            if engine.priority:
-                engine.send_final(req, svc)
-            engine.send_fresh(req, svc)
-            return req, svc
-        req, svc, ids = engine.request(batch)
-        engine.serve(svc, ids)
-        engine.fetch_all(req, svc)
-        return req, svc
+        self.ahead = None  # host routing: (StepInput, Request, Service) of the next step
+        self.exchanged: list[Routed] = []  # exchanged routing: this step's, then the next
+        self.host_routed: bool | None = None  # known at the first step
 
     def step(self, inputs) -> StepStats:
+        if self.host_routed is None:
+            self.host_routed = self._first_step(inputs)
+        return self._step_host_routed(inputs) if self.host_routed else self._step_exchanged(inputs)
+
+    def _first_step(self, inputs) -> bool:
+        """Pull the first step: the input stage routed it (host) or left its requests to
+        exchange. Returns whether it was routed."""
+        first = next(inputs)
+        if first.aux is not None and "service" in first.aux:
+            self.ahead = (first, *self.begin(first))
+            return True
+        self.exchanged = [self._requested(first)]
+        self._advance_ids(self.exchanged[0])
+        self.engine.serve(self.exchanged[0].svc, self.exchanged[0].ids)
+        return False
+
+    # -- host routing: every rank's routing known ahead (freescale_impl.routing.RoutedShare)
+    def begin(self, prepared: StepInput):
+        """A step nothing was sent for yet (the first, or every step without priority):
+        its rows, by the routing the input stage computed."""
+        engine, batch = self.engine, prepared.batches[0]
+        req, svc = engine.adopt(batch, prepared.aux)
+        if engine.priority:
+            engine.send_final(req, svc)
+        engine.send_fresh(req, svc)
+        return req, svc
+
+    def _step_host_routed(self, inputs) -> StepStats:
         engine = self.engine
         if self.ahead is not None:
             prepared, req, svc = self.ahead
@@ -87,28 +115,77 @@ class ShardedTableTrainer:
         batch = prepared.batches[0]
         if not engine.overlap:
             engine.wait_all(req)  # the blocking version: every row before the forward
-        upcoming = exchanged = None
+        upcoming = None
         if engine.priority and prepared.step + 1 < self.run.workload.steps:
             nxt: StepInput = next(inputs)  # pulled one step ahead (an input span)
-            if nxt.aux is not None:  # routing known: final rows for k+1 go now
-                upcoming = (nxt, *engine.adopt(nxt.batches[0], nxt.aux))
-                engine.send_final(*upcoming[1:])
-            else:  # requests must be exchanged; final rows go after the forward
-                nreq, nsvc, exchanged = engine.request(nxt.batches[0])
-                upcoming = (nxt, nreq, nsvc)
+            upcoming = (nxt, *engine.adopt(nxt.batches[0], nxt.aux))
+            engine.send_final(*upcoming[1:])  # routing known: final rows for k+1 go now
         with span("forward"):
             loss = self.dense(engine.lookups(req), batch)
-        if exchanged is not None:
-            _, nreq, nsvc = upcoming
-            engine.serve(nsvc, exchanged)
-            engine.split_and_send_final(nreq, nsvc, touched=torch.unique(svc.local))
-        engine.prepare_gradients(req, svc)
-        with span("backward"):
-            loss.backward()
-        engine.finish_gradients(req, svc)
+        self._backward_and_update(loss, req, svc)
         if upcoming is not None:
             engine.send_fresh(*upcoming[1:])  # rows this update changed, first in line
             self.ahead = upcoming
+        return self._dense_step(loss, prepared)
+
+    # -- exchanged routing: each rank knows its own requests (OwnRequest, data=sharded) --
+    def _requested(self, prepared: StepInput) -> "Routed":
+        """A pulled step: its request (built by the input stage, else here), counts issued."""
+        req = prepared.aux["request"] if prepared.aux is not None else None
+        if req is None:
+            with span("emb.route", kind="compute"):
+                req = build_request(prepared.batches[0], self.layout, self.engine.chunks)
+        req.batch = prepared.batches[0]
+        return Routed(prepared, req, counts=self.engine.send_counts(req))
+
+    def _advance_ids(self, r: "Routed") -> None:
+        r.svc, r.ids = self.engine.send_ids(r.req, r.counts)
+
+    def _step_exchanged(self, inputs) -> StepStats:
+        """Step k with its requests exchanged over the steps before it, so that no wait
+        sits on the critical path: k+1's ids went out after k-1's forward, k+2's counts go
+        out now and its ids after k's forward; with priority k+1's fresh masks go out now,
+        are read after k's forward, and its final rows fly during k's backward.
+        `self.exchanged` holds k (served; rows sent unless first or without priority),
+        then k+1 (ids in flight)."""
+        engine, steps = self.engine, self.run.workload.steps
+        cur = self.exchanged.pop(0)
+        nxt = self.exchanged.pop(0) if self.exchanged else None
+        if nxt is None and cur.prepared.step + 1 < steps:  # the first step: pull k+1 too
+            nxt = self._requested(next(inputs))
+            self._advance_ids(nxt)
+        if not cur.rows_sent:
+            engine.fetch_all(cur.req, cur.svc)
+        if not engine.overlap:
+            engine.wait_all(cur.req)  # the blocking version: every row before the forward
+        if nxt is not None:
+            engine.serve(nxt.svc, nxt.ids)  # issued a whole backward ago
+        after = (self._requested(next(inputs))
+                 if cur.prepared.step + 2 < steps else None)  # k+2: an input span, counts out
+        mask = (engine.send_fresh_mask(nxt.req, nxt.svc, touched=torch.unique(cur.svc.local))
+                if engine.priority and nxt is not None else None)
+        with span("forward"):
+            loss = self.dense(engine.lookups(cur.req), cur.prepared.batches[0])
+        if mask is not None:
+            engine.adopt_fresh_mask(nxt.req, nxt.svc, mask)
+            engine.send_final(nxt.req, nxt.svc)  # in flight during the backward
+        if after is not None:
+            self._advance_ids(after)
+        self._backward_and_update(loss, cur.req, cur.svc)
+        if mask is not None:
+            engine.send_fresh(nxt.req, nxt.svc)  # rows this update changed, first in line
+            nxt.rows_sent = True
+        self.exchanged = [r for r in (nxt, after) if r is not None]
+        return self._dense_step(loss, cur.prepared)
+
+    # -- both -----------------------------------------------------------------------------
+    def _backward_and_update(self, loss: torch.Tensor, req, svc) -> None:
+        self.engine.prepare_gradients(req, svc)
+        with span("backward"):
+            loss.backward()
+        self.engine.finish_gradients(req, svc)
+
+    def _dense_step(self, loss: torch.Tensor, prepared: StepInput) -> StepStats:
         with span("optimizer"):
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)

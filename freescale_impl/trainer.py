@@ -49,7 +49,7 @@ from fsbench.workloads.batch import JaggedBatch, concat_batches, contiguous_spli
 from freescale_impl import partition
 from freescale_impl.window import WindowStep, lookahead_window
 from freescale_impl.balance import CostModel, analytical_cost, cost_model
-from freescale_impl.routing import RoutedShare
+from freescale_impl.routing import OwnRequest, RoutedShare, choose_routing
 from freescale_impl.sample_exchange import exchange_samples
 from freescale_impl.sharded_step import ShardedTableTrainer
 from freescale_impl.sharded_tables import SPARSE_OPTIMIZERS
@@ -89,6 +89,11 @@ class FreeScaleOptions(TrainerOptions):
     """Pieces each step's embedding exchange is cut into, in the model's reading order
     (0: auto, 1 on CPU and 4 on CUDA)."""
     transport: Literal["collective", "sm_free"] = "collective"
+    routing: Literal["auto", "host", "exchanged"] = "auto"
+    """Sharded tables, replicated input: who learns what each owner serves. host: every
+    rank's input stage computes every rank's requests (O(N x local batch)); exchanged:
+    its own only, the owners told by a request exchange pipelined over earlier steps;
+    auto: host at few ranks, else exchanged (the measured rule in docs/freescale.md)."""
 
     def check(self, prefix: str) -> None:
         if self.priority == "on" and self.overlap == "off":
@@ -96,6 +101,9 @@ class FreeScaleOptions(TrainerOptions):
                               f"{prefix}.priority=off for the blocking version)")
         if self.tables == "sharded" and self.micro_batches != 1:
             raise ConfigError(f"{prefix}.micro_batches > 1 needs {prefix}.tables=replicated")
+        if self.data == "sharded" and self.routing == "host":
+            raise ConfigError(f"{prefix}.routing=host needs {prefix}.data=replicated (a rank "
+                              "that reads only its shard cannot route the others' samples)")
         if self.data == "sharded" and self.window != 1:
             raise ConfigError(f"{prefix}.window > 1 needs {prefix}.data=replicated (a window "
                               "reads future batches, which a rank's shard does not hold)")
@@ -303,6 +311,7 @@ class FreeScaleTrainer(DataParallelTrainer):
         if self.sharded:
             self.ctx, self.run, self.source = ctx, run, source
             self.tables = ShardedTableTrainer(ctx, run, opts)
+            self.routing, self.routing_rule = choose_routing(opts.routing, ctx.world_size, opts.data)
         else:
             super().setup(ctx, run, source)
         self.step_alignment = opts.window
@@ -312,7 +321,7 @@ class FreeScaleTrainer(DataParallelTrainer):
         if ctx.is_main:
             tables = (f"tables=sharded/{opts.sharding} overlap={opts.overlap} "
                       f"priority={opts.priority} chunks={self.tables.engine.chunks} "
-                      f"transport={opts.transport}"
+                      f"transport={opts.transport} routing={self.routing}"
                       if self.sharded else "tables=replicated")
             print(f"freescale: balance={opts.balance} partitioner={opts.partitioner} "
                   f"window={opts.window} data={opts.data} {tables} cost model: "
@@ -323,9 +332,11 @@ class FreeScaleTrainer(DataParallelTrainer):
     def make_preparer(self) -> Preparer:
         if self.options.data == "sharded":
             return ShardLengths(self.source, self.ctx.rank, self.ctx.world_size)
-        if self.sharded:  # the plan, and the all-to-all routing every rank can compute
+        if self.sharded and self.routing == "host":  # every rank's routing, computed here
             return RoutedShare(self.balanced, self.tables.layout, self.tables.engine.chunks,
                                self.tables.engine.priority)
+        if self.sharded:  # the plan and this rank's own request; the step exchanges them
+            return OwnRequest(self.balanced, self.tables.layout, self.tables.engine.chunks)
         return self.balanced
 
     def describe(self) -> dict:
@@ -333,7 +344,8 @@ class FreeScaleTrainer(DataParallelTrainer):
         if not self.sharded:
             return {"tables": "replicated"}
         return {"tables": "sharded", "sharding": self.options.sharding,
-                "chunks": self.tables.engine.chunks, "transport": self.tables.engine.transport.name}
+                "chunks": self.tables.engine.chunks, "transport": self.tables.engine.transport.name,
+                "routing": self.routing, "routing_rule": self.routing_rule}
 
     def trained_model(self) -> torch.nn.Module | None:
         """The trained model as a CPU `RecModel` on rank 0 (None elsewhere); sharded

@@ -136,15 +136,23 @@ def test_overlapped_prioritized_equals_blocking_and_ddp(tmp_path, rank_pythonpat
     # data=sharded: no rank knows the others' requests, so they are exchanged (counts,
     # ids, fresh masks) instead of computed by the input stage; same function.
     exchanged, _ = _losses(tmp_path, "freescale", 2, data="sharded")
+    # routing=exchanged: replicated input, but each rank's input stage builds only its own
+    # request and the step exchanges them, pipelined over the steps before (the path at
+    # scale); with chunks, so that gradient chunks still leave from inside backward.
+    own, own_dir = _losses(tmp_path, "freescale", 2, chunks=3, routing="exchanged")
     assert len(full) == 20
     assert np.max(np.abs(full - blocking) / np.abs(blocking)) <= 1e-6
     assert np.max(np.abs(exchanged - blocking) / np.abs(blocking)) <= 1e-6
+    assert np.max(np.abs(own - blocking) / np.abs(blocking)) <= 1e-6
     assert np.max(np.abs(full - ddp) / np.abs(ddp)) <= 1e-5  # all-reduce vs a2a sum order
 
     # What really ran is in the manifest.
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["trainer_ran"] == {"tables": "sharded", "sharding": "row", "chunks": 3,
-                                       "transport": "collective"}
+    assert manifest["trainer_ran"] == {
+        "tables": "sharded", "sharding": "row", "chunks": 3, "transport": "collective",
+        "routing": "host", "routing_rule": "routing=auto: host at <= 2 ranks, else exchanged (2 ranks)"}
+    own_ran = json.loads((own_dir / "manifest.json").read_text())["trainer_ran"]
+    assert (own_ran["routing"], own_ran["routing_rule"]) == ("exchanged", "routing=exchanged (asked)")
 
     # The order the technique promises, read from the timeline of the full run:
     spans = read_timelines(run_dir)
@@ -167,3 +175,29 @@ def test_overlapped_prioritized_equals_blocking_and_ddp(tmp_path, rank_pythonpat
         # gradient chunks are sent from inside backward (nested issue spans)
         grads = s[s["name"].str.match(r"emb\.grad_c\d+\.issue") & s["nested"]]
         assert len(grads) > 0
+
+
+def test_exchanged_routing_keeps_every_wait_off_the_critical_path(tmp_path, rank_pythonpath):
+    """routing=exchanged at 4 ranks (uneven and empty shares: yelp lengths, 12 samples):
+    the losses equal the blocking version's, and the timeline shows the pipeline: step
+    k+2's counts and k+1's fresh masks go out before k's forward, k+2's ids and k+1's
+    final rows between k's forward and backward, and k+1's fresh rows after k's update."""
+    blocking, _ = _losses(tmp_path, "freescale", 4, overlap="off", priority="off")
+    own, run_dir = _losses(tmp_path, "freescale", 4, chunks=2, routing="exchanged")
+    assert np.max(np.abs(own - blocking) / np.abs(blocking)) <= 1e-6
+    spans = read_timelines(run_dir)
+    for rank in range(4):
+        s = spans[spans["rank"] == rank]
+        for k in range(1, 17):
+            step = s[s["step"] == k]
+            first = lambda name: step[step["name"] == name]["start_ns"].min()  # noqa: E731
+            forward = step[step["name"] == "forward"].iloc[0]
+            fwd_end = forward["start_ns"] + forward["dur_ns"]
+            bwd_start = first("backward")
+            update_end = step[step["name"] == "sparse_optimizer"].eval("start_ns + dur_ns").max()
+            assert first("emb.counts.issue") < forward["start_ns"]
+            assert first("emb.fresh_mask.issue") < forward["start_ns"]
+            assert fwd_end <= first("emb.ids.issue") < bwd_start
+            assert fwd_end <= first("emb.fetch_final.issue") < bwd_start
+            fresh = step[step["name"].str.match(r"emb\.fetch_c\d+\.issue")]
+            assert len(fresh) and fresh["start_ns"].min() >= update_end
