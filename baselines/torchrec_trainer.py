@@ -319,6 +319,18 @@ class TorchRecTrainer:
         """Sharded tables updated by the fused optimizer inside backward: no gradient kept."""
         return sharded("row" if options["sharding"] == "row_wise" else "table")
 
+    @staticmethod
+    def sim_profile(options: dict[str, str], world_size: int):
+        """What `fsbench simulate` models of TorchRec: a contiguous split, sharded tables
+        whose lookups' all-to-all the forward waits for (blocking), and the input dist:
+        ids bucketed on the device, a split all-to-all of lengths and ids in the sparse
+        pipeline's previous-step slot (no host routing). pipeline=base issues it inside
+        the step; it is modelled as the sparse pipeline."""
+        from fsbench.scaling.sim_inputs import SimProfile
+
+        return SimProfile(tables=TorchRecTrainer.table_memory(options, world_size),
+                          exchange="blocking", input_exchange="device")
+
     notes = (
         "TorchRec DMP + train pipeline, fused (fbgemm) table updates inside backward. Spans: "
         "forward, backward and optimizer are compute and partition the work of progress() "

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from fsbench.models.sparse import ITEM, USER, EmbeddingLookups, context_table
@@ -135,47 +136,69 @@ def all_rows(batch: JaggedBatch, layout: RowLayout) -> torch.Tensor:
 
 
 def build_request(batch: JaggedBatch, layout: RowLayout, chunks: int) -> Request:
-    """The step's request and its host plan (ahead of the step: reads values to the host)."""
+    """The step's request and its host plan (ahead of the step: reads values to the host).
+
+    O(local ids + N). In numpy on the host: its sorts are several times faster than
+    torch's at these sizes (a rank's ~20k ids: `fsbench micro input-stage`); the tensors
+    are zero-copy views, moved to the batch's device at the end."""
     ids = rows_by_use(batch, layout)
-    flat = torch.cat([ids[u] for u in USES])
-    uniq, inverse = torch.unique(flat, return_inverse=True)
-    n_uniq = uniq.numel()
-    positions = torch.arange(flat.numel(), device=flat.device)
-    first_use = torch.full((n_uniq,), flat.numel(), dtype=torch.int64, device=flat.device)
-    first_use.scatter_reduce_(0, inverse, positions, reduce="amin")
-    order_rank = torch.empty_like(first_use)
-    order_rank[torch.argsort(first_use)] = torch.arange(n_uniq, device=flat.device)
+    use_sizes = [ids[u].numel() for u in USES]
+    # A host copy of the ids: on a GPU a sync, outside any forward or backward.
+    flat = torch.cat([ids[u] for u in USES]).cpu().numpy()
+    uniq, inverse = np.unique(flat, return_inverse=True)
+    n_uniq = uniq.size
+    # Each unique row's first use (the smallest position of its ids), then its rank in
+    # reading order.
+    first_use = torch.full((n_uniq,), flat.size, dtype=torch.int64).scatter_reduce_(
+        0, torch.from_numpy(inverse), torch.arange(flat.size), reduce="amin").numpy()
+    order_rank = np.empty(n_uniq, dtype=np.int64)
+    order_rank[np.argsort(first_use)] = np.arange(n_uniq)  # first uses are distinct
     chunk = order_rank * chunks // max(n_uniq, 1)  # equal pieces in reading order
-    owner = layout.owner(uniq)
-    send_order = torch.argsort((owner * chunks + chunk) * max(n_uniq, 1) + order_rank)
-    entry_of_uniq = torch.empty_like(send_order)
-    entry_of_uniq[send_order] = torch.arange(n_uniq, device=flat.device)
+    owner = layout.owner(torch.from_numpy(uniq)).numpy()
+    # Entries by owner, then chunk, then first use (keys distinct: any sort will do).
+    send_order = np.argsort((owner * chunks + chunk) * max(n_uniq, 1) + order_rank)
+    entry_of_uniq = np.empty(n_uniq, dtype=np.int64)
+    entry_of_uniq[send_order] = np.arange(n_uniq)
     entry_of_id = entry_of_uniq[inverse]
-    use_entry = dict(zip(USES, entry_of_id.split([ids[u].numel() for u in USES])))
-    counts = torch.bincount(owner * chunks + chunk, minlength=layout.world_size * chunks)
+    use_entry = dict(zip(USES, np.split(entry_of_id, np.cumsum(use_sizes)[:-1])))
+    counts = np.bincount(owner * chunks + chunk, minlength=layout.world_size * chunks)
+    counts = counts.reshape(layout.world_size, chunks)
     chunk = chunk[send_order]
     # A chunk's leaf holds its entries in entry order (by owner: the gradients' send order).
-    by_chunk = torch.argsort(chunk, stable=True)
-    sizes = torch.bincount(chunk, minlength=chunks)
-    starts = torch.cumsum(sizes, 0) - sizes
-    pos_in_chunk = torch.empty_like(chunk)
-    pos_in_chunk[by_chunk] = torch.arange(n_uniq, device=flat.device) - starts[chunk[by_chunk]]
-    sizes_h, counts_h = sizes.tolist(), counts.view(layout.world_size, chunks).tolist()
+    arange = np.arange(n_uniq)
+    by_chunk = np.argsort(chunk, kind="stable") if chunks > 1 else arange
+    sizes = np.bincount(chunk, minlength=chunks)
+    starts = np.cumsum(sizes) - sizes
+    pos_in_chunk = np.empty(n_uniq, dtype=np.int64)
+    pos_in_chunk[by_chunk] = arange - starts[chunk[by_chunk]]
+    sizes_h = sizes.tolist()
     # Each use reads the concatenation of the leaves of the chunks it touches, ascending.
+    # (Host lists of N entries come from one array call each: Python loops over the
+    # ranks would make the request O(N) in interpreter time at 1,024 ranks.)
     use_chunks, use_index = {}, {}
     for u in USES:
-        needed = torch.unique(chunk[use_entry[u]]).tolist()
-        offset = torch.zeros(chunks, dtype=torch.int64, device=flat.device)
-        at = 0
-        for c in needed:
-            offset[c] = at
-            at += sizes_h[c]
+        used = chunk[use_entry[u]]
+        needed = np.flatnonzero(np.bincount(used, minlength=chunks)).tolist()
+        offset = np.zeros(chunks, dtype=np.int64)
+        offset[needed] = np.cumsum([0] + [sizes_h[c] for c in needed[:-1]])
         use_chunks[u] = needed
-        use_index[u] = offset[chunk[use_entry[u]]] + pos_in_chunk[use_entry[u]]
-    return Request(batch, uniq[send_order], owner[send_order], chunk,
-                   counts.view(layout.world_size, chunks), [sum(row) for row in counts_h],
-                   [[row[c] for row in counts_h] for c in range(chunks)], sizes_h,
-                   list(by_chunk.split(sizes_h)), use_chunks, use_index)
+        use_index[u] = offset[used] + pos_in_chunk[use_entry[u]]
+    device = batch.item_ids.device
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+    return Request(batch, t(uniq[send_order]), t(owner[send_order]), t(chunk), t(counts),
+                   counts.sum(1).tolist(), counts.T.tolist(), sizes_h,
+                   [t(e) for e in np.split(by_chunk, np.cumsum(sizes)[:-1])],
+                   use_chunks, {u: t(i) for u, i in use_index.items()})
+
+
+def service_of(counts_in: torch.Tensor, n: int, chunks: int) -> Service:
+    """An owner's service, its rows still unknown, from the counts each of the n requesters
+    sends it per chunk ((n, chunks), on the host): entries arrive by requester, then chunk,
+    so each entry's (src, chunk) label follows from the counts alone. O(entries + n)."""
+    per = counts_in.reshape(-1)
+    return Service(local=torch.empty(0, dtype=torch.int64),
+                   src=torch.arange(n).repeat_interleave(chunks).repeat_interleave(per),
+                   chunk=torch.arange(chunks).repeat(n).repeat_interleave(per))
 
 
 def _fetch(name: str, sel_req: torch.Tensor, sel_srv: torch.Tensor, req_owner: torch.Tensor,
@@ -244,11 +267,7 @@ class ShardedEmbeddings:
         service without its rows (`serve` fills them in) and the ids in flight."""
         counts_in = counts.wait().cpu()  # (N requesters, chunks); host values: the splits
         with span("emb.route", kind="compute"):
-            per = counts_in.reshape(-1)
-            # Entries arrive by requester, then chunk: one (src, chunk) label per entry.
-            svc = Service(local=torch.empty(0, dtype=torch.int64),
-                          src=torch.arange(self.n).repeat_interleave(self.chunks).repeat_interleave(per),
-                          chunk=torch.arange(self.chunks).repeat(self.n).repeat_interleave(per))
+            svc = service_of(counts_in, self.n, self.chunks)
             recv = counts_in.sum(1).tolist()
         ids = self.control.all_to_all(req.rows, req.send_counts, recv, "emb.ids")
         self._new_buffer(req)

@@ -17,6 +17,8 @@ exchanged  (`OwnRequest`) The rank builds only its own request (O(local batch + 
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from fsbench.training.trainer import StepInput
@@ -51,10 +53,13 @@ def route(batches: list[JaggedBatch], rank: int, layout: RowLayout, chunks: int,
 
 
 # `routing=auto` routes on the host up to this many ranks, and exchanges requests beyond.
-# Measured (`fsbench micro input-stage --routing host,exchanged`, results/input_stage_cpu.md):
-# the host route costs O(N x local batch) and outgrows the exchanged stage (own request
-# plus the owner's service preparation on the rank's thread) from a few ranks on.
-HOST_ROUTING_MAX_RANKS = 2
+# Measured on the 2-core VM (results/input_stage_cpu.md): at 2 ranks the host route
+# already costs twice the exchanged stage's CPU (`fsbench micro input-stage --routing
+# host,exchanged`: medium 9.7 against 2.5 + 1.9 ms; small 3.3 against 1.0 + 0.9 ms in
+# real runs), and real 2-rank runs of `small` were no faster with it (paired, normalized
+# step times 252/473/504 ms host against 251/437/446 ms exchanged). Only a single rank,
+# which exchanges nothing, keeps it.
+HOST_ROUTING_MAX_RANKS = 1
 
 
 def choose_routing(routing: str, world_size: int, data: str) -> tuple[str, str]:
@@ -77,11 +82,14 @@ class OwnRequest:
         self.rank = balanced.rank
 
     def __call__(self, step: int) -> StepInput:
-        local, plan = self.balanced.share(step, self.rank)
+        local, plan, read_ms = self.balanced.read(step)
+        cpu0 = time.thread_time_ns()
         req = build_request(local, self.layout, self.chunks)
+        route_ms = (time.thread_time_ns() - cpu0) / 1e6
         req.batch = None  # travels as the step's batch; the trainer puts it back
         return StepInput(step, [local], local.batch_size, local.num_targets,
-                         self.balanced.plan_stats(plan), aux={"request": req})
+                         {**self.balanced.plan_stats(plan), "read_ms": read_ms, "route_ms": route_ms},
+                         aux={"request": req})
 
 
 class RoutedShare:
@@ -93,6 +101,8 @@ class RoutedShare:
         self._touched: tuple[int, torch.Tensor] | None = None  # (step, rows it reads)
 
     def __call__(self, step: int) -> StepInput:
+        _, _, read_ms = self.balanced.read(step)  # this rank's own samples
+        cpu0 = time.thread_time_ns()
         shares = [self.balanced.share(step, r) for r in range(self.n)]
         # Fresh: rows the previous step reads, so its update may change them. Without
         # priority every row is fetched after the previous update anyway.
@@ -101,9 +111,11 @@ class RoutedShare:
                                   before, final=self.priority)
         self._touched = (step, touched)
         local, plan = shares[self.rank]
+        route_ms = (time.thread_time_ns() - cpu0) / 1e6  # every rank's samples and requests
         req.batch = None  # travels as the step's batch; the trainer puts it back
         return StepInput(step, [local], local.batch_size, local.num_targets,
-                         self.balanced.plan_stats(plan), aux={"request": req, "service": svc})
+                         {**self.balanced.plan_stats(plan), "read_ms": read_ms, "route_ms": route_ms},
+                         aux={"request": req, "service": svc})
 
     def touched(self, step: int) -> torch.Tensor:
         """Global rows any rank reads at `step` (cached from the previous call)."""

@@ -1,21 +1,31 @@
-"""What FreeScale's routed input stage costs beyond its plan, timed for `fsbench simulate`.
+"""What FreeScale's input stage costs one rank per step, timed on this machine's CPU (one
+thread, warm): for `fsbench micro input-stage` and for `fsbench simulate`.
 
-With sharded tables and replicated input, every rank's loader worker computes the whole
-step's all-to-all routing (`freescale_impl.routing.RoutedShare`): each rank's planned
-samples, every rank's request, this rank's service. That work grows with the ranks (a
-request per rank) and with the global batch's tokens (every rank's rows are read), and it
-is input-stage work: the simulator books it where the plan's time goes (input stall once
-it outlasts the step; on `local`, the loader worker's CPU). So it is timed, here, on this
-machine's CPU (one thread, warm), with the real `RoutedShare` at the simulated world size:
-the median of three steps (one step's timing moved by half between repeats on the 2-core
-VM).
+A rank's input stage, by routing (freescale_impl.routing):
 
-A global batch of more than `TIMED_TOKENS` tokens is not routed whole (at 1,024 ranks x
-512 samples that is ~90 million ids): the routing is timed at two smaller global batches
-at the same world size, one eighth and all of `TIMED_TOKENS` (each the median of three
-steps: with the two at a half and the whole, one step each, the line's slope moved so
-much that 512 ranks came out at a fifth of 256's), and the line through them in tokens
-is followed to the simulated batch's (`extrapolated` says so).
+  plan   the cost model and the partitioner over the global batch's lengths (every
+         routing; `BalancedShare.plan`, timed by the balancer itself);
+  read   selecting this rank's planned samples from the global batch by index (what a
+         data loader reads; `BalancedShare.read`);
+  route  the rest of the loader worker's work: host routing (`RoutedShare`) selects every
+         other rank's samples, builds every rank's request and this rank's service (O(N x
+         local batch)); exchanged routing (`OwnRequest`) builds its own request (O(local
+         batch + N));
+  prep   exchanged only: the owner's preparation on the rank's own thread once the
+         requests arrive (its service from the counts, the ids' local rows, the fresh
+         mask, the messages' plan: O(entries it serves + N)); the real functions the step
+         calls (`service_of`, `RowLayout.local_index`, `torch.isin`, `plan_fetches`) on
+         what the other ranks' real requests would send it, built untimed.
+
+The global batches are generated before the clock starts (reading data is not the input
+stage) and the plan's time is booked apart. Each figure is the median of `repeats` steps
+after one untimed step (it warms up and leaves the rows the next step finds fresh).
+
+A global batch of more than `TIMED_TOKENS` tokens is not timed whole (at 1,024 ranks x
+512 samples that is ~90 million ids): the stage is timed at two smaller global batches at
+the same world size, one eighth and all of `TIMED_TOKENS` (each the median of three
+steps), and the line through them in tokens is followed to the simulated batch's
+(`extrapolated` says so).
 """
 from __future__ import annotations
 
@@ -23,60 +33,141 @@ import dataclasses
 import statistics
 import time
 
+import torch
+
 TIMED_TOKENS = 1_000_000
-"""The largest global batch (in tokens) the simulator routes whole; beyond, the line."""
+"""The largest global batch (in tokens) the simulator times whole; beyond, the line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StageTimes:
+    """One rank's input stage per step (CPU ms): the loader worker's routing beyond the
+    plan, and the rank thread's exchange preparation."""
+    route_ms: float
+    prep_ms: float = 0.0
+    extrapolated: bool = False
 
 
 class _Held:
-    """Global batches generated before the clock starts: the routing is timed, not the
-    generator (a harness stand-in for reading the data)."""
+    """The global batch of the step about to be timed, generated before the clock starts
+    (a harness stand-in for reading the data); one at a time, to bound memory."""
 
-    def __init__(self, source, steps: range) -> None:
-        self.batches = {k: source.global_batch(k) for k in steps}
+    def __init__(self, source) -> None:
+        self.source, self.step, self.batch = source, None, None
+
+    def load(self, step: int):
+        if self.step != step:
+            self.step, self.batch = step, self.source.global_batch(step)
+        return self.batch
 
     def global_batch(self, step: int):
-        return self.batches[step]
+        return self.load(step)
 
 
-def _routing_ms(workload, n: int, seed: int, cost, opts, chunks: int,
-                repeats: int = 1) -> tuple[float, float]:
-    """(CPU ms one rank's input stage spends on a step beyond planning it, the median over
-    steps 1..repeats; their global batches' mean tokens). Step 0 runs first, untimed: it
-    warms up and leaves the rows step 1 finds fresh."""
+def time_steps(workload, n: int, seed: int, cost, opts, chunks: int, routing: str,
+               repeats: int, rank: int = 0) -> list[dict]:
+    """Rank `rank`'s input stage at world size n on `workload`'s global batches, one dict per
+    timed step (steps 1..repeats; step 0 runs untimed first): plan_ms, read_ms, route_ms,
+    prep_ms (thread CPU ms), and the step's global and local tokens."""
     from fsbench.models.sparse import table_specs
     from fsbench.workloads.generator import SyntheticBatches
-    from freescale_impl.routing import RoutedShare
+    from freescale_impl.balanced_share import BalancedShare
+    from freescale_impl.routing import OwnRequest, RoutedShare
     from freescale_impl.sharded_tables import RowLayout
-    from freescale_impl.trainer import BalancedShare
 
-    source = _Held(SyntheticBatches(workload, seed), range(repeats + 1))
-    balanced = BalancedShare(source, 0, n, cost, opts, steps=repeats + 1)
+    held = _Held(SyntheticBatches(workload, seed))
+    balanced = BalancedShare(held, rank, n, cost, opts, steps=repeats + 1)
     layout = RowLayout(table_specs(workload.model.dim, workload.item_vocab, workload.user_vocab,
                                    workload.context_vocabs), n, opts.sharding)
-    routed = RoutedShare(balanced, layout, chunks, opts.priority == "on")
-    routed(0)  # its plan_stats reset the planning clock
-    times = []
-    for step in range(1, repeats + 1):
+    stage = (RoutedShare(balanced, layout, chunks, opts.priority == "on") if routing == "host"
+             else OwnRequest(balanced, layout, chunks))
+    # The owner's view plans with a balancer of its own: the timed stage's plan is timed.
+    owner = (_Owner(BalancedShare(held, rank, n, cost, opts, steps=repeats + 1), layout, chunks, rank)
+             if routing == "exchanged" else None)
+    rows = []
+    for step in range(repeats + 1):
+        held.load(step)
+        item = stage(step)  # times its parts itself (extra: plan_ms, read_ms, route_ms)
+        prep_ms = 0.0
+        if owner is not None:  # what the others send this owner (untimed), then its preparation
+            prep_ms = owner.prepare(item.aux["request"], owner.arrivals(step))
+        if step == 0:
+            continue
+        rows.append({**{k: item.extra[k] for k in ("plan_ms", "read_ms", "route_ms")}, "prep_ms": prep_ms,
+                     "global_tokens": int(held.batch.lengths.sum()), "local_tokens": item.num_targets,
+                     "local_samples": item.num_samples})
+    return rows
+
+
+class _Owner:
+    """What rank `rank` receives as an owner under exchanged routing, built from the other
+    ranks' real requests (untimed), and its preparation of them on its thread (timed)."""
+
+    def __init__(self, balanced, layout, chunks: int, rank: int) -> None:
+        self.balanced, self.layout, self.chunks, self.rank = balanced, layout, chunks, rank
+        self.touched_global = None  # global rows any rank read at the previous step
+        self.touched_local = None   # this owner's local rows asked for at the previous step
+
+    def arrivals(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(counts each requester sends me per chunk, the ids in arrival order, every global
+        row read at this step)."""
+        from freescale_impl.embedding_exchange import all_rows, build_request
+
+        counts, ids = [], []
+        for r in range(self.balanced.world_size):
+            req = build_request(self.balanced.share(step, r)[0], self.layout, self.chunks)
+            counts.append(req.counts[self.rank])
+            ids.append(req.rows[req.owner == self.rank])  # by owner, then chunk: mine in order
+        batch = self.balanced.source.global_batch(step)
+        return torch.stack(counts), torch.cat(ids), torch.unique(all_rows(batch, self.layout))
+
+    def prepare(self, req, served) -> float:
+        """CPU ms of the owner's preparation of one step, as the step does it."""
+        from freescale_impl.embedding_exchange import plan_fetches, service_of
+
+        counts_in, ids, read_now = served
+        n = self.layout.world_size
         cpu0 = time.thread_time_ns()
-        item = routed(step)
-        # The plan is timed and booked apart (the simulator's planner); the rest is routing.
-        times.append(max(0.0, (time.thread_time_ns() - cpu0) / 1e6 - item.extra["plan_ms"]))
-    tokens = [float(source.batches[k].lengths.sum()) for k in range(1, repeats + 1)]
-    return statistics.median(times), statistics.mean(tokens)
+        svc = service_of(counts_in, n, self.chunks)
+        svc.local = self.layout.local_index(ids)
+        first = self.touched_local is None  # the first step: every row is fresh
+        svc.fresh = (torch.ones(ids.numel(), dtype=torch.bool) if first
+                     else torch.isin(svc.local, self.touched_local))
+        cpu_owner = time.thread_time_ns() - cpu0
+        # The mask the owners send back (what every owner computed for this rank's entries).
+        req.fresh = (torch.ones(req.rows.numel(), dtype=torch.bool) if first
+                     else torch.isin(req.rows, self.touched_global))
+        cpu0 = time.thread_time_ns()
+        plan_fetches(req, svc, n, self.chunks, final=not first)
+        cpu_plan = time.thread_time_ns() - cpu0
+        self.touched_global = read_now
+        self.touched_local = torch.unique(svc.local)
+        return (cpu_owner + cpu_plan) / 1e6
 
 
-def routing_ms(workload, n: int, seed: int, cost, opts, chunks: int,
-               expected_tokens: float) -> tuple[float, bool]:
-    """CPU ms per step that one rank's routed input stage spends beyond its plan at world
-    size n on `workload`'s global batch (`expected_tokens` of it), and whether it was
-    extrapolated (see the module's docstring)."""
+def _stage_ms(workload, n: int, seed: int, cost, opts, chunks: int, routing: str,
+              repeats: int = 3) -> tuple[float, float, float]:
+    """(median route ms, median prep ms, mean global tokens) over `repeats` timed steps."""
+    rows = time_steps(workload, n, seed, cost, opts, chunks, routing, repeats)
+    return (statistics.median(r["route_ms"] for r in rows), statistics.median(r["prep_ms"] for r in rows),
+            statistics.mean(r["global_tokens"] for r in rows))
+
+
+def stage_times(workload, n: int, seed: int, cost, opts, chunks: int, routing: str,
+                expected_tokens: float) -> StageTimes:
+    """One rank's routing and exchange preparation per step at world size n on `workload`'s
+    global batch (`expected_tokens` of it), by `routing` (see the module's docstring)."""
     batch = workload.global_batch_size
     if expected_tokens <= TIMED_TOKENS or batch < 16 * n:  # three steps: one is noisy here
-        return _routing_ms(workload, n, seed, cost, opts, chunks, repeats=3)[0], False
+        route, prep, _ = _stage_ms(workload, n, seed, cost, opts, chunks, routing)
+        return StageTimes(route, prep)
     per_sample = expected_tokens / batch
     big = max(8 * n, int(TIMED_TOKENS / per_sample))
-    points = [_routing_ms(dataclasses.replace(workload, global_batch_size=b), n, seed, cost, opts, chunks,
-                          repeats=3) for b in (max(n, big // 8), big)]
-    (ms_lo, tok_lo), (ms_hi, tok_hi) = points
-    slope = max(0.0, (ms_hi - ms_lo) / (tok_hi - tok_lo)) if tok_hi > tok_lo else 0.0
-    return ms_hi + slope * (expected_tokens - tok_hi), True
+    (r_lo, p_lo, tok_lo), (r_hi, p_hi, tok_hi) = [
+        _stage_ms(dataclasses.replace(workload, global_batch_size=b), n, seed, cost, opts, chunks, routing)
+        for b in (max(n, big // 8), big)]
+
+    def follow(lo: float, hi: float) -> float:
+        slope = max(0.0, (hi - lo) / (tok_hi - tok_lo)) if tok_hi > tok_lo else 0.0
+        return hi + slope * (expected_tokens - tok_hi)
+    return StageTimes(follow(r_lo, r_hi), follow(p_lo, p_hi), extrapolated=True)

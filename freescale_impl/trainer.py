@@ -45,17 +45,17 @@ from fsbench.scaling.sim_inputs import PlanInputs, SimProfile, contiguous_plan
 from fsbench.options import TrainerOptions
 from fsbench.measurement.timeline import span
 from fsbench.training.trainer import Preparer, StepInput, StepStats, measured_steps
-from fsbench.workloads.batch import JaggedBatch, concat_batches, contiguous_split
+from fsbench.workloads.batch import contiguous_split
 from freescale_impl import partition
-from freescale_impl.window import WindowStep, lookahead_window
-from freescale_impl.balance import CostModel, analytical_cost, cost_model
+from freescale_impl.window import lookahead_window
+from freescale_impl.balance import analytical_cost, cost_model
+from freescale_impl.balanced_share import PARTITIONERS, BalancedShare
 from freescale_impl.routing import OwnRequest, RoutedShare, choose_routing
 from freescale_impl.sample_exchange import exchange_samples
 from freescale_impl.sharded_step import ShardedTableTrainer
 from freescale_impl.sharded_tables import SPARSE_OPTIMIZERS
 from freescale_impl.transport import sm_free_unavailable
 
-PARTITIONERS = {"kk": partition.karmarkar_karp, "lpt": partition.lpt, "best": partition.best_of}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,95 +109,6 @@ class FreeScaleOptions(TrainerOptions):
                               "reads future batches, which a rank's shard does not hold)")
 
 
-class BalancedShare:
-    """FreeScale's input stage for one rank: step -> this rank's planned micro-batches.
-    Pure in the step (a window's plan is cached, and recomputed on a miss), picklable."""
-
-    def __init__(self, source, rank: int, world_size: int, cost: CostModel,
-                 opts: FreeScaleOptions, steps: int) -> None:
-        self.source, self.rank, self.world_size = source, rank, world_size
-        self.cost, self.opts, self.steps = cost, opts, steps
-        self.partitioner = PARTITIONERS[opts.partitioner]
-        self._window: tuple[int, list[JaggedBatch], list[list[int]], dict[int, WindowStep]] | None = None
-        self._planned: tuple[int, JaggedBatch, partition.Plan] | None = None  # last step's
-        self._planning_ns = 0  # planning since the last plan_stats: a window's, at its first step
-
-    def __call__(self, step: int) -> StepInput:
-        local, plan = self.share(step, self.rank)
-        micro = self.micro(local)
-        return StepInput(step, micro, local.batch_size, local.num_targets, self.plan_stats(plan))
-
-    def _timed(self, plan_fn, *args, **kwargs):
-        """Run a planner, adding its thread CPU time to what the next step reports: the
-        planner is pure CPU work, and CPU time does not count a busy neighbour's turns."""
-        t0 = time.thread_time_ns()
-        try:
-            return plan_fn(*args, **kwargs)
-        finally:
-            self._planning_ns += time.thread_time_ns() - t0
-
-    def share(self, step: int, rank: int) -> tuple[JaggedBatch, partition.Plan]:
-        """Rank `rank`'s planned samples at `step` (every rank can compute every rank's:
-        the plan is a function of the global batch alone)."""
-        if self.opts.window > 1 and self.opts.balance == "on":
-            return self._windowed(step, rank)
-        if self._planned is None or self._planned[0] != step:
-            batch = self.source.global_batch(step)
-            self._planned = (step, batch, self.plan(batch.lengths.numpy()))
-        _, batch, plan = self._planned
-        return batch.select(plan.assignment[rank]), plan
-
-    def plan(self, lengths: np.ndarray) -> partition.Plan:
-        return self._timed(self._plan, lengths)
-
-    def _plan(self, lengths: np.ndarray) -> partition.Plan:
-        costs, n = self.cost(lengths), self.world_size
-        if self.opts.balance == "off":
-            return partition.contiguous(costs, n)
-        if self.opts.max_tokens:
-            return partition.lpt(costs, n, tokens=lengths, max_tokens_per_rank=self.opts.max_tokens)
-        return self.partitioner(costs, n)
-
-    def plan_stats(self, plan: partition.Plan) -> dict:
-        """The step's plan, and the CPU time spent planning since the last step's stats
-        (`plan_ms`: the cost model, the partitioner, a window's re-packing at its first
-        step, the micro-batches): it shows when the planner, not the step, is slow."""
-        planning_ms, self._planning_ns = self._planning_ns / 1e6, 0
-        return {"predicted_cost": float(plan.loads[self.rank]), "plan_max": plan.max_load,
-                "plan_mean": plan.mean_load, "plan_lower_bound": plan.lower_bound,
-                "cost_unit": self.cost.unit, "plan_ms": planning_ms}
-
-    def micro(self, local: JaggedBatch) -> list[JaggedBatch]:
-        """The rank's samples as `micro_batches` of balanced cost for gradient
-        accumulation (memory: a micro-batch holds ~1/M of the rank's work)."""
-        if self.opts.micro_batches == 1:
-            return [local]
-        plan = self._timed(partition.balance_microbatches, self.cost(local.lengths.numpy()),
-                           np.arange(local.batch_size), self.opts.micro_batches, self.partitioner)
-        return [local.select(idx) for idx in plan.assignment if len(idx)] or [local]
-
-    def _windowed(self, step: int, rank: int) -> tuple[JaggedBatch, partition.Plan]:
-        k = self.opts.window
-        start = step - step % k
-        if self._window is None or self._window[0] != start:
-            batches = [self.source.global_batch(s) for s in range(start, min(start + k, self.steps))]
-            plans = self._timed(lambda: lookahead_window(
-                [self.cost(b.lengths.numpy()) for b in batches], self.world_size, k,
-                partitioner=self.partitioner))
-            trained = [b.trained_per_sample().tolist() for b in batches]  # the loss's count
-            self._window = (start, batches, trained, {start + i: p for i, p in enumerate(plans)})
-        _, batches, trained, steps = self._window
-        ws = steps[step]
-        by_batch: dict[int, list[int]] = {}
-        for off, idx in (ws.samples[i] for i in ws.plan.assignment[rank]):
-            by_batch.setdefault(off, []).append(idx)  # one select per source batch
-        # A rank may get no sample of a step (whales packed apart, about a sample a rank).
-        parts = ([batches[off].select(idx) for off, idx in sorted(by_batch.items())]
-                 or [batches[step - start].select([])])
-        step_targets = sum(int(trained[off][idx]) for off, idx in ws.samples)
-        return concat_batches(parts, batches[step - start].negative_ids, step_targets, step), ws.plan
-
-
 class ShardLengths:
     """The input stage of `data=sharded`: this rank's shard of step k, all this rank's
     loader reads (the rest arrives by `exchange_samples` once the plan is known)."""
@@ -237,24 +148,44 @@ class FreeScaleTrainer(DataParallelTrainer):
             # Indices into the window's concatenated samples, per step and rank.
             return [[ws.positions()[idx] for idx in ws.plan.assignment] for ws in steps], planning_ms
 
-        def route(workload, n: int, seed: int, inputs: PlanInputs, tokens: float) -> tuple[float, bool]:
-            # RoutedShare's work beyond the plan, as the trainer's loader worker does it.
-            from freescale_impl.routing_cost import routing_ms
+        # Routed as the trainer routes at that size (choose_routing: host or exchanged).
+        routing, _ = choose_routing(opts.routing, world_size, opts.data)
+
+        def route(workload, n: int, seed: int, inputs: PlanInputs, tokens: float):
+            # The input stage's work beyond the plan, as the trainer's loader worker and
+            # rank thread do it (freescale_impl.routing_cost).
+            from freescale_impl.routing_cost import stage_times
 
             cost = cost_model(inputs.workload, inputs.store, inputs.device, opts.cost, fit=inputs.fit)
             chunks = opts.chunks or (4 if inputs.device == "cuda" else 1)  # as the trainer's auto
-            return routing_ms(workload, n, seed, cost, opts, chunks, tokens)
+            return stage_times(workload, n, seed, cost, opts, chunks, routing, tokens)
 
         exchange = "none"
         if opts.tables == "sharded":
             exchange = ("blocking" if opts.overlap == "off" else
                         "prioritized" if opts.priority == "on" else "overlapped")
+        sharded_tables = opts.tables == "sharded"
         return SimProfile(tables=FreeScaleTrainer.table_memory(options, world_size),
                           exchange=exchange, sm_free=opts.transport == "sm_free", plan=plan,
-                          # routed on the host wherever the trainer routes (make_preparer)
-                          route=route if opts.tables == "sharded" and opts.data == "replicated" else None,
+                          # routed wherever the trainer routes (make_preparer)
+                          route=route if sharded_tables and opts.data == "replicated" else None,
+                          input_exchange="requests" if sharded_tables and routing == "exchanged" else "none",
                           window=opts.window if opts.balance == "on" else 1,
                           chunks=opts.chunks or 4)  # auto: 4 on GPUs, where it is projected
+
+    @staticmethod
+    def input_stage(workload, options: dict[str, str], n: int, routing: str, repeats: int,
+                    seed: int) -> tuple[str, list[dict]]:
+        """What `fsbench micro input-stage` times: one rank's input stage at world size n
+        on `workload`'s global batches with these switches (costs from the analytical
+        model, as on a GPU without a fit), by `routing` (auto: the trainer's rule).
+        Returns (the routing used, one dict per timed step: freescale_impl.routing_cost)."""
+        from freescale_impl.routing_cost import time_steps
+
+        opts = FreeScaleOptions.parse(options, prefix="freescale")
+        used, _ = choose_routing(routing, n, opts.data)
+        return used, time_steps(workload, n, seed, analytical_cost(workload), opts,
+                                opts.chunks or 1, used, repeats)
 
     @staticmethod
     def planners(workload, window: int) -> dict:

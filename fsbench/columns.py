@@ -59,6 +59,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("load_imbalance", "imbalance %", _pct, True, True),
     Column("cpu_wait_ratio", "cpu wait %", _pct, True, True),
     Column("input_worker_cpu_ratio", "loader cpu %", _pct, True, True),
+    # The input stage's CPU per step (plan, routing, exchange preparation; the data's
+    # reading left out): fsbench.measurement.run_summary.input_stage_cpu. None in runs
+    # recorded before it was timed.
+    Column("input_ms_per_step", "input ms/step", lambda v: f"{v:.2f}", True, True),
     Column("cpu_steal_ratio", "cpu steal %", _pct, True, True),
     Column("sm_occupancy", "SM occ %", _pct, True, True),
     # CUDA: device-to-host syncs per step (busiest rank), and those inside forward and

@@ -22,6 +22,7 @@ FORMATS = {"run": TEXT_JSON, "summarize": TEXT_JSON, "sweep": TEXT_JSON, "list":
            "gate": ("md", "json", "junit"), "bisect": ("md", "json"), "simulate": TEXT_JSON, "calibrate": TEXT_JSON,
            "validate": TEXT_JSON, "overhead": TEXT_JSON, "history": TEXT_JSON,
            "reference": TEXT_JSON, "micro sm-contention": TEXT_JSON, "micro planner": TEXT_JSON,
+           "micro input-stage": TEXT_JSON,
            "quality": TEXT_JSON, "trace": None}  # trace writes a file and prints where: no table to format
 # Commands that read or write a store of runs (`--store`).
 STORES = {"run", "sweep", "calibrate", "validate", "report", "history", "simulate", "gate", "bisect",

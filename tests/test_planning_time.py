@@ -9,7 +9,8 @@ from fsbench.workloads import make_batch_source
 from fsbench.workloads.presets import get_workload
 from freescale_impl import partition
 from freescale_impl.balance import analytical_cost
-from freescale_impl.trainer import BalancedShare, FreeScaleOptions
+from freescale_impl.balanced_share import BalancedShare
+from freescale_impl.trainer import FreeScaleOptions
 from fsbench.measurement.run_summary import plan_accuracy
 
 SPIN_MS = 30

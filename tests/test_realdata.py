@@ -269,7 +269,8 @@ def test_a_freescale_window_counts_only_the_trained_targets(tmp_path):
     target count (the loss's denominator) is then its samples' trained targets, not their
     tokens, so the window trains the same loss as DDP under window_targets."""
     from freescale_impl.balance import analytical_cost
-    from freescale_impl.trainer import BalancedShare, FreeScaleOptions
+    from freescale_impl.balanced_share import BalancedShare
+    from freescale_impl.trainer import FreeScaleOptions
 
     rng = np.random.default_rng(5)
     lengths = np.where(rng.random(40) < 0.1, 60, rng.integers(3, 12, 40))  # a few whales

@@ -131,7 +131,7 @@ def _losses(tmp_path, trainer: str, world_size: int, **opts) -> tuple[np.ndarray
 def test_overlapped_prioritized_equals_blocking_and_ddp(tmp_path, rank_pythonpath):
     blocking, _ = _losses(tmp_path, "freescale", 2, overlap="off", priority="off")
     # chunks=3: several chunks, so that gradient chunks leave from inside backward
-    full, run_dir = _losses(tmp_path, "freescale", 2, chunks=3)
+    full, run_dir = _losses(tmp_path, "freescale", 2, chunks=3, routing="host")
     ddp, _ = _losses(tmp_path, "ddp", 2)
     # data=sharded: no rank knows the others' requests, so they are exchanged (counts,
     # ids, fresh masks) instead of computed by the input stage; same function.
@@ -150,9 +150,12 @@ def test_overlapped_prioritized_equals_blocking_and_ddp(tmp_path, rank_pythonpat
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["trainer_ran"] == {
         "tables": "sharded", "sharding": "row", "chunks": 3, "transport": "collective",
-        "routing": "host", "routing_rule": "routing=auto: host at <= 2 ranks, else exchanged (2 ranks)"}
+        "routing": "host", "routing_rule": "routing=host (asked)"}
     own_ran = json.loads((own_dir / "manifest.json").read_text())["trainer_ran"]
     assert (own_ran["routing"], own_ran["routing_rule"]) == ("exchanged", "routing=exchanged (asked)")
+    auto_ran = json.loads((_losses(tmp_path, "freescale", 2)[1] / "manifest.json").read_text())["trainer_ran"]
+    assert auto_ran["routing"] == "exchanged"  # the measured rule at 2 ranks
+    assert auto_ran["routing_rule"].startswith("routing=auto: host at <= 1 ranks, else exchanged")
 
     # The order the technique promises, read from the timeline of the full run:
     spans = read_timelines(run_dir)

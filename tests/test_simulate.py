@@ -18,6 +18,7 @@ from fsbench.workloads.generator import SyntheticBatches
 from fsbench.workloads.presets import get_workload
 
 H100 = CLUSTERS["h100"]
+H100_ONE_WORKER = dataclasses.replace(H100, input_workers=1)  # the stage's pace is its own time
 # A cluster whose compute dominates its communication (about a CPU core's FLOPs, H100 links):
 # what the split does is then what the bubble shows.
 SLOW = dataclasses.replace(H100, name="slow", peak_tflops=0.05, layer_overhead_ms=0.0, sm_slowdown=0.0,
@@ -781,7 +782,8 @@ def test_a_measured_encoder_fit_replaces_the_gpu_clusters_compute_figures(tmp_pa
     path = gpu_fit_file(tmp_path, w, table_ns_per_element=2.0, replicated_ns_per_element=3.0)
     cluster = load_cluster("h100", [], str(path))
     assert cluster.replaced == (*FIT_REPLACES, "table_ns_per_element")
-    assert set(cluster.assumed) == {"gpus_per_node", "intra_gbs", "inter_gbs", "alpha_s", "sm_slowdown"}
+    assert set(cluster.assumed) == {"gpus_per_node", "intra_gbs", "inter_gbs", "alpha_s", "sm_slowdown",
+                                    "input_workers", "host_cpu_speed"}
     line = assumptions(cluster)
     assert f"encoder measured: the fit {path}" in line and "mfu=" not in line
     assert assumption_record(cluster)["replaced_by_fit"] == [*FIT_REPLACES, "table_ns_per_element"]
@@ -918,10 +920,10 @@ def test_sensitivity_charges_every_variant_the_planning_time_timed_at_x1(monkeyp
     monkeypatch.setattr(fs_trainer, "time", types.SimpleNamespace(thread_time_ns=thread_time_ns))
     routes = []
 
-    def routing_ms(*args):  # the routing likewise: 3 ms at x1's run, 0 after
+    def stage_times(*args):  # the routing likewise: 3 ms (and 1 ms of prep) at x1's run, 0 after
         routes.append(1)
-        return (3.0 if len(routes) == 1 else 0.0), False
-    monkeypatch.setattr(routing_cost, "routing_ms", routing_ms)
+        return routing_cost.StageTimes(*((3.0, 1.0) if len(routes) == 1 else (0.0, 0.0)))
+    monkeypatch.setattr(routing_cost, "stage_times", stage_times)
     w = dataclasses.replace(get_workload("small"), steps=3, warmup=1)
     rows = sensitivity(H100, w, [("ddp", {}), ("freescale", {})], [16], 8, ".")
     run = lambda t, ww: RunConfig(workload=ww, trainer=t, world_size=16)  # noqa: E731
@@ -929,8 +931,8 @@ def test_sensitivity_charges_every_variant_the_planning_time_timed_at_x1(monkeyp
     for r in rows:
         for k in (0.5, 2.0):
             c = varied(H100, r["figure"], k)
-            expected = reduction(*(simulate_run(run(t, scaled), c, ".", planner_ms=ms, route_ms=r)[0]
-                                   for t, ms, r in (("ddp", 0.0, 0.0), ("freescale", 5.0, 3.0))))
+            expected = reduction(*(simulate_run(run(t, scaled), c, ".", planner_ms=ms, route_ms=r, prep_ms=p)[0]
+                                   for t, ms, r, p in (("ddp", 0.0, 0.0, 0.0), ("freescale", 5.0, 3.0, 1.0))))
             assert r[f"reduction_x{k:g}"] == pytest.approx(expected, rel=1e-9), (r["figure"], k)
     unstalled = simulate_run(run("freescale", scaled), H100, ".", planner_time=False)[0]
     assert simulate_run(run("freescale", scaled), H100, ".", planner_ms=5.0, route_ms=0.0)[0]["step_time_ms_median"] \
@@ -1115,7 +1117,7 @@ def test_a_planner_slower_than_the_step_is_input_stall():
     assert simulate_run(dataclasses.replace(run, trainer="ddp"), H100, ".")[0]["plan_ms_per_step"] == 0.0
     exact = simulate_run(run, H100, ".", planner_time=False)[0]
     assert exact["input_stall_ratio"] == 0.0
-    slow, rows = simulate_run(run, H100, ".", profile=SimProfile(plan=slow_plan))
+    slow, rows = simulate_run(run, H100_ONE_WORKER, ".", profile=SimProfile(plan=slow_plan))
     for row in rows:
         assert row["plan_ms"] >= 40.0
         assert row["step_time_ms"] == pytest.approx(row["plan_ms"], rel=1e-9)  # the plan sets the pace
@@ -1139,21 +1141,62 @@ def test_freescale_routing_is_timed_at_the_simulated_size_and_the_baselines_rout
 
 def test_a_routing_slower_than_the_step_is_input_stall():
     """Planning and routing are one input stage: together they stall every rank once they
-    outlast the step (a routing of 30 ms against H100 steps under a millisecond)."""
+    outlast the step (a routing of 30 ms against H100 steps under a millisecond), at the
+    pace input_workers loader workers on cores host_cpu_speed times this one's keep: one
+    worker 31 ms a step, four 31 / 4, four twice as fast 31 / 8. The rank thread's
+    exchange preparation paces the step alone (it is one thread's), by the host's speed."""
+    from freescale_impl.routing_cost import StageTimes
+
     base = profile_of("freescale", {}, 8)
-    slow = dataclasses.replace(base, route=lambda *args: (30.0, False))
+    slow = dataclasses.replace(base, route=lambda *args: StageTimes(30.0, 2.0))
     run = RunConfig(workload=small(64 * 8), trainer="freescale", world_size=8)
-    summary, rows = simulate_run(run, H100, ".", profile=slow, planner_ms=1.0)
-    for row in rows:
-        assert row["route_ms"] == 30.0
-        assert row["step_time_ms"] == pytest.approx(31.0, rel=1e-9)  # plan + route set the pace
-    assert summary["input_stall_ratio"] > 0.9
+    for cluster, pace in ((H100_ONE_WORKER, 31.0), (H100, 31.0 / 4),
+                          (dataclasses.replace(H100, host_cpu_speed=2.0), 31.0 / 8)):
+        summary, rows = simulate_run(run, cluster, ".", profile=slow, planner_ms=1.0)
+        for row in rows:
+            assert (row["route_ms"], row["prep_ms"]) == (30.0, 2.0)
+            assert row["step_time_ms"] == pytest.approx(pace, rel=1e-9)  # the stage sets the pace
+        assert summary["input_stall_ratio"] > 0.8
+        assert summary["input_ms_per_step"] == pytest.approx(33.0)  # this machine's CPU, as measured runs say
+    prep_bound = dataclasses.replace(base, route=lambda *args: StageTimes(1.0, 12.0))
+    rows = simulate_run(run, H100, ".", profile=prep_bound, planner_ms=1.0)[1]
+    assert all(r["step_time_ms"] == pytest.approx(12.0, rel=1e-9) for r in rows)
+
+
+def test_the_input_routings_collectives_are_booked_pipelined_and_the_sharded_baseline_routes_on_the_device():
+    """FreeScale's exchanged routing books its request exchange (counts, ids, fresh masks)
+    and TorchRec its input dist (lengths and ids) at the cluster's alpha-beta cost, hidden
+    under a step's compute (pipelined over the steps before): exposed only beyond it, on
+    slow links. Host routing and ddp book none; TorchRec routes nothing on the host."""
+    run = RunConfig(workload=small(64 * 8), trainer="freescale", world_size=8)
+    exchanged = simulate_run(run, H100, ".", planner_time=False)[1]
+    host = simulate_run(dataclasses.replace(run, trainer_options={"routing": "host"}), H100, ".",
+                        planner_time=False)[1]
+    torchrec = simulate_run(dataclasses.replace(run, trainer="torchrec"), H100, ".", planner_time=False)
+    assert all(r["input_exchange_ms"] > 0 for r in exchanged)
+    assert all(r["input_exchange_ms"] == 0 for r in host)
+    assert all(r["input_exchange_ms"] > 0 for r in torchrec[1])
+    assert torchrec[0]["route_ms_per_step"] == 0.0 and torchrec[0]["plan_ms_per_step"] == 0.0
+    # Hidden while the compute covers it: the step is unchanged by it (same plan, same
+    # rows) but for the SMs its NCCL kernels take from the compute they overlap.
+    no_sm = dataclasses.replace(H100, sm_slowdown=0.0)
+    for e, h in zip(simulate_run(run, no_sm, ".", planner_time=False)[1],
+                    simulate_run(dataclasses.replace(run, trainer_options={"routing": "host"}), no_sm, ".",
+                                 planner_time=False)[1]):
+        assert e["step_time_ms"] == pytest.approx(h["step_time_ms"], rel=1e-9)
+    # Links a million times slower: the exchange outlasts the compute and shows.
+    crawl = dataclasses.replace(H100, intra_gbs=H100.intra_gbs / 1e6, inter_gbs=H100.inter_gbs / 1e6)
+    slow_e = simulate_run(run, crawl, ".", planner_time=False)[1]
+    slow_h = simulate_run(dataclasses.replace(run, trainer_options={"routing": "host"}), crawl, ".",
+                          planner_time=False)[1]
+    assert all(e["step_time_ms"] > h["step_time_ms"] for e, h in zip(slow_e, slow_h))
 
 
 def test_routing_beyond_the_timed_tokens_follows_the_line_through_two_smaller_batches(monkeypatch):
-    """A global batch beyond TIMED_TOKENS is routed at two smaller batches (at the same
-    world size) and the line through them followed: planted routing of 2 ms + 1 us per
-    token gives exactly that at 10x the limit; below the limit the batch itself is timed."""
+    """A global batch beyond TIMED_TOKENS is timed at two smaller batches (at the same
+    world size) and the line through them followed, for the worker's routing and the rank
+    thread's preparation alike: planted costs of 2 ms + 1 us per token (and half of it)
+    give exactly that at 10x the limit; below the limit the batch itself is timed."""
     from freescale_impl import routing_cost
 
     seen = []
@@ -1161,15 +1204,16 @@ def test_routing_beyond_the_timed_tokens_follows_the_line_through_two_smaller_ba
     def planted(workload, n, *args, **kwargs):
         tokens = 10.0 * workload.global_batch_size
         seen.append((workload.global_batch_size, n))
-        return 2.0 + 1e-3 * tokens, tokens
-    monkeypatch.setattr(routing_cost, "_routing_ms", planted)
+        return 2.0 + 1e-3 * tokens, 1.0 + 0.5e-3 * tokens, tokens
+    monkeypatch.setattr(routing_cost, "_stage_ms", planted)
     monkeypatch.setattr(routing_cost, "TIMED_TOKENS", 10_000)
     w = small(10_000)
-    ms, extrapolated = routing_cost.routing_ms(w, 16, 0, None, None, 1, 100_000.0)
-    assert extrapolated and ms == pytest.approx(2.0 + 100.0)
+    got = routing_cost.stage_times(w, 16, 0, None, None, 1, "exchanged", 100_000.0)
+    assert got.extrapolated and got.route_ms == pytest.approx(2.0 + 100.0)
+    assert got.prep_ms == pytest.approx(1.0 + 50.0)
     assert all(b * 10 <= 10_000 and n == 16 for b, n in seen) and len(seen) == 2
-    ms, extrapolated = routing_cost.routing_ms(small(500), 16, 0, None, None, 1, 5_000.0)
-    assert not extrapolated and ms == pytest.approx(7.0) and seen[-1] == (500, 16)
+    got = routing_cost.stage_times(small(500), 16, 0, None, None, 1, "exchanged", 5_000.0)
+    assert not got.extrapolated and got.route_ms == pytest.approx(7.0) and seen[-1] == (500, 16)
 
 
 def test_local_loader_worker_takes_the_timed_stage_only_where_the_fit_measured_it_apart(monkeypatch):
@@ -1179,7 +1223,9 @@ def test_local_loader_worker_takes_the_timed_stage_only_where_the_fit_measured_i
     CPU, to which nothing is added."""
     from fsbench.scaling import simulate
 
-    route = dataclasses.replace(profile_of("freescale", {}, 2), route=lambda *args: (6.0, False))
+    from freescale_impl.routing_cost import StageTimes
+
+    route = dataclasses.replace(profile_of("freescale", {}, 2), route=lambda *args: StageTimes(6.0))
     over = {"wall_ms": 0.0, "cpu_ms": 0.0, "busy_ms": 0.0, "input_ms": 0.0, "worker_ms": 1.0}
     steps = {}
     for label, entry in (("net", {**over, "stage_ms": 4.0}), ("whole", over)):

@@ -16,7 +16,7 @@ import argparse
 import shlex
 import sys
 
-from fsbench.cli import gates, quality, results, runs, scaling
+from fsbench.cli import gates, micro, quality, results, runs, scaling
 from fsbench.cli.args import DEFAULT_STORE, Parser
 from fsbench.config import ConfigError
 from fsbench.table import set_quiet
@@ -76,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     runs.add_parsers(sub, _csv)
+    micro.add_parsers(sub)
     results.add_parsers(sub, _csv, DEFAULT_STORE)
     gates.add_parsers(sub, _csv, DEFAULT_STORE)
     scaling.add_parsers(sub, _csv, DEFAULT_STORE)
@@ -84,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = {**runs.COMMANDS, **results.COMMANDS, **scaling.COMMANDS,
+COMMANDS = {**runs.COMMANDS, **micro.COMMANDS, **results.COMMANDS, **scaling.COMMANDS,
             **gates.COMMANDS, **quality.COMMANDS}
 
 

@@ -33,6 +33,22 @@ def parse_sets(pairs: list[str]) -> tuple[list[tuple[str, str]], dict[str, dict[
     return workload_sets, dict(trainer_sets)
 
 
+def pop_batch_per_rank(args: argparse.Namespace, default: int = 128) -> int:
+    """Take `--set batch_per_rank=N` (samples per rank: the global batch then grows with
+    the world size) out of `args.set`; the default when absent."""
+    given = [k.split("=", 1)[1] for k in args.set if k.split("=", 1)[0] == "batch_per_rank"]
+    args.set = [k for k in args.set if k.split("=", 1)[0] != "batch_per_rank"]
+    if not given:
+        return default
+    try:
+        value = int(given[-1])
+    except ValueError:
+        raise ConfigError(f"--set batch_per_rank={given[-1]!r}: expected an integer") from None
+    if value < 1:
+        raise ConfigError(f"--set batch_per_rank={value} must be >= 1")
+    return value
+
+
 def build_workload(args: argparse.Namespace) -> WorkloadConfig:
     from fsbench.workloads.presets import get_workload
 

@@ -8,13 +8,12 @@ from pathlib import Path
 from typing import Callable
 
 from fsbench.cli.args import add_format, add_store
-from fsbench.cli.run_config import DEFAULT_EVAL_EVERY, build_workload, make_run_factory
+from fsbench.cli.run_config import DEFAULT_EVAL_EVERY, make_run_factory
 from fsbench.columns import EVAL_VIEW, FLAGS, RUN_VIEW
 from fsbench.config import ConfigError
 from fsbench.table import dumps, format_table, note, records, warn
 from fsbench.training.trainer import trainer_options
 
-DEFAULT_MICRO_OUT = "runs/micro"
 RUN_COLUMNS = ["trainer", "world_size", *RUN_VIEW, *FLAGS]
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", default="small",
@@ -94,51 +93,6 @@ def add_parsers(sub, _csv: Callable) -> None:
     p.add_argument("--trainer", default="ddp", help="trainer name")
     p.add_argument("--blocks", type=int, default=10, help="alternating blocks (first 2 warm-up)")
     p.add_argument("--steps-per-block", type=int, default=6, help="steps timed per block")
-    add_format(p)
-
-    p = sub.add_parser("micro", help="micro-benchmarks: sm-contention (one GPU), planner (CPU)",
-                       description="Micro-benchmarks that isolate one effect: SM contention "
-                                   "on one GPU, the input stage's planner on one CPU core.")
-    micro = p.add_subparsers(dest="benchmark", required=True)
-    p = micro.add_parser(
-        "sm-contention", help="does communication overlapped with compute steal GPU SMs?",
-        description="Time a large bf16 GEMM (CUDA events, warm-up discarded, median of "
-                    "--repeats) alone; beside an SM copy of --bytes on a second stream "
-                    "(torch.add(src, 0, out=dst): an elementwise kernel whose thread blocks "
-                    "occupy SMs, as NCCL's do); and beside copy-engine copies of the same "
-                    "bytes (cudaMemcpyAsync device-to-device, pinned host-to-device, and "
-                    "GPU-to-GPU when a peer GPU exists), which use DMA engines, not SMs. "
-                    "Prints GEMM TFLOP/s, the slowdown of each condition against the GEMM "
-                    "alone and the copies' bandwidth; stores a JSON record in --out DIR. "
-                    "Needs one NVIDIA GPU.")
-    p.add_argument("--gemm-size", type=int, default=8192, metavar="N",
-                   help="GEMM of N x N by N x N in bf16")
-    p.add_argument("--bytes", type=int, default=256 * 2**20, metavar="B",
-                   help="bytes per copy, a multiple of 4; default: %(default)s (256 MiB)")
-    p.add_argument("--repeats", type=int, default=20,
-                   help="timed GEMMs per condition (median)")
-    p.add_argument("--out", default=DEFAULT_MICRO_OUT, metavar="DIR",
-                   help="where the JSON record goes (a folder of records, not a store of runs)")
-    add_format(p)
-    p = micro.add_parser(
-        "planner", help="how long the input stage's planner takes at cluster sizes (CPU)",
-        description="Time the trainer's planners (FreeScale: each partitioner alone and "
-                    "with the look-ahead window) on --samples lengths drawn from the "
-                    "workload's length distribution, onto --ranks ranks, on one core: "
-                    "median and p90 over --repeats timed runs after 2 untimed, and the "
-                    "plan's max rank cost over the lower bound max(total/ranks, largest "
-                    "sample). Runs on a laptop CPU; nothing is stored.")
-    p.add_argument("--workload", default="small", help="preset whose lengths and cost model are used")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="workload override, e.g. --set lengths=yelp or lengths=hist:FILE")
-    p.add_argument("--samples", type=int, default=8192, help="samples in one global batch")
-    p.add_argument("--ranks", type=int, default=64, help="ranks the batch is split onto")
-    p.add_argument("--window", type=int, default=4,
-                   help="look-ahead window in batches (1: the single-batch planners only)")
-    p.add_argument("--repeats", type=int, default=20, help="timed runs per planner")
-    p.add_argument("--seed", type=int, default=0, help="seed of the length draws")
-    p.add_argument("--trainer", default="freescale", help="the trainer whose planners are timed")
-    p.set_defaults(steps=None, warmup=None)
     add_format(p)
 
 
@@ -314,48 +268,5 @@ def cmd_overhead(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_micro(args: argparse.Namespace) -> int:
-    if args.benchmark == "planner":
-        return cmd_micro_planner(args)
-    from fsbench.scaling import micro
-
-    micro.check_args(args.gemm_size, args.bytes, args.repeats)  # only sm-contention so far
-    import torch
-    if not torch.cuda.is_available():
-        raise ConfigError("micro sm-contention: no CUDA GPU is visible "
-                          "(torch.cuda.is_available() is False), so this benchmark cannot run here")
-    check_writable_dir(args.out, "--out")
-    try:
-        record = micro.sm_contention(torch, args.gemm_size, args.bytes, args.repeats)
-    except torch.cuda.OutOfMemoryError:
-        raise ConfigError(f"--gemm-size={args.gemm_size} --bytes={args.bytes}: out of GPU "
-                          "memory; choose smaller sizes") from None
-    path = micro.write_record(record, args.out)
-    print(dumps({"path": path, "record": record}) if args.format == "json"
-          else micro.format_table(record))
-    note(f"record stored in {path}")
-    return 0
-
-
 COMMANDS = {"run": cmd_run, "summarize": cmd_summarize, "sweep": cmd_sweep,
-            "validate": cmd_validate, "overhead": cmd_overhead, "micro": cmd_micro}
-
-
-def cmd_micro_planner(args: argparse.Namespace) -> int:
-    from fsbench.scaling import planner_micro as pm
-    from fsbench.training.trainer import resolve_trainer_class
-
-    pm.check_args(args.samples, args.ranks, args.repeats, args.window)
-    declare = getattr(resolve_trainer_class(args.trainer), "planners", None)
-    if declare is None:
-        raise ConfigError(f"--trainer {args.trainer}: it declares no planner to time "
-                          "(freescale does)")
-    workload = build_workload(args)
-    lengths = pm.draw_lengths(workload, args.samples, args.window, args.seed)
-    with pm.one_core() as core:
-        rows = pm.time_planners(declare(workload, args.window), lengths, args.ranks, args.repeats)
-    record = {"workload": workload.name, "lengths": workload.lengths, "trainer": args.trainer,
-              "samples": args.samples, "ranks": args.ranks, "window": args.window,
-              "repeats": args.repeats, "warmup": 2, "core": core, "rows": rows}
-    print(dumps(record) if args.format == "json" else pm.format_table(record))
-    return 0
+            "validate": cmd_validate, "overhead": cmd_overhead}

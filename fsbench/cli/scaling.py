@@ -104,7 +104,7 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from fsbench.cli.run_config import build_workload, parse_sets
+    from fsbench.cli.run_config import build_workload, parse_sets, pop_batch_per_rank
     from fsbench.columns import FLAGS, RUN_VIEW
     from fsbench.config import RunConfig
     from fsbench.scaling.sim_inputs import assumption_record, assumptions, load_cluster
@@ -113,14 +113,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from fsbench.table import format_table, progress, records
     from fsbench.training.trainer import trainer_options
 
-    sim = {k.split("=", 1)[0]: k.split("=", 1)[1] for k in args.set if k.split("=", 1)[0] in SIM_KEYS}
-    args.set = [k for k in args.set if k.split("=", 1)[0] not in SIM_KEYS]
-    try:
-        batch_per_rank = int(sim.get("batch_per_rank", 128))
-    except ValueError:
-        raise ConfigError(f"--set batch_per_rank={sim['batch_per_rank']!r}: expected an integer") from None
-    if batch_per_rank < 1:
-        raise ConfigError(f"--set batch_per_rank={batch_per_rank} must be >= 1")
+    batch_per_rank = pop_batch_per_rank(args)
     if not args.world_sizes or min(args.world_sizes) < 1:
         raise ConfigError(f"--world-sizes={args.world_sizes}: give world sizes >= 1")
     workload = build_workload(args)

@@ -71,6 +71,7 @@ def summarize(files: RunFiles) -> dict:
                                      # absent in runs recorded before the worker measured it
                                      threads_runq=[(s["threads_runq_ns"], s["helper_cpu_ns"], s["window_ns"])
                                                    for s in machines if "window_ns" in s] or None))
+    summary.update(input_stage_cpu(files.inputs, spans, stats))
     summary.update(plan_accuracy(spans, stats))
     if summary.get("plan_ms_per_step") is not None and summary.get("step_time_ms_median"):
         summary["plan_share_of_step"] = summary["plan_ms_per_step"] / summary["step_time_ms_median"]
@@ -157,6 +158,37 @@ def quality(record: dict | None, step_time_ms: dict[int, float]) -> dict:
     if reached is not None:
         out["steps_to_target"] = reached["step"] + 1
         out["time_to_target_s"] = elapsed[reached["step"]]  # None: a step's timeline is missing
+    return out
+
+
+EXCHANGE_PREP_SPAN = "emb.route"
+"""Spans of the rank thread's input work inside the step (FreeScale's request building
+and service preparation where requests are exchanged)."""
+
+
+def input_stage_cpu(inputs: list[tuple[int, dict]], spans: pd.DataFrame, stats: pd.DataFrame) -> dict:
+    """The input stage's CPU per measured step, the mean over ranks (ms): what the loader
+    worker spends preparing a step (`stage_cpu_ns`: plan, routing, the trainer's batch
+    building; the data source's reading left out: fsbench.training.inputs.prepare_timed),
+    plus the rank thread's exchange preparation (`emb.route` spans). None where the run
+    predates the stage's timing. The routing's part, where a trainer times it
+    (`route_ms`, `read_ms` in its step stats), beside it."""
+    measured = set(spans.loc[~spans["warmup"].astype(bool), "step"].astype(int))
+    stage = [(r, int(k), v) for r, i in inputs for k, v in i.get("stage_cpu_ns", {}).items()
+             if int(k) in measured]
+    if not stage:
+        return {"input_ms_per_step": None}
+    ranks = {r for r, _ in inputs}
+    worker_ms = sum(v for *_, v in stage) / 1e6 / len(stage)
+    prep = spans[(spans["name"] == EXCHANGE_PREP_SPAN) & spans["step"].isin(measured)]
+    prep_ms = float(prep["cpu_ns"].sum()) / 1e6 / (len(measured) * len(ranks))
+    out = {"input_ms_per_step": worker_ms + prep_ms, "input_worker_stage_ms_per_step": worker_ms,
+           "exchange_prep_ms_per_step": prep_ms}
+    for key in ("route_ms", "read_ms"):
+        if key in stats.columns:
+            values = stats.loc[stats["step"].isin(measured), key]
+            if values.notna().all():
+                out[f"{key.removesuffix('_ms')}_ms_per_step"] = float(values.mean())
     return out
 
 

@@ -11,16 +11,16 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from fsbench.config import RunConfig, WorkloadConfig
-from fsbench.scaling.sim_inputs import FIGURES, Cluster
+from fsbench.scaling.sim_inputs import FIGURES, WHOLE_FIGURES, Cluster
 from fsbench.scaling.simulate import scaled_workload, simulate_run
 
 FACTORS = (0.5, 1.0, 2.0)
 
 
 def varied(cluster: Cluster, figure: str, factor: float) -> Cluster:
-    """`cluster` with one figure scaled (GPUs per node stay whole; MFU stays at most 1)."""
+    """`cluster` with one figure scaled (counts stay whole; MFU stays at most 1)."""
     value = getattr(cluster, figure) * factor
-    if figure == "gpus_per_node":
+    if figure in WHOLE_FIGURES:
         value = max(1, round(value))
     if figure == "mfu":
         value = min(value, 1.0)
@@ -46,17 +46,18 @@ def sensitivity(cluster: Cluster, workload: WorkloadConfig,
     figures = [f for f in FIGURES if f in cluster.assumed]
     points = [(f, n, k) for f in figures for n in world_sizes for k in FACTORS]
     memo: dict[tuple, float] = {}
-    timed: dict[tuple, tuple] = {}  # (trainer index, n) -> planning, routing ms per step at x1
+    timed: dict[tuple, dict] = {}  # (trainer index, n) -> planning, routing, prep ms per step at x1
 
     def reduction_at(c: Cluster, n: int) -> float:
         w = scaled_workload(workload, n, "weak", batch_per_rank)
         summaries = []
         for i, (t, o) in enumerate(((base, base_opts), (new, new_opts))):
-            plan_ms, route_ms = timed.get((i, n), (None, None))
             summary = simulate_run(RunConfig(workload=w, trainer=t, world_size=n, seed=seed,
                                              trainer_options=o), c, store, planner_time=planner_time,
-                                   planner_ms=plan_ms, route_ms=route_ms)[0]
-            timed.setdefault((i, n), (summary["plan_ms_per_step"], summary["route_ms_per_step"]))
+                                   **timed.get((i, n), {}))[0]
+            timed.setdefault((i, n), {"planner_ms": summary["plan_ms_per_step"],
+                                      "route_ms": summary["route_ms_per_step"],
+                                      "prep_ms": summary["exchange_prep_ms_per_step"]})
             summaries.append(summary)
         return reduction(*summaries)
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from fsbench.config import WorkloadConfig
 from fsbench.errors import ConfigError
-from fsbench.scaling.sim_inputs import Cluster
+from fsbench.scaling.sim_inputs import Cluster, SimProfile
 
 # worker_ms: the rank's loader worker's CPU per step (its own process: in none of the
 # others) beyond stage_ms, its planning and routing at 1 rank, which the simulator times at
@@ -251,3 +251,36 @@ def expected_tokens(workload: WorkloadConfig) -> float:
 
     draws = parse_length_spec(workload.lengths).sample(np.random.default_rng(0), 20_000, workload.max_seq_len)
     return float(workload.global_batch_size * np.mean(draws))
+
+
+def input_exchange_ms(prof: SimProfile, costs_model: Costs, n: int, draws: np.ndarray,
+                      samples: np.ndarray, tokens: np.ndarray, w: WorkloadConfig, zipf_s: float) -> float:
+    """The collectives that carry one step's input routing, back to back (ms):
+    "requests" (FreeScale's exchanged routing): counts (N x chunks int64), the ids of a
+    rank's unique rows (int64), and with priority one byte a row of fresh mask; "device"
+    (TorchRec's input dist): a split all-to-all of the rank's lengths (one per sample and
+    feature) and ids (its tokens, targets and per-sample ids), int64."""
+    if prof.input_exchange == "none" or n <= 1:
+        return 0.0
+    if prof.input_exchange == "requests":
+        rows = float((expected_distinct(draws, w.item_vocab, zipf_s)
+                      + samples * (1 + len(w.context_vocabs))).max())
+        parts = [n * prof.chunks * 8.0, rows * 8.0] + ([rows] if prof.exchange == "prioritized" else [])
+    else:
+        features = 2 + len(w.context_vocabs)  # the item sequence, user, contexts
+        i = int(np.argmax(tokens))
+        parts = [float(samples[i]) * features * 8.0,
+                 (2 * float(tokens[i]) + float(samples[i]) * (1 + len(w.context_vocabs))) * 8.0]
+    return sum(costs_model.collective_ms("all_to_all", n, b) for b in parts)
+
+
+def worker_preemption_ms(n: int, cores: int | None, worker_ms: float, step_ms: float,
+                         efficiency: float = 1.0) -> float:
+    """How much n ranks' loader workers (worker_ms of CPU each per step) lengthen a step of
+    step_ms on a host of `cores` cores: the spare cores (cores - n) take what they can in
+    the step, the rest shares the cores with the ranks; beyond the cores, as much of it as
+    the measured time-sharing `efficiency` says. None: ranks compute elsewhere."""
+    if not cores or worker_ms <= 0:
+        return 0.0
+    share = efficiency if n > cores else 1.0
+    return share * max(0.0, n * worker_ms - max(0, cores - n) * step_ms) / cores

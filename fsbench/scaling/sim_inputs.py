@@ -18,6 +18,7 @@ from fsbench.errors import ConfigError
 from fsbench.running.memory import REPLICATED, TableMemory
 
 EXCHANGES = ("none", "blocking", "overlapped", "prioritized")
+INPUT_EXCHANGES = ("none", "requests", "device")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,17 +36,26 @@ class SimProfile:
     which plan nothing). A planner predicts costs as the trainer would (its own cost
     model), while the simulator books the cluster's costs: prediction error is residual
     straggler."""
-    route: Callable[[object, int, int, "PlanInputs", float], tuple[float, bool]] | None = None
+    route: Callable[[object, int, int, "PlanInputs", float], object] | None = None
     """(workload, N, seed, what a planner may know, the global batch's expected tokens) ->
-    (CPU ms per step the trainer's input stage spends routing the step beyond planning it,
-    timed on this machine; whether it was extrapolated from smaller batches); None: the
-    input stage routes nothing (the baselines; FreeScale with replicated tables)."""
+    the input stage's CPU per step beyond planning, timed on this machine: an object with
+    `route_ms` (the loader worker's: reading the rank's samples and routing them),
+    `prep_ms` (the rank thread's exchange preparation) and `extrapolated` (followed on a
+    line from smaller batches); None: the input stage routes nothing (the baselines;
+    FreeScale with replicated tables)."""
+    input_exchange: str = "none"
+    """Collectives that carry a step's input routing, pipelined over the steps before it
+    (hidden under their compute, exposed beyond it, sharing the links): "requests"
+    (FreeScale's exchanged routing: counts, ids and fresh masks), "device" (TorchRec's
+    input dist: lengths and ids bucketed on the device, a split all-to-all in the
+    pipeline's previous-step slot), "none" (routed on the host, or nothing to route)."""
     window: int = 1
     chunks: int = 1
     """Pieces of the row exchange: the first is waited for, the rest hide under compute."""
 
     def __post_init__(self) -> None:
         assert self.exchange in EXCHANGES, self.exchange
+        assert self.input_exchange in INPUT_EXCHANGES, self.input_exchange
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +83,11 @@ FIGURES: dict[str, tuple[str, str]] = {
     "layer_overhead_ms": ("ms", "launches per encoder layer and step"),
     "sm_slowdown": ("", "compute slowdown beside SM-based communication"),
     "table_ns_per_element": ("ns", "optimizer step per table element"),
+    "input_workers": ("", "loader worker processes per GPU, each preparing whole steps"),
+    "host_cpu_speed": ("", "a host core's speed against this machine's (the input stage is timed here)"),
 }
+WHOLE_FIGURES = ("gpus_per_node", "input_workers")
+"""Figures that are counts: integers >= 1."""
 FIT_REPLACES = ("peak_tflops", "mfu", "layer_overhead_ms")
 """The figures a measured encoder fit (`Cluster.encoder_fit`) stands in for: its cost per
 sample and per batch replace FLOPs at mfu x peak and the per-layer launches. It replaces
@@ -97,6 +111,12 @@ class Cluster:
     sm_slowdown: float = 0.0
     table_ns_per_element: float = 0.0
     """Optimizer step per table element (GPU presets; `local` takes its fit's)."""
+    input_workers: int = 1
+    """Loader workers per rank, preparing different steps (a window's at once): a stage of
+    S ms of CPU a step keeps up with steps of S / input_workers ms (`local`: the run's one)."""
+    host_cpu_speed: float = 1.0
+    """A host core's speed against this machine's, on which the input stage is timed: the
+    stage there takes its time here / host_cpu_speed (`local`: this machine, 1)."""
     assumed: tuple[str, ...] = ()
     """The FIGURES whose values are assumptions, not measurements (a `fit` cluster measures
     its costs on this machine and has none)."""
@@ -197,11 +217,14 @@ CLUSTERS = {
         "h100", "8x H100 per node, NVLink 4 (370 GB/s bus bandwidth per GPU), 400 Gb/s (50 GB/s) "
         "per GPU across nodes, 10 us per log2(N) step; encoder at 20% of 989 TFLOPS (bf16 dense) "
         "plus 0.3 ms per layer and step of launches; SM-contention slowdown 10% of overlapped "
-        "compute; an optimizer step of 28 bytes per table element at 3.35 TB/s (ASSUMED figures, not yet measured on a GPU: `fsbench calibrate --device cuda` "
-        "and `fsbench micro sm-contention` measure them)",
+        "compute; an optimizer step of 28 bytes per table element at 3.35 TB/s; 4 loader workers "
+        "per GPU on host cores as fast as this machine's (ASSUMED figures, not yet measured on a GPU: `fsbench calibrate --device cuda` "
+        "and `fsbench micro sm-contention` measure them; `fsbench micro input-stage` on the host "
+        "times its cores)",
         "flops", gpus_per_node=8, intra_gbs=370.0, inter_gbs=50.0, alpha_s=10e-6,
         peak_tflops=989.0, mfu=0.20, layer_overhead_ms=0.3, sm_slowdown=0.10,
-        table_ns_per_element=28 / 3.35e12 * 1e9, assumed=tuple(FIGURES)),
+        table_ns_per_element=28 / 3.35e12 * 1e9, input_workers=4, host_cpu_speed=1.0,
+        assumed=tuple(FIGURES)),
     "local": Cluster(
         "local", "this machine: gloo collectives fitted by `fsbench calibrate --comm`, encoder "
         "cost from `fsbench calibrate` (CPU: no SMs to contend for)", "fit"),
@@ -213,10 +236,12 @@ def _number(field_name: str, value, where: str) -> float:
         number = float(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{where}: {field_name}={value!r} is not a number") from None
-    if field_name == "gpus_per_node":
+    if field_name in WHOLE_FIGURES:
         if number < 1 or number != int(number):
-            raise ConfigError(f"{where}: gpus_per_node={value!r} must be an integer >= 1")
+            raise ConfigError(f"{where}: {field_name}={value!r} must be an integer >= 1")
         return int(number)
+    if field_name == "host_cpu_speed" and number <= 0:
+        raise ConfigError(f"{where}: host_cpu_speed={value!r} must be > 0")
     if field_name == "mfu" and not 0 < number <= 1:
         raise ConfigError(f"{where}: mfu={value!r} must be in (0, 1]")
     if number < 0:

@@ -102,8 +102,10 @@ from fsbench.config import RunConfig, WorkloadConfig
 from fsbench.scaling.ddp_buckets import ddp_buckets, dense_grad_bytes
 from fsbench.errors import ConfigError
 from fsbench.measurement.metrics import rank_causes
-from fsbench.scaling.sim_costs import OVERHEAD_KEYS, Costs, expected_distinct, expected_fresh, expected_tokens
-from fsbench.scaling.sim_inputs import Cluster, PlanInputs, SimProfile, assumptions, contiguous_plan
+from fsbench.scaling.sim_costs import (OVERHEAD_KEYS, Costs, expected_distinct, expected_fresh, expected_tokens,
+                                      input_exchange_ms, worker_preemption_ms)
+from fsbench.scaling.sim_inputs import Cluster, PlanInputs, SimProfile, contiguous_plan
+from fsbench.scaling.sim_summary import summarize_steps
 
 def profile_of(trainer: str, options: dict[str, str], n: int) -> SimProfile:
     from fsbench.training.trainer import option_defaults, resolve_trainer_class
@@ -116,14 +118,14 @@ def profile_of(trainer: str, options: dict[str, str], n: int) -> SimProfile:
 def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                  profile: SimProfile | None = None, step_overhead: bool = True,
                  planner_time: bool = True, timeshare_efficiency: float | None = None,
-                 planner_ms: float | None = None, route_ms: float | None = None
-                 ) -> tuple[dict, list[dict]]:
+                 planner_ms: float | None = None, route_ms: float | None = None,
+                 prep_ms: float | None = None) -> tuple[dict, list[dict]]:
     """Summary (the measured schema, `simulated: true`) and per-step rows of one
     (trainer, world size) on `cluster`; `step_overhead=False` leaves out the fit's
     measured per-step overhead (to measure it); `planner_time=False` leaves out the
     planner's time measured here (for outputs that must not depend on this CPU);
-    `planner_ms` and `route_ms` charge that planning and routing time per step instead
-    of timing them (a variant of a run already timed: fsbench.scaling.sensitivity); `timeshare_efficiency` replaces
+    `planner_ms`, `route_ms` and `prep_ms` charge that planning, routing and exchange
+    preparation per step instead of timing them (a variant of a run already timed: fsbench.scaling.sensitivity); `timeshare_efficiency` replaces
     the fit's (to measure it)."""
     from fsbench.specs import parse_popularity
     from fsbench.workloads.distributions import parse_length_spec
@@ -182,13 +184,24 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     plan_ms = float(np.median([ms for *_, ms in windows])) if planner_time else 0.0
     if planner_time and planner_ms is not None:
         plan_ms = planner_ms
-    # The routing at the simulated size, timed once (every step routes alike).
+    # The routing at the simulated size, timed once (every step routes alike): the loader
+    # worker's (`route_ms`) and the rank thread's exchange preparation (`prep_ms`).
     routed_by_line = False
     if not planner_time or prof.route is None:
-        route_ms = 0.0
+        route_ms = prep_ms = 0.0
     elif route_ms is None:
-        route_ms, routed_by_line = prof.route(w, n, run.seed, planning, expected_tokens(w))
+        timed = prof.route(w, n, run.seed, planning, expected_tokens(w))
+        route_ms, prep_ms, routed_by_line = timed.route_ms, timed.prep_ms, timed.extrapolated
+    prep_ms = prep_ms or 0.0
     stage_ms = plan_ms + route_ms
+    # On the cluster's hosts: cores host_cpu_speed times this machine's, and input_workers
+    # loader workers a rank preparing different steps, so the stage keeps up with steps of
+    # stage / speed / workers ms. The rank thread's preparation runs while the device
+    # computes (the host launches ahead of it), so on a GPU it costs the step only beyond
+    # the step; on `local` it is the rank's own CPU work (below).
+    speed, workers = cluster.host_cpu_speed, cluster.input_workers
+    gpu_hosts = cluster.compute != "fit"
+    stage_pace_ms = max(stage_ms / speed / workers, prep_ms / speed if gpu_hosts else 0.0)
     # The loader worker's CPU (`local`): what was measured at 1 rank beyond the input
     # stage's planning and routing there, plus theirs at this size.
     worker_ms = over["worker_ms"] + (stage_ms if costs_model.worker_excludes_stage(run.trainer, w.compute) else 0.0)
@@ -213,6 +226,10 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             samples = np.array([len(idx) for idx in owners], dtype=np.float64)
             pre = post_emb = hidden_emb = t_x = sent = cpu_x = 0.0
             draws = tokens + samples + w.negatives_per_step
+            # The step's input routing, carried by collectives pipelined over the steps
+            # before (prof.input_exchange): hidden under a step's compute, exposed beyond.
+            t_in = input_exchange_ms(prof, costs_model, n, draws, samples, tokens, w, zipf_s)
+            exposed_in = max(0.0, t_in - float(model_ms.min()))
             if prof.exchange != "none":
                 # Unique rows a rank reads: items and targets (one table), shared negatives,
                 # one user row and one row per context table per sample.
@@ -244,6 +261,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                     pre = max(first, t_x - fwd_min)
                     post_emb = max(first, t_x - bwd_min)
                 hidden_emb = sent - pre - post_emb
+            hidden_emb += t_in - exposed_in
             prev = (float(tokens.sum() + samples.sum() + w.negatives_per_step), float(samples.sum()))
             # The buckets' calls follow each other and cost as one transfer of their sum:
             # one latency (measured: DDP's two calls of small at 16 emulated ranks are in
@@ -266,7 +284,9 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             hidden = ar_hidden + (0.0 if prof.sm_free else hidden_emb) - shared
             slowed = transport_slow * min(max(hidden, 0.0), float(model_ms.min()))
             c, busy = c + slowed, busy + slowed
-            t = pre + float(c.max()) + post_ar + post_emb + shared
+            if not gpu_hosts and prep_ms:  # `local`: the rank thread's own CPU, a compute span
+                c, busy, cpu = c + prep_ms * corun * share, busy + prep_ms * corun, cpu + prep_ms * corun
+            t = pre + exposed_in + float(c.max()) + post_ar + post_emb + shared
             # The optimizer steps the tables after the gradients arrived, on every rank.
             if prof.tables.placement == "replicated":
                 updated = held_rows
@@ -281,7 +301,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             cpu = cpu + upd * table_corun
             # The input stage plans ahead of the step (prefetched), so the plan costs the
             # step nothing until it takes longer than the step: then every rank waits for it.
-            plan_stall = max(0.0, stage_ms - t)
+            plan_stall = max(0.0, stage_pace_ms - t)
             c, t = c + plan_stall, t + plan_stall
             # Each rank's loader worker is a process of its own: spare cores run it, and
             # what they cannot take preempts the ranks, a share per core. A preempted
@@ -305,10 +325,11 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                 "input_stall_ms": float(causes["input_stall"].sum()),
                 "other_idle_ms": float(causes["other_idle"].sum()), "capacity_ms": n * t,
                 "num_samples": float(samples.sum()), "num_targets": float(tokens.sum()),
-                "plan_ms": plan_ms, "route_ms": route_ms, "plan_stall_ms": plan_stall,
+                "plan_ms": plan_ms, "route_ms": route_ms, "prep_ms": prep_ms,
+                "input_exchange_ms": t_in, "plan_stall_ms": plan_stall,
                 "comm_cpu_ms": comm_cpu,
                 # Every transfer of the step, and what the shared links exposed of them.
-                "link_ms": t_ar + (sent if prof.exchange != "none" else 0.0), "shared_link_ms": shared,
+                "link_ms": t_ar + t_in + (sent if prof.exchange != "none" else 0.0), "shared_link_ms": shared,
                 # No split of whole samples can beat the larger of the mean load and the
                 # costliest single sample: the bubble's floor for this batch.
                 "bound_busy_max_ms": max(float(busy.mean()),
@@ -316,57 +337,6 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                                          + (0.0 if emulated else upd * table_corun)),
             })
     return summarize_steps(run, rows, cluster, routed_by_line), rows
-
-
-def worker_preemption_ms(n: int, cores: int | None, worker_ms: float, step_ms: float,
-                         efficiency: float = 1.0) -> float:
-    """How much n ranks' loader workers (worker_ms of CPU each per step) lengthen a step of
-    step_ms on a host of `cores` cores: the spare cores (cores - n) take what they can in
-    the step, the rest shares the cores with the ranks; beyond the cores, as much of it as
-    the measured time-sharing `efficiency` says. None: ranks compute elsewhere."""
-    if not cores or worker_ms <= 0:
-        return 0.0
-    share = efficiency if n > cores else 1.0
-    return share * max(0.0, n * worker_ms - max(0, cores - n) * step_ms) / cores
-
-
-def summarize_steps(run: RunConfig, rows: list[dict], cluster: Cluster,
-                    route_extrapolated: bool = False) -> dict:
-    import pandas as pd
-
-    df = pd.DataFrame(rows)
-    m = df[df["step"] >= run.workload.warmup]
-    cap, secs = m["capacity_ms"].sum(), m["step_time_ms"].sum() / 1e3
-    bound = 1 - (m["busy_mean_ms"] / m["bound_busy_max_ms"]).mean()
-    return {
-        "run_id": None, "trainer": run.trainer, "workload": run.workload.name,
-        "world_size": run.world_size, "seed": run.seed, "steps": run.workload.steps,
-        "warmup": run.workload.warmup, "simulated": True, "emulated": False,
-        "oversubscribed": False, "contended": False, "cluster": cluster.name,
-        "assumptions": assumptions(cluster),  # which figures are assumed, in every output
-        "steps_measured": int(len(m)),
-        "step_time_ms_median": float(m["step_time_ms"].median()),
-        # The plan at the simulated size, timed on this machine's CPU (not the cluster's
-        # hosts'): MEASURED here, beside a SIMULATED step, as a run's summary gives it.
-        "plan_ms_per_step": float(m["plan_ms"].mean()),
-        "plan_share_of_step": float(m["plan_ms"].mean() / m["step_time_ms"].median()),
-        # The routing likewise (FreeScale with sharded tables), and whether it was followed
-        # on a line beyond the batches timed (freescale_impl.routing_cost).
-        "route_ms_per_step": float(m["route_ms"].mean()),
-        "route_extrapolated": route_extrapolated,
-        "step_time_ms_mean": float(m["step_time_ms"].mean()),
-        "samples_per_s": float(m["num_samples"].sum() / secs),
-        "tokens_per_s": float(m["num_targets"].sum() / secs),
-        "bubble_ratio": float(m["idle_ms"].sum() / cap),
-        "straggler_bubble_ratio": float(m["straggler_ms"].sum() / cap),
-        "exposed_comm_ratio": float(m["exposed_comm_ms"].sum() / cap),
-        "input_stall_ratio": float(m["input_stall_ms"].sum() / cap),
-        "other_idle_ratio": float(m["other_idle_ms"].sum() / cap),
-        "load_imbalance": float(1 - m["busy_mean_ms"].sum() / m["busy_max_ms"].sum()),
-        "whole_sample_bound_bubble": float(bound),
-        "comm_overlap_ratio": None, "cpu_wait_ratio": None, "sm_occupancy": None,
-        "peak_memory_mb": None,
-    }
 
 
 def write_simulated(run: RunConfig, cluster: Cluster, out_dir: str | Path, store: str | Path,

@@ -67,21 +67,35 @@ def _unpack(item: StepInput) -> StepInput:
                      map_tensors(item.aux, lambda p: torch.from_numpy(p.array), _PackedTensor))
 
 
+def prepare_timed(prepare: Preparer, step: int, source=None) -> tuple[StepInput, int]:
+    """Step `step`'s input and the input stage's CPU ns for it: the preparer's thread CPU
+    time less the data source's reading of global batches (`MeteredSource.read_ns`: the
+    synthetic generator makes the whole global batch, where a real data loader reads only
+    the rank's samples by index; that reading is data, not the input stage's work)."""
+    read0 = getattr(source, "read_ns", 0)
+    cpu0 = time.thread_time_ns()
+    item = prepare(step)
+    cpu = time.thread_time_ns() - cpu0
+    return item, max(0, cpu - (getattr(source, "read_ns", 0) - read0))
+
+
 class _Steps(Dataset):
     """Map-style dataset whose item k is step k's prepared input (packed for transport)."""
 
-    def __init__(self, prepare: Preparer, steps: int) -> None:
-        self.prepare, self.steps = prepare, steps
+    def __init__(self, prepare: Preparer, steps: int, source=None) -> None:
+        self.prepare, self.steps, self.source = prepare, steps, source
 
     def __len__(self) -> int:
         return self.steps
 
     def __getitem__(self, step: int) -> StepInput:
         cpu0 = time.thread_time_ns()
-        item = _pack(self.prepare(step))
+        item, stage_ns = prepare_timed(self.prepare, step, self.source)
+        item = _pack(item)
         # What the worker's CPU cost (on a machine without a spare core, the ranks'
         # run-queue wait): kept apart from contention by a neighbour.
-        item.extra = {**item.extra, "input_worker_cpu_ns": time.thread_time_ns() - cpu0}
+        item.extra = {**item.extra, "input_worker_cpu_ns": time.thread_time_ns() - cpu0,
+                      "input_stage_ns": stage_ns}
         return item
 
 
@@ -99,24 +113,31 @@ class InputPipeline:
         device: where the inputs go.
         workers: loader worker processes (0: prepare inline, at pull time).
         prefetch: inputs each worker keeps ready ahead of the step that pulls them.
+        source: the data source the preparer reads (`MeteredSource`), whose reading is
+            left out of the input stage's CPU (`stage_cpu_ns`).
     """
 
     def __init__(self, prepare: Preparer, steps: int, device: torch.device, workers: int = 1,
-                 prefetch: int = 2) -> None:
+                 prefetch: int = 2, source=None) -> None:
         self.device = device
         self.pulled = 0
         self.worker_cpu_ns: dict[int, int] = {}  # step -> its preparation's CPU time
+        self.stage_cpu_ns: dict[int, int] = {}  # step -> the input stage's CPU, reading left out
         if workers == 0:
-            self._it: Iterator[StepInput] = (prepare(k) for k in range(steps))
+            self._it: Iterator[StepInput] = (self._inline(prepare, k, source) for k in range(steps))
             self._loader = None
         else:
             # Workers are forked (Linux default) after the process group exists, as with any
             # DataLoader in a DDP script; they never touch the group. Order is kept
             # (in_order), so the k-th pull is step k's input.
             self._loader = DataLoader(
-                _Steps(prepare, steps), batch_size=None, shuffle=False, num_workers=workers,
+                _Steps(prepare, steps, source), batch_size=None, shuffle=False, num_workers=workers,
                 prefetch_factor=prefetch, collate_fn=_keep, persistent_workers=False)
             self._it = map(_unpack, iter(self._loader))
+
+    def _inline(self, prepare: Preparer, step: int, source) -> StepInput:
+        item, self.stage_cpu_ns[step] = prepare_timed(prepare, step, source)
+        return item
 
     def __iter__(self) -> "InputPipeline":
         return self
@@ -130,6 +151,7 @@ class InputPipeline:
             if "input_worker_cpu_ns" in item.extra:
                 extra = dict(item.extra)
                 self.worker_cpu_ns[item.step] = extra.pop("input_worker_cpu_ns")
+                self.stage_cpu_ns[item.step] = extra.pop("input_stage_ns")
                 item.extra = extra
             return item.to(self.device)
 
@@ -145,18 +167,24 @@ class MeteredSource:
     It counts the global batches generated in *this* process: the loader worker works on
     its own (forked) copy, so a rank whose count stays 0 provably generated no data in
     its training process, inside its steps or anywhere else (`batches_generated_in_rank`
-    in each summary). It also applies `synthetic.input_delay_ms`, a data source that
+    in each summary). It also times its reading (`read_ns`), which the input stage's CPU
+    leaves out (`prepare_timed`), and applies `synthetic.input_delay_ms`, a data source that
     slow (sleeping), which the input-stall ground truth uses."""
 
     def __init__(self, source, input_delay_ms: float = 0.0) -> None:
         self.source, self.input_delay_s = source, input_delay_ms / 1e3
         self.generated = 0
+        self.read_ns = 0  # thread CPU time spent making global batches (reading data)
 
     def global_batch(self, step: int) -> JaggedBatch:
         if self.input_delay_s > 0:
             time.sleep(self.input_delay_s)
         self.generated += 1
-        return self.source.global_batch(step)
+        cpu0 = time.thread_time_ns()
+        try:
+            return self.source.global_batch(step)
+        finally:
+            self.read_ns += time.thread_time_ns() - cpu0
 
 
 class ContiguousShare:

@@ -61,7 +61,7 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
     measured = measured_steps(run.workload.warmup, run.workload.steps, align)
     profiled = profiled_window(measured, align, cuda=ctx.device.type == "cuda")
     inputs = InputPipeline(trainer.make_preparer(), run.workload.steps, ctx.device,
-                           workers=run.input_workers)
+                           workers=run.input_workers, source=source)
     # Samples SM occupancy (GPU) or CPU utilization and RSS during measured steps only,
     # the profiled ones left out.
     monitor = RankMonitor(ctx.device)
@@ -128,7 +128,8 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
         write_json_atomic(run_dir / f"input-rank-{ctx.rank}.json",
                           {"input_workers": run.input_workers, "step_alignment": align,
                            "batches_generated_in_rank": source.generated,
-                           "worker_cpu_ns": inputs.worker_cpu_ns})
+                           "worker_cpu_ns": inputs.worker_cpu_ns,
+                           "stage_cpu_ns": inputs.stage_cpu_ns})
         write_json_atomic(run_dir / f"memory-rank-{ctx.rank}.json", peak_memory(ctx.device))
         write_json_atomic(run_dir / f"monitor-rank-{ctx.rank}.json",
                           {"summary": monitor.summary(), "samples": monitor.samples(),
