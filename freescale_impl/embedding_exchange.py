@@ -60,9 +60,20 @@ from freescale_impl.transport import CollectiveTransport, Pending
 USES = ("users", "contexts", "items", "targets", "negatives")  # the model's reading order
 
 
-def _counts(index: torch.Tensor, n: int) -> list[int]:
+def _counts(index, n: int) -> list[int]:
     """Entries per peer, on the host: for planning only, never inside forward or backward."""
-    return torch.bincount(index.cpu(), minlength=n).tolist()
+    if isinstance(index, torch.Tensor):
+        index = index.cpu().numpy()
+    return np.bincount(index, minlength=n).tolist()
+
+
+def touched_mask(local: torch.Tensor, touched: torch.Tensor, rows_held: int) -> torch.Tensor:
+    """Which of an owner's entries (`local`: local rows) are among `touched` (local rows, any
+    order, repeats allowed): a table of the rows it holds, O(entries + rows held), where a
+    sorted `isin` took ~1 ms a step at 11k entries."""
+    table = torch.zeros(rows_held, dtype=torch.bool, device=local.device)
+    table[touched] = True
+    return table[local]
 
 
 @dataclass
@@ -195,33 +206,42 @@ def service_of(counts_in: torch.Tensor, n: int, chunks: int) -> Service:
     """An owner's service, its rows still unknown, from the counts each of the n requesters
     sends it per chunk ((n, chunks), on the host): entries arrive by requester, then chunk,
     so each entry's (src, chunk) label follows from the counts alone. O(entries + n)."""
-    per = counts_in.reshape(-1)
+    per = counts_in.reshape(-1).cpu().numpy()
     return Service(local=torch.empty(0, dtype=torch.int64),
-                   src=torch.arange(n).repeat_interleave(chunks).repeat_interleave(per),
-                   chunk=torch.arange(chunks).repeat(n).repeat_interleave(per))
+                   src=torch.from_numpy(np.repeat(np.repeat(np.arange(n), chunks), per)),
+                   chunk=torch.from_numpy(np.repeat(np.tile(np.arange(chunks), n), per)))
 
 
-def _fetch(name: str, sel_req: torch.Tensor, sel_srv: torch.Tensor, req_owner: torch.Tensor,
-           req_chunk: torch.Tensor, svc_src: torch.Tensor, n: int) -> Fetch:
+def _fetch(name: str, sel_req: np.ndarray, sel_srv: np.ndarray, req_owner: np.ndarray,
+           req_chunk: np.ndarray, svc_src: np.ndarray, n: int, chunks: int) -> Fetch:
     """One message from host masks over the request's and the service's entries."""
-    req_entries, svc_entries = sel_req.nonzero().flatten(), sel_srv.nonzero().flatten()
-    return Fetch(name, req_entries, svc_entries, _counts(svc_src[svc_entries], n),
-                 _counts(req_owner[req_entries], n), set(torch.unique(req_chunk[req_entries]).tolist()))
+    req_entries, svc_entries = np.flatnonzero(sel_req), np.flatnonzero(sel_srv)
+    carried = np.flatnonzero(np.bincount(req_chunk[req_entries], minlength=chunks))
+    return Fetch(name, torch.from_numpy(req_entries), torch.from_numpy(svc_entries),
+                 _counts(svc_src[svc_entries], n), _counts(req_owner[req_entries], n),
+                 set(carried.tolist()))
 
 
 def plan_fetches(req: Request, svc: Service, n: int, chunks: int, final: bool) -> None:
     """The step's messages from its fresh masks, on the host: with `final` one message of
     the rows the previous step cannot change, then (always) the fresh rows chunk by chunk;
     and the gradients' receive plan per chunk. Index tensors are on the CPU: the input
-    stage moves them to the device with the step's input (else `ShardedEmbeddings`)."""
-    req_chunk, req_owner, svc_chunk, svc_src = req.chunk.cpu(), req.owner.cpu(), svc.chunk.cpu(), svc.src.cpu()
-    req_fresh, svc_fresh = req.fresh.cpu(), svc.fresh.cpu()
-    on_host = (req_owner, req_chunk, svc_src, n)
+    stage moves them to the device with the step's input (else `ShardedEmbeddings`).
+    In numpy (as `build_request`): O(entries + n)."""
+    host = lambda t: t.cpu().numpy()  # noqa: E731
+    req_chunk, req_owner, svc_chunk, svc_src = host(req.chunk), host(req.owner), host(svc.chunk), host(svc.src)
+    req_fresh, svc_fresh = host(req.fresh), host(svc.fresh)
+    on_host = (req_owner, req_chunk, svc_src, n, chunks)
     req.final_fetch = _fetch("emb.fetch_final", ~req_fresh, ~svc_fresh, *on_host) if final else None
-    req.fresh_fetches = [_fetch(f"emb.fetch_c{c}", req_fresh & (req_chunk == c),
-                                svc_fresh & (svc_chunk == c), *on_host) for c in range(chunks)]
-    svc.grad_entries = [(svc_chunk == c).nonzero().flatten() for c in range(chunks)]
-    svc.grad_splits = [_counts(svc_src[e], n) for e in svc.grad_entries]
+    if chunks == 1:  # every entry is in chunk 0
+        req.fresh_fetches = [_fetch("emb.fetch_c0", req_fresh, svc_fresh, *on_host)]
+        entries = [np.arange(svc_chunk.size)]
+    else:
+        req.fresh_fetches = [_fetch(f"emb.fetch_c{c}", req_fresh & (req_chunk == c),
+                                    svc_fresh & (svc_chunk == c), *on_host) for c in range(chunks)]
+        entries = [np.flatnonzero(svc_chunk == c) for c in range(chunks)]
+    svc.grad_entries = [torch.from_numpy(e) for e in entries]
+    svc.grad_splits = [_counts(svc_src[e], n) for e in entries]
 
 
 class ShardedEmbeddings:
@@ -324,10 +344,10 @@ class ShardedEmbeddings:
 
     def send_fresh_mask(self, req: Request, svc: Service, touched: torch.Tensor) -> Pending:
         """Priority, requests exchanged: mark this owner's entries whose rows the current
-        step touches (`touched`: its local rows asked for at the current step) fresh, and
-        issue the mask to the requesters."""
+        step touches (`touched`: its local rows asked for at the current step, repeats
+        allowed) fresh, and issue the mask to the requesters."""
         with span("emb.route", kind="compute"):
-            svc.fresh = torch.isin(svc.local, touched)
+            svc.fresh = touched_mask(svc.local, touched, self.shard.weight.shape[0])
         return self.control.all_to_all(svc.fresh.to(torch.uint8), _counts(svc.src, self.n),
                                        req.send_counts, "emb.fresh_mask")
 

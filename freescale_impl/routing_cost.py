@@ -14,7 +14,7 @@ A rank's input stage, by routing (freescale_impl.routing):
   prep   exchanged only: the owner's preparation on the rank's own thread once the
          requests arrive (its service from the counts, the ids' local rows, the fresh
          mask, the messages' plan: O(entries it serves + N)); the real functions the step
-         calls (`service_of`, `RowLayout.local_index`, `torch.isin`, `plan_fetches`) on
+         calls (`service_of`, `RowLayout.local_index`, `touched_mask`, `plan_fetches`) on
          what the other ranks' real requests would send it, built untimed.
 
 The global batches are generated before the clock starts (reading data is not the input
@@ -35,7 +35,7 @@ import time
 
 import torch
 
-TIMED_TOKENS = 1_000_000
+TIMED_TOKENS = 4_000_000
 """The largest global batch (in tokens) the simulator times whole; beyond, the line."""
 
 
@@ -107,6 +107,7 @@ class _Owner:
         self.balanced, self.layout, self.chunks, self.rank = balanced, layout, chunks, rank
         self.touched_global = None  # global rows any rank read at the previous step
         self.touched_local = None   # this owner's local rows asked for at the previous step
+        self.rows_held = int(layout.owned_rows(rank).numel())
 
     def arrivals(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(counts each requester sends me per chunk, the ids in arrival order, every global
@@ -123,7 +124,7 @@ class _Owner:
 
     def prepare(self, req, served) -> float:
         """CPU ms of the owner's preparation of one step, as the step does it."""
-        from freescale_impl.embedding_exchange import plan_fetches, service_of
+        from freescale_impl.embedding_exchange import plan_fetches, service_of, touched_mask
 
         counts_in, ids, read_now = served
         n = self.layout.world_size
@@ -132,7 +133,7 @@ class _Owner:
         svc.local = self.layout.local_index(ids)
         first = self.touched_local is None  # the first step: every row is fresh
         svc.fresh = (torch.ones(ids.numel(), dtype=torch.bool) if first
-                     else torch.isin(svc.local, self.touched_local))
+                     else touched_mask(svc.local, self.touched_local, self.rows_held))
         cpu_owner = time.thread_time_ns() - cpu0
         # The mask the owners send back (what every owner computed for this rank's entries).
         req.fresh = (torch.ones(req.rows.numel(), dtype=torch.bool) if first
@@ -141,7 +142,7 @@ class _Owner:
         plan_fetches(req, svc, n, self.chunks, final=not first)
         cpu_plan = time.thread_time_ns() - cpu0
         self.touched_global = read_now
-        self.touched_local = torch.unique(svc.local)
+        self.touched_local = svc.local
         return (cpu_owner + cpu_plan) / 1e6
 
 

@@ -162,7 +162,7 @@ class ShardedTableTrainer:
             engine.serve(nxt.svc, nxt.ids)  # issued a whole backward ago
         after = (self._requested(next(inputs))
                  if cur.prepared.step + 2 < steps else None)  # k+2: an input span, counts out
-        mask = (engine.send_fresh_mask(nxt.req, nxt.svc, touched=torch.unique(cur.svc.local))
+        mask = (engine.send_fresh_mask(nxt.req, nxt.svc, touched=cur.svc.local)
                 if engine.priority and nxt is not None else None)
         with span("forward"):
             loss = self.dense(engine.lookups(cur.req), cur.prepared.batches[0])
