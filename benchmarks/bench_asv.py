@@ -61,6 +61,53 @@ class PlannerAtScale:
         self.lookahead_window(self.batches, 256, 4, partitioner=self.fn)
 
 
+class InputStage:
+    """One rank's exchanged-routing input stage per step on `medium` at 128 samples a rank
+    (`fsbench micro input-stage`): its own request (the loader worker's routing) and the
+    owner's preparation (the rank thread's), at 8 and 256 ranks. Flat in the ranks by
+    construction (O(local batch + N))."""
+    params = ([8, 256],)
+    param_names = ["ranks"]
+    timeout = 300
+
+    def setup(self, ranks):
+        import dataclasses
+
+        import torch
+
+        from fsbench.models.sparse import table_specs
+        from fsbench.workloads.generator import SyntheticBatches
+        from fsbench.workloads.presets import medium
+        from freescale_impl.embedding_exchange import build_request, plan_fetches, service_of, touched_mask
+        from freescale_impl.sharded_tables import RowLayout
+
+        w = dataclasses.replace(medium(), global_batch_size=ranks * 128)
+        batch = SyntheticBatches(w, 0).global_batch(0)
+        self.layout = RowLayout(table_specs(w.model.dim, w.item_vocab, w.user_vocab, w.context_vocabs),
+                                ranks, "row")
+        self.local = batch.select(list(range(0, batch.batch_size, ranks)))  # ~128 samples
+        self.build_request, self.plan_fetches = build_request, plan_fetches
+        self.service_of, self.touched_mask, self.torch = service_of, touched_mask, torch
+        req = build_request(self.local, self.layout, 1)
+        # As if every requester asked this owner for what this rank asks all owners for
+        # (the same count of entries an owner serves on average), relabelled onto rank 0.
+        self.counts = req.counts.clone()
+        self.ids = req.rows - self.layout.owner(req.rows)
+        self.held = int(self.layout.owned_rows(0).numel())
+        self.req = req
+
+    def time_own_request(self, ranks):
+        self.build_request(self.local, self.layout, 1)
+
+    def time_owner_preparation(self, ranks):
+        torch = self.torch
+        svc = self.service_of(self.counts, ranks, 1)
+        svc.local = self.layout.local_index(self.ids)
+        svc.fresh = self.touched_mask(svc.local, svc.local[::2], self.held)
+        self.req.fresh = torch.zeros(self.req.rows.numel(), dtype=torch.bool)
+        self.plan_fetches(self.req, svc, ranks, 1, final=True)
+
+
 class BatchGenerator:
     params = (["tiny", "small"],)
     param_names = ["workload"]
