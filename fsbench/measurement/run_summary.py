@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from fsbench.errors import ConfigError
-from fsbench.measurement import host_syncs, metrics
+from fsbench.measurement import host_syncs, metrics, profiled
 
 # The evaluation keys of a summary (None for a run without --eval); fsbench.running.evaluate
 # writes the eval.json they come from.
@@ -62,8 +62,10 @@ def summarize(files: RunFiles) -> dict:
     input_cpu = pd.DataFrame([{"rank": r, "step": int(k), "cpu_ns": v} for r, i in files.inputs
                               for k, v in i.get("worker_cpu_ns", {}).items()],
                              columns=["rank", "step", "cpu_ns"])
-    summary["busy_source"] = "kineto" if files.gpu_busy is not None else (
-        "cuda_events" if spans["gpu_ns"].notna().any() else "thread_cpu_time")
+    # Which record the busy time came from, and which profiled steps fell back to CUDA
+    # events because the kernel record held nothing for them (fsbench.measurement.profiled).
+    profiled_steps = set(spans.loc[spans["profiled"] & ~spans["warmup"].astype(bool), "step"].astype(int))
+    summary.update(profiled.busy_source(files.gpu_busy, profiled_steps, bool(spans["gpu_ns"].notna().any())))
     machines = files.machines
     summary.update(metrics.summarize(spans, stats, files.gpu_busy, input_cpu,
                                      steal_ticks=max((s["steal_ticks"] for s in machines), default=0),
