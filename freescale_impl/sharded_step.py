@@ -47,7 +47,10 @@ class ShardedTableTrainer:
         self.ctx, self.run, self.opts = ctx, run, opts
         w = run.workload
         # Sums, not averages: each rank's loss is already its share of the global loss.
-        self.dense = wrap_ddp(build_dense(run, ctx.device), ctx, average=False)
+        # The embedding gradients' all-to-alls wait for DDP's last bucket: one order of
+        # the collectives issued from backward's hooks on every rank (embedding_exchange).
+        self.dense = wrap_ddp(build_dense(run, ctx.device), ctx, average=False,
+                              after_last_bucket=lambda: self.engine.dense_gradients_issued())
         self.optimizer = make_optimizer(self.dense.parameters(), w)
         layout = RowLayout(table_specs(w.model.dim, w.item_vocab, w.user_vocab, w.context_vocabs),
                            ctx.world_size, opts.sharding)
@@ -59,6 +62,7 @@ class ShardedTableTrainer:
         self.engine = ShardedEmbeddings(layout, shard, make_transport(opts.transport, group, ctx.device),
                                         group, ctx.rank, opts.chunks or (4 if ctx.device.type == "cuda" else 1), overlap=opts.overlap == "on",
                                         priority=opts.priority == "on")
+        self.engine.grads_after_dense = True
         self.ahead = None  # (StepInput, Request, Service) of the next step, when prepared
 
     def begin(self, prepared: StepInput):
