@@ -110,11 +110,13 @@ def merge_monitors(ranks: list[dict]) -> dict:
         return max(vals) if vals else None
     cpu = sorted(r["cpu_util_percent"] for r in ranks if r.get("cpu_util_percent") is not None)
     sm = mean("sm_occupancy")
+    # Why there is no figure, or why a figure is partial (GPM failed part-way): the first
+    # rank's reason, in every summary. Measured on every rank without a caveat: None.
+    reason = next((r["sm_occupancy_reason"] for r in ranks if r.get("sm_occupancy_reason")), None)
     return {
         "sm_occupancy": None if sm is None else sm / 100.0,  # a fraction, like every ratio
         "sm_util": None if mean("sm_util") is None else mean("sm_util") / 100.0,
-        "sm_occupancy_reason": None if sm is not None else next(
-            (r["sm_occupancy_reason"] for r in ranks if r.get("sm_occupancy_reason")), "not measured"),
+        "sm_occupancy_reason": reason or (None if sm is not None else "not measured"),
         "gpu_util_percent": mean("gpu_util_percent"),
         "gpu_mem_used_peak_mib": peak("gpu_mem_used_peak_mib"),
         # The driver's view of the rank's own memory (NVML, sampled): beside the allocator's
