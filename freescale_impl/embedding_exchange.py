@@ -19,8 +19,13 @@ Every rank is both a *requester* (its samples need rows) and an *owner* (it hold
             targets' and negatives' rows arrive while the encoder runs.
   gradients each chunk's rows form one autograd leaf; when autograd has accumulated its
             gradient (a post-accumulate hook) the chunk's gradients go to the owners,
-            while the rest of backward runs. Chunks are sent in one fixed order on every
-            rank (last-consumed first), since collectives must match across ranks.
+            while the rest of backward runs. Every collective issued from backward's hooks
+            goes in one fixed order on every rank, since collectives must match across
+            ranks: with `grads_after_dense`, first DDP's dense all-reduce buckets (in
+            DDP's order), then the chunks, last-consumed first, each once it is ready.
+            (Issued as each became ready, the chunks' all-to-alls and DDP's all-reduces,
+            on two communicators, interleaved by the data: a chunk no sample read counted
+            as ready at once, so ranks could issue them in different orders.)
   update    the owner sums the contributions per row and steps only those rows.
 
 With `priority=on`, step k also prepares step k+1 (its input is pulled one step ahead):
@@ -262,6 +267,11 @@ class ShardedEmbeddings:
         self._grad_sends: list[tuple[Pending, int]] = []  # (exchange, chunk) this step
         self._sent = 0
         self._ready: list[bool] = []
+        # Set by a trainer whose dense gradients DDP all-reduces from its own hooks: the
+        # chunks' sends then wait for DDP's last bucket (`dense_gradients_issued`).
+        self.grads_after_dense = False
+        self._dense_issued = True
+        self._grad_req: Request | None = None
 
     # -- requests -----------------------------------------------------------------
     # A step's requests are exchanged in three messages, each issued early and waited
@@ -411,15 +421,27 @@ class ShardedEmbeddings:
         was read, or the chunk is empty)."""
         self._ready = [req.leaves[c] is None for c in range(self.chunks)]
         self._grad_sends, self._sent = [], 0
-        self._svc = svc
+        self._svc, self._grad_req = svc, req
+        self._dense_issued = not self.grads_after_dense
 
     def _grad_ready(self, req: Request, c: int) -> None:
         self._ready[c] = True
         self._send_grads(req)
 
+    def dense_gradients_issued(self) -> None:
+        """DDP issued the step's last dense all-reduce (fsbench.training.dp.wrap_ddp's
+        after_last_bucket, on autograd's thread): the chunks may go now."""
+        self._dense_issued = True
+        if self._grad_req is not None:
+            self._send_grads(self._grad_req)
+
     def _send_grads(self, req: Request, everything: bool = False) -> None:
         """Send chunk gradients in one fixed order, last-consumed first (the order autograd
-        produces them), as far as they are ready: collectives must match across ranks."""
+        produces them), as far as they are ready, and only after DDP's dense all-reduces
+        where those come from hooks too: collectives must match across ranks. `everything`
+        (after backward, when DDP has issued every bucket): the rest, ready or not."""
+        if not (everything or self._dense_issued):
+            return
         while self._sent < self.chunks:
             c = self.chunks - 1 - self._sent
             if not (self._ready[c] or everything):

@@ -60,7 +60,10 @@ class ShardedTableTrainer:
         self.ctx, self.run, self.opts = ctx, run, opts
         w = run.workload
         # Sums, not averages: each rank's loss is already its share of the global loss.
-        self.dense = wrap_ddp(build_dense(run, ctx.device), ctx, average=False)
+        # The embedding gradients' all-to-alls wait for DDP's last bucket: one order of
+        # the collectives issued from backward's hooks on every rank (embedding_exchange).
+        self.dense = wrap_ddp(build_dense(run, ctx.device), ctx, average=False,
+                              after_last_bucket=lambda: self.engine.dense_gradients_issued())
         self.optimizer = make_optimizer(self.dense.parameters(), w)
         layout = RowLayout(table_specs(w.model.dim, w.item_vocab, w.user_vocab, w.context_vocabs),
                            ctx.world_size, opts.sharding)
@@ -72,6 +75,7 @@ class ShardedTableTrainer:
         self.engine = ShardedEmbeddings(layout, shard, make_transport(opts.transport, group, ctx.device),
                                         group, ctx.rank, opts.chunks or (4 if ctx.device.type == "cuda" else 1), overlap=opts.overlap == "on",
                                         priority=opts.priority == "on")
+        self.engine.grads_after_dense = True
         self.ahead = None  # host routing: (StepInput, Request, Service) of the next step
         self.exchanged: list[Routed] = []  # exchanged routing: this step's, then the next
         self.host_routed: bool | None = None  # known at the first step

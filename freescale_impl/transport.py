@@ -25,6 +25,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from fsbench.measurement.kineto import comm_launch
 from fsbench.measurement.timeline import current, span
 
 TRANSPORTS = ("collective", "sm_free")
@@ -112,7 +113,14 @@ class SmFreeTransport:
     """Pull-based all-to-all over symmetric memory: rank r copies its slice out of every
     peer's staging buffer with `Tensor.copy_` (a peer-to-peer cudaMemcpyAsync: copy
     engines). Two barriers per exchange: the senders' rows are staged before anyone pulls,
-    and everyone has pulled before a buffer is reused. NOT YET RUN ON A GPU."""
+    and everyone has pulled before a buffer is reused.
+
+    The flight ends at an event recorded on the copy stream right after the pulls (not
+    when the caller waits: compute queued in between is no part of it), and nothing here
+    blocks the host on the device: `wait()` makes the caller's stream wait for the pulls
+    and queues the second barrier behind them. The pulls are launched inside a
+    `fsbench.comm.` annotation on their own stream, so that the profiler's record classes
+    them as communication (CUPTI calls them device-to-device copies). NOT YET RUN ON A GPU."""
 
     name = "sm_free"
 
@@ -146,11 +154,13 @@ class SmFreeTransport:
         with span(f"{name}.issue", kind="comm"):
             flight = current().in_flight(name)
             dist.all_to_all_single(peer_starts, starts, group=self.group)
+            # note: a CPU-GPU sync point (the offsets are needed on the host to slice); torch's
+            # sync-debug mode sees it, so host_syncs_fwd_bwd_per_step counts it.
             peer_starts = peer_starts.tolist()
             self.buffer[:nbytes].view(send.dtype)[:send.numel()].copy_(send.reshape(-1))
             self.handle.barrier()  # every rank has staged its rows
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self.stream):
+            with torch.cuda.stream(self.stream), comm_launch(f"sm_free.{name}"):
                 for peer, src_at, dst_at, count in pull_plan(row, recv_splits, peer_starts):
                     src = self.handle.get_buffer(peer, (self.buffer.numel() // send.element_size(),),
                                                  send.dtype)
@@ -158,11 +168,15 @@ class SmFreeTransport:
                                                                  non_blocking=True)
             done = torch.cuda.Event()
             done.record(self.stream)
+            flight.finish_on(self.stream)  # the pulls' end, on their stream
 
         def finish() -> None:
+            # No host synchronize: inside forward and backward it would drain the device
+            # (and torch's sync-debug mode would not count it). The caller's stream waits
+            # for the pulls; the barrier, queued behind them on that stream, completes when
+            # every peer has pulled, and only then can a later staging copy (queued after
+            # it on the same stream) overwrite the buffer.
             torch.cuda.current_stream(self.device).wait_event(done)
-            done.synchronize()
-            flight.finish()
             self.handle.barrier()  # every peer has pulled: the staging buffer is free
             self._unfinished = None
 

@@ -151,7 +151,8 @@ class WorkloadConfig:
     1 is RecBole's every-prefix training."""
     compute: str = "model"
     """What a sample's compute is: `model` (the reference model), `synthetic` (a CPU
-    spin of known cost per token: the harness's ground truth) or `emulated` (the real
+    spin of known cost per token, a device sleep kernel on CUDA: the harness's ground
+    truth) or `emulated` (the real
     runtime with the encoder's compute replaced by waiting for its calibrated cost:
     fsbench.models.emulation)."""
     synthetic: SyntheticComputeConfig = field(default_factory=SyntheticComputeConfig)
@@ -247,10 +248,6 @@ class RunConfig:
         _require(self.workload.global_batch_size >= self.world_size,
                  f"world_size={self.world_size} exceeds global_batch_size="
                  f"{self.workload.global_batch_size}: every rank needs at least one sample")
-        if self.device == "cuda":
-            _require(self.workload.compute != "synthetic",
-                     "compute=synthetic spins a CPU thread for a known time: on --device cuda "
-                     "it would measure the host, not the GPU; use compute=model or emulated")
         if self.eval.on:
             _require(specs.parse_data(self.workload.data).kind != "synthetic",
                      "--eval needs real interaction data to hold items out of: "

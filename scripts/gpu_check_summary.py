@@ -1,10 +1,14 @@
-"""The device check's one JSON and one Markdown file: every step's exit code (or why it was
-skipped) and every run's summary, from what scripts/gpu_check.sh left under OUT.
+"""The device check's report: $OUT/summary.json and $OUT/summary.md, from what
+scripts/gpu_check.sh left under OUT (its steps.tsv and the work folder).
 
-    python scripts/gpu_check_summary.py OUT DEVICE
+    python scripts/gpu_check_summary.py OUT DEVICE [--steps-only] [--dry-run]
 
-Exit 0 when every step that ran exited 0 and every run completed; 1 otherwise (the files
-are written either way: a failed step is what the check is for).
+--steps-only is the cheap form the check writes after every step (standard library only,
+no run is read): the steps so far, the preflight and the self-tests. The full form, at
+exit, adds every run's summary, the SM-contention micro-benchmark and the calibration.
+Exit 0 when every step that ran exited 0, every self-test that ran passed and every run
+completed; 3 otherwise, with the files written all the same (a failure is what the check
+is for). Any other exit code means the report itself failed.
 """
 from __future__ import annotations
 
@@ -12,33 +16,74 @@ import json
 import sys
 from pathlib import Path
 
-from fsbench.errors import ConfigError
-from fsbench.measurement.timeline import read_timelines
-from fsbench.running.store import load_runs
-
-# What a reader of the check needs from each run's summary, in this order.
-RUN_KEYS = ("run_id", "trainer", "workload", "device", "status", "step_time_ms_median",
-            "samples_per_s", "bubble_ratio", "exposed_comm_ratio", "comm_overlap_ratio",
-            "sm_occupancy", "peak_memory_mb", "gpu_mem_used_peak_mib", "host_syncs_per_step",
-            "host_syncs_fwd_bwd_per_step", "busy_source", "steps_profiled", "steps_timed",
-            "flights", "flight_ms_median")
+# What a reader needs from each run's summary, in this order.
+RUN_KEYS = ("run_id", "trainer", "options", "status", "step_time_ms_median", "samples_per_s",
+            "bubble_ratio", "straggler_bubble_ratio", "exposed_comm_ratio", "input_stall_ratio",
+            "other_idle_ratio", "profiler_overhead_ratio", "comm_overlap_ratio", "comm_overlap_source",
+            "sm_occupancy", "sm_util", "sm_occupancy_reason", "host_syncs_per_step",
+            "host_syncs_fwd_bwd_per_step", "peak_memory_mb", "gpu_proc_mem_peak_mib",
+            "busy_source", "busy_source_note", "steps_profiled", "steps_timed", "flights",
+            "flight_ms_median")
+MD_RUN_KEYS = ("trainer", "options", "step_time_ms_median", "bubble_ratio", "straggler_bubble_ratio",
+               "exposed_comm_ratio", "input_stall_ratio", "other_idle_ratio", "profiler_overhead_ratio",
+               "sm_occupancy", "host_syncs_per_step", "host_syncs_fwd_bwd_per_step", "peak_memory_mb",
+               "busy_source")
+SELFTEST_FILES = ("selftests.json", "groundtruth.json")
+# One GPU cannot show these; the report lists them as not checked, never as passed.
+NOT_CHECKED = (
+    "multi-rank NCCL: every run is world size 1, where an all-reduce launches no kernel and "
+    "an all-to-all copies to itself (flights near 0 ms are then right, not a bug)",
+    "copy-engine pulls between GPUs over NVLink (sm_free at one rank pulls from itself)",
+    "the order of hook-issued collectives across ranks on NCCL (checked on CPU with 2 gloo "
+    "ranks: tests/test_hook_order.py)",
+    "FreeScale's balance switch (one rank has nothing to balance)",
+    "TorchRec and DeepSpeed (not installed on the GPU machine)",
+)
 
 
 def read_steps(path: Path) -> list[dict]:
+    """steps.tsv: name, result (an exit code, `skipped: why` for a step this machine cannot
+    run, `not run: why` for one that should have run: out of time, the preflight failed),
+    seconds, budget."""
     steps = []
+    if not path.exists():
+        return steps
     for line in path.read_text().splitlines():
-        name, _, result = line.partition("\t")
+        name, result, seconds, budget = (line.split("\t") + ["", "", ""])[:4]
+        row = {"step": name, "exit_code": None, "skipped": None, "not_run": None, "timed_out": False,
+               "seconds": float(seconds) if seconds else None, "budget_s": int(budget) if budget else None}
         if result.startswith("skipped"):
-            steps.append({"step": name, "exit_code": None, "skipped": result.partition(": ")[2]})
+            row["skipped"] = result.partition(": ")[2]
+        elif result.startswith("not run"):
+            row["not_run"] = result.partition(": ")[2]
         else:
-            steps.append({"step": name, "exit_code": int(result), "skipped": None})
+            row["exit_code"] = int(result)
+            row["timed_out"] = row["exit_code"] in (124, 137)
+        steps.append(row)
     return steps
 
 
-def flights(run_dir: Path) -> dict:
+def read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_selftests(work: Path) -> list[dict]:
+    tests = []
+    for name in SELFTEST_FILES:
+        doc = read_json(work / name)
+        tests += doc.get("tests", []) if doc else []
+    return tests
+
+
+def _flights(run_dir: Path) -> dict:
     """How many collectives the run's timelines hold as flights, and their median time in
-    flight: on NCCL a flight timed from its future would read about 0 ms (the check for
-    the CUDA-event timing, fsbench.measurement.timeline.Flight)."""
+    flight (at one rank on NCCL, about 0 ms is the right answer)."""
+    from fsbench.errors import ConfigError
+    from fsbench.measurement.timeline import read_timelines
+
     try:
         spans = read_timelines(run_dir)
     except (OSError, ConfigError):
@@ -47,48 +92,93 @@ def flights(run_dir: Path) -> dict:
     return {"flights": int(len(f)), "flight_ms_median": float(f["dur_ns"].median() / 1e6) if len(f) else None}
 
 
-def read_runs(store: Path, device: str) -> list[dict]:
+def changed_options(run_dir: Path, trainer: str) -> str:
+    """The switches a run set away from its trainer's defaults ("defaults" when none)."""
+    from fsbench.training.trainer import option_defaults, resolve_trainer_class
+
+    given = (read_json(run_dir / "manifest.json") or {}).get("config", {}).get("trainer_options") or {}
+    try:
+        defaults = option_defaults(resolve_trainer_class(trainer))
+    except Exception:  # noqa: BLE001 - a trainer this machine cannot import: show them all
+        defaults = {}
+    changed = {k: v for k, v in given.items() if str(defaults.get(k)) != str(v)}
+    return ", ".join(f"{k}={v}" for k, v in sorted(changed.items())) or "defaults"
+
+
+def read_runs(store: Path) -> list[dict]:
     if not store.is_dir():
         return []
+    from fsbench.running.store import load_runs
+
     runs = load_runs(store, status=None)  # a run that did not complete is a failure to show
     rows = []
     for _, r in runs.iterrows():
-        row = {k: (None if k not in r or r[k] != r[k] else r[k]) for k in RUN_KEYS}  # NaN -> None
-        row.update(flights(Path(r["run_dir"])))
-        row["device"] = device
+        row = {k: (None if k not in r or r[k] is None or r[k] != r[k] else r[k]) for k in RUN_KEYS}
+        row["options"] = changed_options(Path(r["run_dir"]), str(r["trainer"]))
+        row.update(_flights(Path(r["run_dir"])))
         rows.append({k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()})
     return rows
 
 
+def read_extras(work: Path) -> dict:
+    """The SM-contention micro-benchmark's record and the calibration's fit, as written."""
+    micro = [read_json(p) for p in sorted((work / "micro").glob("*.json"))] if (work / "micro").is_dir() else []
+    fits = sorted(p for p in (work / "runs" / "calibrations").glob("*.json") if not p.name.startswith("comm__")) \
+        if (work / "runs" / "calibrations").is_dir() else []
+    return {"sm_contention": micro or None,
+            "calibration": {"file": fits[0].name, "fit": read_json(fits[0])} if fits else None}
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
 def markdown(doc: dict) -> str:
     lines = [f"# Device check ({doc['device']})", "",
-             f"All steps that ran passed: {'yes' if doc['ok'] else 'NO'}.", "",
-             "| step | result |", "|---|---|"]
+             f"Everything that ran passed: {'yes' if doc['ok'] else 'NO'}. "
+             f"{'Final' if doc['complete'] else 'PARTIAL (the check did not reach its end)'}; "
+             f"{doc['elapsed_s']} s of the {doc['deadline_s']} s deadline.", "",
+             "## Steps", "", "| step | result | took s | budget s |", "|---|---|---|---|"]
     for s in doc["steps"]:
-        result = f"skipped: {s['skipped']}" if s["skipped"] else f"exit {s['exit_code']}"
-        lines.append(f"| {s['step']} | {result} |")
-    if doc["runs"]:
-        keys = [k for k in RUN_KEYS if k not in ("run_id", "device")]
-        lines += ["", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-        for r in doc["runs"]:
-            lines.append("| " + " | ".join("n/a" if r[k] is None else
-                                           (f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]))
-                                           for k in keys) + " |")
+        result = (f"skipped: {s['skipped']}" if s["skipped"] else f"NOT RUN: {s['not_run']}" if s["not_run"] else
+                  f"TIMED OUT (exit {s['exit_code']})" if s["timed_out"] else f"exit {s['exit_code']}")
+        lines.append(f"| {s['step']} | {result} | {_cell(s['seconds'])} | {_cell(s['budget_s'])} |")
+    lines += ["", "## Self-tests: measured against truth", "",
+              "| self-test | measured | truth | unit | tolerance | passed | detail |", "|---|---|---|---|---|---|---|"]
+    for t in doc["selftests"]:
+        passed = {True: "yes", False: "NO", None: "not run"}[t.get("passed")]
+        lines.append(f"| {t['name']} | {_cell(t.get('measured'))} | {_cell(t.get('truth'))} | "
+                     f"{t.get('unit', '')} | {t.get('tolerance', '')} | {passed} | {t.get('detail', '')} |")
+    if doc.get("runs"):
+        lines += ["", "## Runs at world size 1", "", "| " + " | ".join(MD_RUN_KEYS) + " |",
+                  "|" + "---|" * len(MD_RUN_KEYS)]
+        lines += ["| " + " | ".join(_cell(r.get(k)) for k in MD_RUN_KEYS) + " |" for r in doc["runs"]]
+        reasons = {r["sm_occupancy_reason"] for r in doc["runs"] if r.get("sm_occupancy_reason")}
+        lines += [f"- SM occupancy: {why}" for why in sorted(reasons)]
+    lines += ["", "## Not checked on one GPU", ""] + [f"- {n}" for n in doc["not_checked"]]
     return "\n".join(lines) + "\n"
 
 
-def main(out: str, device: str) -> int:
-    out_dir = Path(out)
-    steps = read_steps(out_dir / "steps.tsv")
-    runs = read_runs(out_dir / "runs", device)
-    ok = (all(s["exit_code"] == 0 for s in steps if s["skipped"] is None)
-          and all(r["status"] == "complete" for r in runs))
-    doc = {"device": device, "ok": ok, "steps": steps, "runs": runs}
-    (out_dir / "summary.json").write_text(json.dumps(doc, indent=1) + "\n")
+def main(argv: list[str]) -> int:
+    out_dir, device = Path(argv[0]), argv[1]
+    steps_only = "--steps-only" in argv
+    work = out_dir / "work"
+    meta = read_json(work / "check.json") or {}
+    doc = {"device": device, "dry_run": "--dry-run" in argv, "complete": not steps_only,
+           "deadline_s": meta.get("deadline_s"), "elapsed_s": meta.get("elapsed_s"),
+           "preflight": read_json(work / "preflight.json"), "steps": read_steps(out_dir / "steps.tsv"),
+           "selftests": read_selftests(work), "runs": [] if steps_only else read_runs(work / "runs"),
+           **({} if steps_only else read_extras(work)), "not_checked": list(NOT_CHECKED)}
+    doc["ok"] = (all(s["exit_code"] == 0 for s in doc["steps"] if s["skipped"] is None and s["not_run"] is None)
+                 and not any(s["not_run"] for s in doc["steps"])
+                 and all(t.get("passed") is not False for t in doc["selftests"])
+                 and all(r["status"] == "complete" for r in doc["runs"]))
+    (out_dir / "summary.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     (out_dir / "summary.md").write_text(markdown(doc))
-    print(f"wrote {out_dir / 'summary.json'} and {out_dir / 'summary.md'}")
-    return 0 if ok else 1
+    return 0 if doc["ok"] else 3
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(main(sys.argv[1:]))

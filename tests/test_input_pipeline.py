@@ -15,7 +15,7 @@ from fsbench.training.inputs import InputPipeline
 from fsbench.measurement.metrics import CONTENDED_CPU_WAIT
 from fsbench.running.runner import run_once
 from fsbench.measurement.timeline import read_timelines
-from fsbench.training.trainer import StepInput, measured_steps, profiled_window
+from fsbench.training.trainer import StepInput, measured_steps, profiled_window, profiler_start_step
 
 
 class Square:
@@ -35,12 +35,23 @@ def test_pipeline_yields_every_step_once_in_order_then_stops(workers):
     pipe.close()
 
 
-def test_cuda_runs_profile_the_last_quarter_of_the_measured_steps_in_whole_windows():
-    assert profiled_window(range(5, 30)) == range(24, 30)
-    assert profiled_window(range(4, 44), align=4) == range(36, 44)
-    assert profiled_window(range(4, 12), align=4) == range(8, 12)  # one window at least
+def test_cuda_runs_profile_the_first_quarter_of_the_measured_steps_in_whole_windows():
+    assert profiled_window(range(5, 30)) == range(5, 11)
+    assert profiled_window(range(4, 44), align=4) == range(4, 12)
+    assert profiled_window(range(4, 12), align=4) == range(4, 8)  # one window at least
     assert not profiled_window(range(4, 8), align=4)  # nothing left to time
     assert not profiled_window(range(5, 30), cuda=False)
+
+
+def test_the_profiler_warms_up_in_the_last_warm_up_step_before_its_window():
+    """The profiler's first step (CUPTI's set-up) is no measured step: it starts one step
+    before the profiled window, which begins the measured steps (so that step is a warm-up
+    step). Before, it started at the window's first step, which it then measured."""
+    measured = measured_steps(4, 40)
+    window = profiled_window(measured)
+    assert profiler_start_step(window) == 3 and 3 not in measured
+    assert profiler_start_step(profiled_window(measured_steps(0, 40))) == 0  # nothing before
+    assert profiler_start_step(profiled_window(measured, cuda=False)) is None
 
 
 def test_measured_steps_cover_whole_windows_after_warmup():

@@ -148,3 +148,110 @@ def test_profiled_steps_give_the_bubble_and_the_others_the_step_time():
     table = metrics.step_metrics(spans, gpu).set_index("step")
     assert table.loc[1, "busy_max_ms"] == pytest.approx(10)  # not zeroed
     assert table.loc[3, "busy_max_ms"] == pytest.approx(30)
+    # The profiler's cost is measured beside the bubble: 30 of the profiled step's 40 ms.
+    assert out["profiler_overhead_ms"] == pytest.approx(30)
+    assert out["profiler_overhead_ratio"] == pytest.approx(0.75)
+
+
+def _launch(corr, ts, tid=1, name="cudaMemcpyAsync"):
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": 2.0, "pid": 1,
+            "tid": tid, "args": {"correlation": corr}}
+
+
+def _copy(corr, ts, dur, stream, name="Memcpy DtoD (Device -> Device)"):
+    return {"ph": "X", "cat": "gpu_memcpy", "name": name, "ts": ts, "dur": dur,
+            "args": {"device": 0, "stream": stream, "correlation": corr}}
+
+
+def test_copies_launched_as_communication_are_communication_by_their_stream():
+    """The sm_free transport's pulls are copy_ from a symmetric buffer mapped on the local
+    device: CUPTI calls them device-to-device, not peer-to-peer. Launched inside a
+    `fsbench.comm.` annotation onto the transport's own stream, they are communication;
+    so is anything else on that stream (no launch record), while a device-to-device copy
+    on the compute stream stays a copy. (Before: every one of them was a copy.)"""
+    events = [_step(0, 0.0, 200.0),
+              {"ph": "X", "cat": "user_annotation", "name": "fsbench.comm.sm_free.pull",
+               "ts": 10.0, "dur": 10.0, "pid": 1, "tid": 1},
+              _launch(41, 12.0), _launch(42, 15.0),
+              _copy(41, 30.0, 20.0, stream=20), _copy(42, 50.0, 10.0, stream=20),
+              _copy(None, 70.0, 5.0, stream=20),  # on the transport's stream, launch unknown
+              _launch(43, 25.0), _copy(43, 100.0, 10.0, stream=7),  # the compute stream's own copy
+              # the same thread's launch outside the annotation's interval: not communication
+              _launch(44, 40.0, name="cudaLaunchKernel"),
+              _kernel("gemm", 100.0, 50.0, stream=7) | {"args": {"device": 0, "stream": 7,
+                                                                "correlation": 44}}]
+    kinds = kineto.kernel_intervals(events, device=0).groupby("stream")["kind"].agg(set)
+    assert kinds[20] == {"comm"} and kinds[7] == {"memcpy", "compute"}
+    row = kineto.gpu_step_busy(events, device=0).iloc[0]
+    assert (row["comm_ns"], row["memcpy_ns"], row["busy_ns"]) == (35_000, 10_000, 50_000)
+
+
+def test_a_comm_annotation_around_compute_stream_work_marks_only_that_work():
+    """A launch on the compute stream inside the annotation (the hazard comm_launch names)
+    is communication by its launch, but does not turn the compute stream's other work
+    into communication: a stream counts as communication only if it carries nothing
+    launched outside such an annotation."""
+    events = [_step(0, 0.0, 200.0),
+              {"ph": "X", "cat": "user_annotation", "name": "fsbench.comm.x", "ts": 0.0,
+               "dur": 5.0, "pid": 1, "tid": 1},
+              _launch(1, 1.0), _copy(1, 10.0, 10.0, stream=7),
+              _launch(2, 50.0, name="cudaLaunchKernel"),
+              _kernel("gemm", 60.0, 40.0, stream=7) | {"args": {"device": 0, "stream": 7, "correlation": 2}}]
+    row = kineto.gpu_step_busy(events, device=0).iloc[0]
+    assert (row["comm_ns"], row["busy_ns"]) == (10_000, 40_000)
+
+
+def _cuda_spans(steps, busy_event_ms, profiled=()):
+    """One rank, `steps` of 10 ms, each with a compute span whose CUDA-event time is
+    busy_event_ms."""
+    ms = 1_000_000
+    return pd.DataFrame([
+        {"rank": 0, "step": s, "warmup": s == 0, "name": n, "kind": k, "start_ns": s * 100 * ms,
+         "dur_ns": 10 * ms, "cpu_ns": 10 * ms, "runq_ns": 0, "profiled": s in profiled,
+         "gpu_ns": busy_event_ms * ms if k == "compute" else None}
+        for s in range(steps) for n, k in (("step", "step"), ("forward", "compute"))])
+
+
+def test_a_profiled_step_without_kernels_keeps_its_event_time_with_a_note():
+    """The profiler recorded no kernel in step 2's window (reproduced with torch 2.11 on
+    CPU): its zeros are no measurement. Its busy time stays the CUDA events' 6 of 10 ms,
+    not 0 (a step of pure bubble, as before), and the summary says which step fell back."""
+    from fsbench.measurement import profiled
+
+    spans = _cuda_spans(4, 6, profiled=(1, 2))
+    gpu = pd.DataFrame([{"step": 1, "rank": 0, "busy_ns": 8_000_000, "comm_ns": 0, "comm_overlap_ns": 0,
+                         "kernels": 12},
+                        {"step": 2, "rank": 0, "busy_ns": 0, "comm_ns": 0, "comm_overlap_ns": 0,
+                         "kernels": 0}])
+    table = metrics.step_metrics(spans, gpu).set_index("step")
+    assert table.loc[1, "busy_max_ms"] == pytest.approx(8)
+    assert table.loc[2, "busy_max_ms"] == pytest.approx(6)
+    assert table.loc[2, "bubble_ratio"] == pytest.approx(0.4)
+    source = profiled.busy_source(gpu, {1, 2}, events=True)
+    assert source["busy_source"] == "kineto+cuda_events"
+    assert "step(s) 2 had no kernel" in source["busy_source_note"]
+    assert profiled.busy_source(gpu[gpu["step"] == 1], {1}, events=True) == {
+        "busy_source": "kineto", "busy_source_note": None}
+    assert profiled.busy_source(None, set(), events=True)["busy_source"] == "cuda_events"
+
+
+def test_hidden_communication_comes_from_the_kernel_record_when_it_gives_busy_time():
+    """On CUDA a flight is GPU time between two events while a compute span is a host
+    launch window: the flight below sits wholly under the forward span (100% hidden by
+    those two clocks), but the kernel record says a quarter of the communication-kernel
+    time ran under compute kernels. The summary takes the record's 25%, and says so."""
+    ms = 1_000_000
+    spans = _cuda_spans(4, 6, profiled=(1,))
+    flights = pd.DataFrame([{"rank": 0, "step": s, "warmup": False, "name": "emb", "kind": "flight",
+                             "start_ns": s * 100 * ms + ms, "dur_ns": 2 * ms, "cpu_ns": 0,
+                             "runq_ns": 0, "profiled": False} for s in (1, 2, 3)])
+    spans = pd.concat([spans, flights], ignore_index=True)
+    gpu = pd.DataFrame([{"step": 1, "rank": 0, "busy_ns": 6 * ms, "comm_ns": 4 * ms,
+                         "comm_overlap_ns": ms, "kernels": 9}])
+    stats = pd.DataFrame([{"rank": 0, "step": s, "loss": 1.0, "num_samples": 4, "num_targets": 8}
+                          for s in range(4)])
+    out = metrics.summarize(spans, stats, gpu)
+    assert (out["comm_overlap_ratio"], out["comm_overlap_source"]) == (pytest.approx(0.25), "kineto")
+    # the same run without a kernel record: flights against compute spans
+    out = metrics.summarize(spans.assign(profiled=False), stats)
+    assert (out["comm_overlap_ratio"], out["comm_overlap_source"]) == (pytest.approx(1.0), "flights")

@@ -124,3 +124,31 @@ def test_a_process_the_driver_does_not_list_reads_as_unknown(fake):
     s = nvml.NvmlSampler(0)
     assert at(fake, s, 10)["gpu_proc_mem_mib"] is None
     s.close()
+
+
+def test_a_timed_window_too_short_for_gpm_says_how_long_it_was(monkeypatch):
+    """Six fast steps can last under NVML's 100 ms GPM window: no figure, and the reason
+    says how long the sampled steps lasted, so that the fix (more steps) is plain."""
+    lib = FakeNvml(Trace([(0, {OCC: 40.0, UTIL: 70.0})]))
+    monkeypatch.setattr(nvml, "pynvml", lib)
+    # A tick far longer than the window: stopped before its first tick, deterministically.
+    mon = RankMonitor(torch.device("cuda:0"), interval_s=30)
+    mon.start()
+    mon.stop()
+    s = mon.summary()
+    assert s["sm_occupancy"] is None and s["monitor_samples"] == 0
+    assert "the sampled steps lasted 0 ms" in s["sm_occupancy_reason"]
+    assert "over 100 ms" in s["sm_occupancy_reason"]
+
+
+def test_a_partial_sm_occupancy_keeps_its_reason_in_the_run_summary():
+    """A rank whose GPM sampling failed part-way has a figure and a caveat: the run's
+    summary keeps the caveat (before, any figure erased the reason)."""
+    from fsbench.measurement.run_summary import merge_monitors
+
+    ranks = [{"sm_occupancy": 40.0, "sm_util": 70.0, "sm_occupancy_reason": "partial: GPM sampling failed"},
+             {"sm_occupancy": 50.0, "sm_util": 80.0, "sm_occupancy_reason": None}]
+    merged = merge_monitors(ranks)
+    assert merged["sm_occupancy"] == pytest.approx(0.45)
+    assert merged["sm_occupancy_reason"] == "partial: GPM sampling failed"
+    assert merge_monitors([{**ranks[1]}])["sm_occupancy_reason"] is None

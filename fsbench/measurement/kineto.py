@@ -9,11 +9,19 @@ exists to find. The profiler records when each kernel really ran.
 
 - Union, not sum: kernels on several streams overlap in time.
 - Communication kernels (NCCL's, and the symmetric-memory kernels and peer-to-peer copies
-  of FreeScale's sm_free transport: `_communication`) are not compute. Their union
+  of FreeScale's sm_free transport: `_communication`) are not compute. Nor is anything
+  launched inside a `fsbench.comm.<name>` annotation (`comm_launch`), nor anything else
+  on a stream that carries only such launches (`comm_activity`): the sm_free transport's
+  pulls are `copy_` from a symmetric buffer mapped on the local device, which CUPTI
+  calls device-to-device copies, not peer-to-peer, so their name cannot say what they
+  are; the stream they run on can. Their union
   and its overlap with the compute union give the exposed communication (not overlapped
   by compute) and the share hidden under compute, as Holistic Trace Analysis defines
   communication/computation overlap.
 - Memory copies and sets (`gpu_memcpy`, `gpu_memset`) are neither: kept apart.
+- A profiled step with no kernel at all in its window (`kernels` 0) has no kernel
+  record to read: the metrics keep its CUDA-event busy time (fsbench.measurement.metrics),
+  rather than reading it as one long bubble.
 - Steps: the worker wraps each measured step in `record_function("fsbench.step.<k>")`,
   a CPU-side `user_annotation` in the trace, and synchronizes the device at the end of
   every step inside that annotation (`launch.worker.end_of_step_sync`), so step k's
@@ -45,6 +53,10 @@ KINDS = {"kernel": "compute", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 # and torch's symmetric memory (c10d::symmetric_memory::barrier_kernel and friends).
 COMM_KERNEL = re.compile(r"nccl|symmetric_memory", re.IGNORECASE)
 PEER_COPY = re.compile(r"\bPtoP\b", re.IGNORECASE)  # CUPTI's peer-to-peer memcpy kind
+# A user annotation around the launch of communication that no kernel name gives away.
+COMM_ANNOTATION = "fsbench.comm."
+# The CPU-side records of a launch: their `correlation` names the GPU activity launched.
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 
 
 def _communication(kind: str, name: str) -> str:
@@ -68,6 +80,49 @@ def load_trace(path: str | Path) -> list[dict]:
     return trace.get("traceEvents", []) if isinstance(trace, dict) else trace
 
 
+def comm_launch(name: str):
+    """`with comm_launch("sm_free.pull"):` around the launch of communication on its own
+    stream: the profiler's record classes what is launched inside as communication, and
+    everything on a stream that carries nothing else (`comm_activity`). Hazard: wrap only
+    launches on that stream; a launch on the compute stream inside it would be booked as
+    communication. Costs a record_function (microseconds) when no profiler runs."""
+    import torch
+
+    return torch.profiler.record_function(COMM_ANNOTATION + name)
+
+
+def comm_launches(events: list[dict]) -> set:
+    """Correlation ids of the GPU activity launched inside a `fsbench.comm.*` annotation:
+    the launch calls (CUDA runtime or driver) on the annotation's thread, in its interval."""
+    windows: dict[tuple, list[tuple[float, float]]] = {}
+    for e in events:
+        if (e.get("ph") == "X" and e.get("cat") == "user_annotation"
+                and e.get("name", "").startswith(COMM_ANNOTATION)):
+            ts = float(e["ts"])
+            windows.setdefault((e.get("pid"), e.get("tid")), []).append((ts, ts + float(e.get("dur", 0.0))))
+    ids = set()
+    for e in events:
+        if e.get("cat") not in LAUNCH_CATEGORIES or (e.get("pid"), e.get("tid")) not in windows:
+            continue
+        ts = float(e["ts"])
+        corr = (e.get("args") or {}).get("correlation")
+        if corr is not None and any(lo <= ts <= hi for lo, hi in windows[(e.get("pid"), e.get("tid"))]):
+            ids.add(corr)
+    return ids
+
+
+def comm_activity(rows: pd.DataFrame, launched: set) -> pd.Series:
+    """Per row of GPU activity: communication by its launch (inside a comm annotation) or
+    by its stream (a stream whose every launch with a known correlation was inside one)."""
+    by_launch = rows["correlation"].isin(launched)
+    known = rows["correlation"].notna()
+    per_stream = pd.DataFrame({"key": list(zip(rows["device"], rows["stream"])),
+                               "comm": by_launch, "other": known & ~by_launch})
+    streams = per_stream.groupby("key")[["comm", "other"]].any()
+    dedicated = set(streams.index[streams["comm"] & ~streams["other"]])
+    return by_launch | per_stream["key"].isin(dedicated)
+
+
 def kernel_intervals(events: list[dict], device: int | None = None) -> pd.DataFrame:
     """GPU activity as rows: start_us, end_us, name, stream, device, kind (compute, comm,
     memcpy, memset). `device` keeps one GPU's rows (None: all)."""
@@ -83,8 +138,13 @@ def kernel_intervals(events: list[dict], device: int | None = None) -> pd.DataFr
         ts = float(e["ts"])
         rows.append({"start_us": ts, "end_us": ts + float(e.get("dur", 0.0)),
                      "name": e.get("name", ""), "stream": args.get("stream"),
-                     "device": args.get("device"), "kind": kind})
-    return pd.DataFrame(rows, columns=["start_us", "end_us", "name", "stream", "device", "kind"])
+                     "device": args.get("device"), "kind": kind,
+                     "correlation": args.get("correlation")})
+    out = pd.DataFrame(rows, columns=["start_us", "end_us", "name", "stream", "device", "kind",
+                                      "correlation"])
+    if len(out):
+        out.loc[comm_activity(out, comm_launches(events)).to_numpy(), "kind"] = "comm"
+    return out.drop(columns="correlation")
 
 
 def merge(intervals: np.ndarray) -> np.ndarray:
@@ -141,7 +201,9 @@ def _clipped(k: pd.DataFrame, lo: float, hi: float) -> np.ndarray:
 def gpu_step_busy(events: list[dict], device: int | None = None) -> pd.DataFrame:
     """One row per annotated step: busy_ns (union of compute kernels), comm_ns (union of
     communication kernels), comm_overlap_ns (their intersection), memcpy_ns (copies and
-    sets), all clipped to the step's window. Steps without kernels get zeros."""
+    sets), all clipped to the step's window, and `kernels`: how many compute and
+    communication kernels fell in it (0: the record has nothing to say about the step,
+    and its zeros are no measurement: fsbench.measurement.metrics falls back)."""
     kernels = kernel_intervals(events, device)
     rows = []
     for w in step_windows(events).itertuples():
@@ -154,7 +216,8 @@ def gpu_step_busy(events: list[dict], device: int | None = None) -> pd.DataFrame
                      "busy_ns": int(round(union_length(part["compute"]) * us_to_ns)),
                      "comm_ns": int(round(union_length(part["comm"]) * us_to_ns)),
                      "comm_overlap_ns": int(round(overlap_length(part["comm"], part["compute"]) * us_to_ns)),
-                     "memcpy_ns": int(round(union_length(part["memcpy"]) * us_to_ns))})
+                     "memcpy_ns": int(round(union_length(part["memcpy"]) * us_to_ns)),
+                     "kernels": len(part["compute"]) + len(part["comm"])})
     return pd.DataFrame(rows)
 
 

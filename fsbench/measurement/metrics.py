@@ -45,7 +45,9 @@ For step k on N ranks:
                their flight time (issue to completion, `flight` records) that overlaps the
                issuing rank's compute, over their total flight time. A compute span counts
                as busy at its CPU/wall rate (blocked time inside it hides nothing). None
-               where a trainer's collectives are not recorded as flights.
+               where a trainer's collectives are not recorded as flights. CUDA runs whose
+               busy time is the kernel record take it from that record instead: one clock
+               (fsbench.measurement.profiled).
 
 Summaries are totals over measured steps: sum of each cause over sum of N T, samples
 and tokens over summed T; per-step p10/p50/p90 beside them.
@@ -55,6 +57,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from fsbench.measurement.profiled import comm_overlap_ratio, kernel_rows, overlap_on_one_clock, profiler_overhead
 from fsbench.measurement.speed_probe import probe_ns_per_step
 
 CAUSES = ("straggler", "exposed_comm", "input_stall", "other_idle")
@@ -81,7 +84,9 @@ def rank_step_table(spans: pd.DataFrame, gpu_busy: pd.DataFrame | None = None) -
     gpu_busy (CUDA runs, optional): per (step, rank) `busy_ns` from the profiler's kernel
     record (fsbench.measurement.kineto) of the profiled steps, with `comm_ns` and
     `comm_overlap_ns`; in those steps it replaces every other busy measure, and its exposed
-    communication kernel time is the comm wait. Other steps keep their own measures."""
+    communication kernel time is the comm wait. Other steps keep their own measures, and
+    so does a profiled step whose record holds no kernel (`kernels` 0): zeros there are
+    no measurement, and would read as a step of pure bubble (`kernel_rows`)."""
     if "runq_ns" not in spans:  # timelines written before run-queue waits were recorded
         spans = spans.assign(runq_ns=0)
     if "nested" in spans:  # inside another span, whose time already holds theirs
@@ -122,7 +127,7 @@ def rank_step_table(spans: pd.DataFrame, gpu_busy: pd.DataFrame | None = None) -
     out = out.rename(columns={"busy": "busy_ns", "comm": "comm_wait_ns", "input": "input_wait_ns",
                               "step_runq_ns": "runq_ns", "dur_ns": "span_ns"})
     if gpu_busy is not None and len(gpu_busy):
-        g = gpu_busy.set_index(["step", "rank"])
+        g = kernel_rows(gpu_busy).set_index(["step", "rank"])
         rows = out.index.intersection(g.index)
         out.loc[rows, "busy_ns"] = g.loc[rows, "busy_ns"]
         out.loc[rows, "comm_wait_ns"] = g.loc[rows, "comm_ns"] - g.loc[rows, "comm_overlap_ns"]
@@ -228,7 +233,8 @@ def split_profiled(measured: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(steps for busy time and bubbles, steps for step time and throughput) of the
     measured steps. CUDA runs profile a window of them (training.trainer.profiled_window): the
     kernel record there is the busy time, and the profiler's host overhead there would
-    slow the step, so time comes from the others. Without a profiled window (CPU), or
+    slow the step, so time comes from the others (the overhead itself is reported:
+    fsbench.measurement.profiled.profiler_overhead). Without a profiled window (CPU), or
     with nothing but one, both are every measured step."""
     profiled = measured["profiled"].astype(bool)
     if profiled.any() and not profiled.all():
@@ -321,7 +327,8 @@ def summarize(spans: pd.DataFrame, stats: pd.DataFrame,
         worker_cpu = input_cpu[input_cpu["step"].isin(m["step"])]
         own = float(worker_cpu["cpu_ns"].sum() / m["span_ns"].sum())
     out["input_worker_cpu_ratio"] = own
-    out["comm_overlap_ratio"] = comm_overlap_ratio(spans)
+    out.update(overlap_on_one_clock(spans, gpu_busy, m))
+    out.update(profiler_overhead(m, timed))
     out["cpu_steal_ratio"] = steal_ticks / total_ticks if total_ticks > 0 else 0.0
     out.update(contention(m, spans, threads_runq, own, out["cpu_steal_ratio"]))
     for key in RATIO_KEYS:
@@ -350,38 +357,3 @@ def contention(measured: pd.DataFrame, spans: pd.DataFrame,
         return unknown
     wait = float(measured["runq_ns"].sum() / span_ns)
     return {**unknown, "contended": bool(wait - own + steal > CONTENDED_CPU_WAIT)}
-
-
-def comm_overlap_ratio(spans: pd.DataFrame) -> float | None:
-    """Hidden share of communication (module docstring); None without flights.
-
-    A compute span on a CPU rank can hold blocked time (DDP waits for its last all-reduce
-    inside `backward`); that is not compute hiding anything. Without knowing where in the
-    span the thread ran, each compute span counts as busy at its average rate, CPU time
-    over wall time, so a flight under a half-blocked span is half hidden."""
-    flights = spans[(spans["kind"] == "flight") & ~spans["warmup"].astype(bool)]
-    if flights.empty:
-        return None
-    hidden = total = 0.0
-    for rank, fl in flights.groupby("rank"):
-        comp = spans[(spans["rank"] == rank) & (spans["kind"] == "compute")
-                     & ~spans.get("nested", pd.Series(False, index=spans.index)).eq(True)]
-        comp = comp.sort_values("start_ns")
-        starts = comp["start_ns"].to_numpy(dtype=np.int64)
-        durs = comp["dur_ns"].to_numpy(dtype=np.int64)
-        rate = np.clip(comp["cpu_ns"].to_numpy(dtype=float) / np.maximum(durs, 1), 0.0, 1.0)
-        before = np.concatenate([[0.0], np.cumsum(durs * rate)])  # busy time before span i
-
-        def busy_until(t: np.ndarray) -> np.ndarray:
-            """Compute busy time before t (one rank's compute spans never overlap)."""
-            i = np.searchsorted(starts, t, side="right") - 1
-            j = np.maximum(i, 0)
-            inside = np.clip(t - starts[j], 0, durs[j]) * rate[j]
-            return np.where(i >= 0, before[j] + inside, 0.0)
-
-        s = fl["start_ns"].to_numpy(dtype=np.int64)
-        e = s + fl["dur_ns"].to_numpy(dtype=np.int64)
-        if len(starts):
-            hidden += float((busy_until(e) - busy_until(s)).sum())
-        total += float((e - s).sum())
-    return hidden / total if total > 0 else None

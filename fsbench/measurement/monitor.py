@@ -105,6 +105,7 @@ class RankMonitor:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._last_t_ns = 0
+        self._window_ns = (0, 0)  # the sampled window's start and end (CLOCK_MONOTONIC)
         self._proc = _ProcessSampler()
         self._gpu: NvmlSampler | None = None
         self._reason: str | None = None  # why there are no SM metrics, fixed at open time
@@ -179,6 +180,7 @@ class RankMonitor:
     def _run(self) -> None:
         try:
             t = now_ns()  # CLOCK_MONOTONIC, the clock of timeline spans
+            self._window_ns = (t, t)
             self._proc.begin(t)
             if self._gpu is not None:
                 self._gpu.begin(t)
@@ -205,6 +207,7 @@ class RankMonitor:
             except Exception as e:
                 self.errors.append(f"GPU sample failed: {e!r}")
         self._last_t_ns = t
+        self._window_ns = (self._window_ns[0], t)
         self._rows.append(row)  # list.append is atomic; readers take a copy
 
     # -- results --------------------------------------------------------------------
@@ -219,8 +222,12 @@ class RankMonitor:
         gpm_error = self._gpu.gpm_error if self._gpu is not None else self._gpm_error
         if reason is None:
             if occ is None and util is None:
-                reason = gpm_error or ("no GPM window completed: measured span shorter than "
-                                       f"{GPM_MIN_WINDOW_NS / 1e9:g} s")
+                # NVML's GPM needs windows over 100 ms: a short timed window (a few fast
+                # steps) gives none. Say how long it was, so the fix (more steps) is plain.
+                sampled_ms = (self._window_ns[1] - self._window_ns[0]) / 1e6
+                reason = gpm_error or (
+                    f"no GPM window completed: the sampled steps lasted {sampled_ms:.0f} ms, "
+                    f"NVML needs windows over {GPM_MIN_WINDOW_NS / 1e6:.0f} ms (run more steps)")
             elif gpm_error:
                 reason = f"partial: {gpm_error}"  # values cover only the span before it
         return {

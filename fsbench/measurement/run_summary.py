@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from fsbench.errors import ConfigError
-from fsbench.measurement import host_syncs, metrics
+from fsbench.measurement import host_syncs, metrics, profiled
 
 # The evaluation keys of a summary (None for a run without --eval); fsbench.running.evaluate
 # writes the eval.json they come from.
@@ -62,8 +62,10 @@ def summarize(files: RunFiles) -> dict:
     input_cpu = pd.DataFrame([{"rank": r, "step": int(k), "cpu_ns": v} for r, i in files.inputs
                               for k, v in i.get("worker_cpu_ns", {}).items()],
                              columns=["rank", "step", "cpu_ns"])
-    summary["busy_source"] = "kineto" if files.gpu_busy is not None else (
-        "cuda_events" if spans["gpu_ns"].notna().any() else "thread_cpu_time")
+    # Which record the busy time came from, and which profiled steps fell back to CUDA
+    # events because the kernel record held nothing for them (fsbench.measurement.profiled).
+    profiled_steps = set(spans.loc[spans["profiled"] & ~spans["warmup"].astype(bool), "step"].astype(int))
+    summary.update(profiled.busy_source(files.gpu_busy, profiled_steps, bool(spans["gpu_ns"].notna().any())))
     machines = files.machines
     summary.update(metrics.summarize(spans, stats, files.gpu_busy, input_cpu,
                                      steal_ticks=max((s["steal_ticks"] for s in machines), default=0),
@@ -109,11 +111,13 @@ def merge_monitors(ranks: list[dict]) -> dict:
         return max(vals) if vals else None
     cpu = sorted(r["cpu_util_percent"] for r in ranks if r.get("cpu_util_percent") is not None)
     sm = mean("sm_occupancy")
+    # Why there is no figure, or why a figure is partial (GPM failed part-way): the first
+    # rank's reason, in every summary. Measured on every rank without a caveat: None.
+    reason = next((r["sm_occupancy_reason"] for r in ranks if r.get("sm_occupancy_reason")), None)
     return {
         "sm_occupancy": None if sm is None else sm / 100.0,  # a fraction, like every ratio
         "sm_util": None if mean("sm_util") is None else mean("sm_util") / 100.0,
-        "sm_occupancy_reason": None if sm is not None else next(
-            (r["sm_occupancy_reason"] for r in ranks if r.get("sm_occupancy_reason")), "not measured"),
+        "sm_occupancy_reason": reason or (None if sm is not None else "not measured"),
         "gpu_util_percent": mean("gpu_util_percent"),
         "gpu_mem_used_peak_mib": peak("gpu_mem_used_peak_mib"),
         # The driver's view of the rank's own memory (NVML, sampled): beside the allocator's

@@ -232,14 +232,29 @@ class Flight:
         if self.events is not None:
             # In a CUDA future's callback torch makes the current stream wait for the
             # collective: an event recorded on it completes when the collective does.
-            start, end = self.events
-            end.record()
-            self.rec["dur_ns"] = -1  # finished; the duration is read at flush
-            with self.timeline._lock:
-                self.timeline._flights.append((self.rec, start, end))
+            self._end_on(None)
             return
         self.rec["dur_ns"] = max(now_ns() - self.rec["start_ns"], 1)
         self.timeline._append(self.rec)
+
+    def finish_on(self, stream) -> None:
+        """CUDA: the collective is the work queued on `stream` so far (a transport that
+        moves bytes on its own stream, as sm_free's copies do): the flight ends when that
+        work does, at an event recorded there now, however late the caller waits for it.
+        Elsewhere the same as `finish()`. NOT YET RUN ON A GPU."""
+        if self.rec is None or self.rec["dur_ns"]:
+            return
+        if self.events is None:
+            self.finish()
+            return
+        self._end_on(stream)
+
+    def _end_on(self, stream) -> None:
+        start, end = self.events
+        end.record(stream)  # None: the current stream
+        self.rec["dur_ns"] = -1  # finished; the duration is read at flush
+        with self.timeline._lock:
+            self.timeline._flights.append((self.rec, start, end))
 
 
 # Trainers call `span(...)` without carrying a Timeline around; the worker installs the

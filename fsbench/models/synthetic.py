@@ -13,6 +13,14 @@ ranks share cores; the delay *sleeps*, so it shows as idle time, as a slow netwo
 and is recorded as a collective in flight (a `flight`), as a slow network's transfer would
 be. The optimizer stall sleeps with no collective in flight (a host sync, a file read):
 blocked time that is other idle, not communication.
+
+On CUDA the same costs are device time, so that the GPU's busy measure (the profiler's
+compute kernels) is what is checked: the spin is a sleep kernel of that length on the
+compute stream, which the host then waits for (the CPU spin's thread is busy that long
+too); the delay is a sleep kernel on a stream of its own, launched as communication
+(fsbench.measurement.kineto.comm_launch) and flown as a flight ending on that stream,
+which the compute stream and the host wait for. Every wait here is a CPU-GPU sync point
+by design: the closed form adds the parts up. NOT YET RUN ON A GPU.
 """
 from __future__ import annotations
 
@@ -23,6 +31,8 @@ import torch.distributed as dist
 from torch import nn
 
 from fsbench.config import SyntheticComputeConfig, WorkloadConfig
+from fsbench.measurement.device_sleep import sleep_kernel
+from fsbench.measurement.kineto import comm_launch
 from fsbench.measurement.timeline import current
 from fsbench.workloads.batch import JaggedBatch
 
@@ -36,6 +46,37 @@ def spin_cpu(ns: float) -> None:
         pass
 
 
+def spin(ns: float, device: torch.device) -> None:
+    """`ns` of compute: thread CPU time on CPU; on CUDA a sleep kernel of that length on
+    the current stream, waited for. note: a CPU-GPU sync point (module docstring)."""
+    if device.type != "cuda":
+        spin_cpu(ns)
+        return
+    sleep_kernel(device).launch(ns / 1e6)
+    torch.cuda.current_stream(device).synchronize()
+
+
+_delay_streams: dict = {}
+
+
+def delay_collective(ns: float, device: torch.device) -> None:
+    """A collective that takes `ns`, in flight while the rank waits for it: a sleep on
+    the host (CPU), or a sleep kernel on a communication stream (CUDA; module docstring)."""
+    flight = current().in_flight("synthetic.comm_delay")
+    if device.type != "cuda":
+        time.sleep(ns / 1e9)
+        flight.finish()
+        return
+    side = _delay_streams.setdefault(str(device), torch.cuda.Stream(device))
+    compute = torch.cuda.current_stream(device)
+    side.wait_stream(compute)
+    with torch.cuda.stream(side), comm_launch("synthetic.comm_delay"):
+        sleep_kernel(device).launch(ns / 1e6)
+    flight.finish_on(side)
+    compute.wait_stream(side)
+    side.synchronize()  # note: a CPU-GPU sync point: the host waits as for a slow network
+
+
 def rank_cost_ns(num_targets: int, rank: int, cfg: SyntheticComputeConfig) -> float:
     factor = 1.0 + cfg.slow_factor if rank == cfg.slow_rank else 1.0
     return num_targets * cfg.us_per_token * 1e3 * factor
@@ -44,20 +85,18 @@ def rank_cost_ns(num_targets: int, rank: int, cfg: SyntheticComputeConfig) -> fl
 class _Spin(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight, cost_ns: float, delay_ns: float):
-        spin_cpu(cost_ns * FORWARD_SHARE)
-        ctx.cost_ns, ctx.delay_ns = cost_ns, delay_ns
+        spin(cost_ns * FORWARD_SHARE, weight.device)
+        ctx.cost_ns, ctx.delay_ns, ctx.device = cost_ns, delay_ns, weight.device
         return weight.sum() + 1.0
 
     @staticmethod
     def backward(ctx, grad):
-        spin_cpu(ctx.cost_ns * (1 - FORWARD_SHARE))
+        spin(ctx.cost_ns * (1 - FORWARD_SHARE), ctx.device)
         # The gradient collective (DDP's all-reduce hook) fires once this returns, so
-        # sleeping here delays every rank's collective by the same amount: a transfer
+        # a delay here delays every rank's collective by the same amount: a transfer
         # that takes that long, in flight while the rank waits.
         if ctx.delay_ns > 0:
-            flight = current().in_flight("synthetic.comm_delay")
-            time.sleep(ctx.delay_ns / 1e9)
-            flight.finish()
+            delay_collective(ctx.delay_ns, ctx.device)
         return grad.expand(1), None, None
 
 

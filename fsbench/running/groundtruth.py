@@ -83,6 +83,19 @@ CASES: dict[str, WorkloadConfig] = {
     "optimizer_sleeps_100ms": synthetic_workload(optimizer_sleep_ms=100.0),
 }
 
+# On one GPU (compute=synthetic is device time there: fsbench.models.synthetic): the cases
+# that still differ at one rank, with a cheaper token (~128 ms of compute per step, where
+# the CPU cases take ~530 ms to dwarf a 2-core VM's harness costs): every case runs in a
+# few seconds, inside the device check's budget.
+CUDA_US_PER_TOKEN = 2000.0
+ONE_RANK_CASES = ("balanced", "collective_delayed_120ms", "rank0_30pct_more_and_delayed_80ms",
+                  "input_delayed_60ms", "optimizer_sleeps_100ms")
+
+
+def cuda_cases() -> dict[str, WorkloadConfig]:
+    return {name: dataclasses.replace(CASES[name], synthetic=dataclasses.replace(
+        CASES[name].synthetic, us_per_token=CUDA_US_PER_TOKEN)) for name in ONE_RANK_CASES}
+
 
 def expected_for_step(workload: WorkloadConfig, world_size: int, step: int,
                       seed: int = 0) -> dict[str, float]:
@@ -93,14 +106,15 @@ def expected_for_step(workload: WorkloadConfig, world_size: int, step: int,
 
 
 def validate(out_dir: str | Path, world_size: int = 2,
-             cases: dict[str, WorkloadConfig] = CASES) -> pd.DataFrame:
+             cases: dict[str, WorkloadConfig] = CASES, device: str = "cpu") -> pd.DataFrame:
     """Run every case; one row per (case, metric): measured, expected, abs error, the
-    run's error budget, judged and ok (module docstring)."""
+    run's error budget, judged and ok (module docstring). device="cuda": one GPU per rank
+    (`cuda_cases` at one rank on one GPU)."""
     from fsbench.running.runner import run_once
 
     rows = []
     for name, workload in cases.items():
-        run_dir, summary = run_once(RunConfig(workload=workload, trainer="ddp",
+        run_dir, summary = run_once(RunConfig(workload=workload, trainer="ddp", device=device,
                                               world_size=world_size, input_workers=0),
                                     out_dir, timeout_s=300)
         expected = expected_for_step(workload, world_size, workload.warmup)
@@ -129,3 +143,21 @@ def max_rank_cpu_wait(spans: pd.DataFrame) -> float:
     per_rank = table[~table["warmup"].astype(bool)].groupby("rank")[["runq_ns", "span_ns"]].sum()
     per_rank = per_rank[per_rank["span_ns"] > 0]
     return float((per_rank["runq_ns"] / per_rank["span_ns"]).max()) if len(per_rank) else 0.0
+
+
+def cuda_selftest(work_dir: str | Path) -> "SelfTest":  # noqa: F821
+    """The ground-truth cases on one GPU (`cuda_cases`, world size 1) as a device-check
+    self-test: the worst absolute error of any judged ratio against the tolerance, every
+    row judged. NOT YET RUN ON A GPU."""
+    from fsbench.measurement.selftests import SelfTest
+
+    table = validate(Path(work_dir) / "groundtruth", world_size=1, cases=cuda_cases(), device="cuda")
+    judged = table[table["judged"]]
+    worst = float(judged["abs_error"].max()) if len(judged) else None
+    failed = table[~table["ok"]]
+    detail = "; ".join(f"{r.case} {r.metric}: {r.measured:.4f} vs {r.expected:.4f}"
+                       for r in failed.itertuples()) or "every ratio within its budget"
+    return SelfTest("ground_truth_on_cuda", f"fsbench validate's cases {', '.join(ONE_RANK_CASES)} "
+                    "at one rank, compute as device time", worst, 0.0, "abs error of a ratio",
+                    f"every ratio within {TOLERANCE} of closed form (wider only where CPU wait "
+                    "was measured)", bool(len(judged) == len(table) and judged["ok"].all()), detail)

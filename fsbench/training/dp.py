@@ -8,6 +8,7 @@ trainers compute the same function on the same global batch by construction.
 from __future__ import annotations
 
 import contextlib
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -21,11 +22,20 @@ from fsbench.measurement.timeline import current, span
 from fsbench.training.trainer import Preparer, StepInput, StepStats
 
 
-def wrap_ddp(module: torch.nn.Module, ctx: RankContext, average: bool = True) -> DistributedDataParallel:
+def wrap_ddp(module: torch.nn.Module, ctx: RankContext, average: bool = True,
+             after_last_bucket: Callable[[], None] | None = None) -> DistributedDataParallel:
     """DDP over `module`, its gradient all-reduce recorded as flights (fsbench.measurement.timeline:
     issue to completion, for `comm_overlap_ratio`). average=True is DDP's own arithmetic
     (divide by N, then sum); average=False sums, for trainers whose loss is already the
-    rank's share of the global loss."""
+    rank's share of the global loss.
+
+    after_last_bucket: called (from DDP's comm hook, on autograd's thread) once the step's
+    last bucket's all-reduce is issued. A trainer that issues other collectives from
+    autograd hooks issues them only after it, so that every rank issues the step's
+    collectives in one order whatever order its gradients become ready in: collectives
+    on different NCCL communicators issued in different orders on different ranks may
+    deadlock (FreeScale's embedding gradients, freescale_impl.embedding_exchange). DDP
+    itself issues its buckets in index order on every rank."""
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     # DDP broadcasts rank 0's weights at construction; models are built seeded, so the
     # replicas already agree and the broadcast only guards against drift.
@@ -38,6 +48,8 @@ def wrap_ddp(module: torch.nn.Module, ctx: RankContext, average: bool = True) ->
         if average:
             tensor.div_(n)
         fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+        if after_last_bucket is not None and bucket.is_last():
+            after_last_bucket()
 
         def done(f):
             flight.finish()

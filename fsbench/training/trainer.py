@@ -216,15 +216,29 @@ def measured_steps(warmup: int, steps: int, align: int = 1) -> range:
 
 
 def profiled_window(measured: range, align: int = 1, cuda: bool = True) -> range:
-    """CUDA runs: the measured steps that run under the profiler, the last quarter of the
+    """CUDA runs: the measured steps that run under the profiler, the first quarter of the
     measured window in whole units of `align` (at least one unit, when two fit). Their
     kernel record gives busy time and so the bubbles (ARCHITECTURE.md: busy on GPU is the
     union of compute kernels); the profiler's host overhead would slow them, so step time,
-    throughput and SM occupancy come from the steps before them. Empty on CPU, and where
-    the window is too short to split (busy then falls back to CUDA events, and the summary's
-    `busy_source` says so)."""
+    throughput and SM occupancy come from the steps after them. First, not last: the
+    profiler then warms up in the harness's last warm-up step (`profiler_start_step`), no
+    measured step is lost to it, the timed steps stay whole windows, and the run's final
+    step (which has no next step to read ahead for) is never the profiled one. Empty on
+    CPU, and where the window is too short to split (busy then falls back to CUDA events,
+    and the summary's `busy_source` says so)."""
     n = len(measured)
     if not cuda or n < 2 * align:
-        return range(measured.stop, measured.stop)
+        return range(measured.start, measured.start)
     size = max(n // 4 // align, 1) * align
-    return range(measured.stop - size, measured.stop)
+    return range(measured.start, measured.start + size)
+
+
+def profiler_start_step(profiled: range) -> int | None:
+    """The step at which the profiler starts: one step before the profiled window, so
+    that its first step (CUPTI's set-up, the first buffers) is not a measured one; that
+    step is a warm-up step, whose record the metrics never read (it has no
+    `fsbench.step.<k>` annotation). None without a profiled window; the window's first
+    step where nothing precedes it (warmup=0: no warm-up for the profiler either)."""
+    if not profiled:
+        return None
+    return max(profiled.start - 1, 0)

@@ -29,7 +29,8 @@ from fsbench.running.store import write_json_atomic
 from fsbench.measurement.schedstat import cpu_steal_ticks, threads_schedstat, threads_since
 from fsbench.measurement.timeline import Timeline, set_current
 from fsbench.training.inputs import InputPipeline, MeteredSource
-from fsbench.training.trainer import measured_steps, profiled_window, resolve_trainer_class, trainer_options
+from fsbench.training.trainer import (measured_steps, profiled_window, profiler_start_step,
+                                      resolve_trainer_class, trainer_options)
 from fsbench.workloads import make_batch_source
 
 
@@ -62,10 +63,11 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
     profiled = profiled_window(measured, align, cuda=ctx.device.type == "cuda")
     inputs = InputPipeline(trainer.make_preparer(), run.workload.steps, ctx.device,
                            workers=run.input_workers, source=source)
-    # Samples SM occupancy (GPU) or CPU utilization and RSS during measured steps only,
-    # the profiled ones left out.
+    # Samples SM occupancy (GPU) or CPU utilization and RSS during the timed steps: the
+    # measured steps after the profiled window (empty on CPU: then all of them).
     monitor = RankMonitor(ctx.device)
-    profiler = GpuKernelRecord(ctx, run_dir)
+    profiler = GpuKernelRecord(ctx, run_dir, profiled)
+    profiler_start = profiler_start_step(profiled)
     syncs = HostSyncCounter(ctx.device.type == "cuda", timeline.open_spans)
     # The machine over the measured window: CPU steal, and the run-queue wait of every
     # thread of this rank and of its loader workers (what decides `contended`).
@@ -78,12 +80,13 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
     try:
         with open(run_dir / f"steps-rank-{ctx.rank}.jsonl", "a") as stats_file:
             for step in range(run.workload.steps):
-                if step == measured.start:
-                    monitor.start()
-                    steal0, threads0, start_ns = cpu_steal_ticks(), threads_schedstat(), now_ns()
-                if profiled and step == profiled.start:
-                    monitor.stop()
+                if step == profiler_start:  # one warm-up step before the profiled window
                     profiler.start()
+                if step == measured.start:
+                    steal0, threads0, start_ns = cpu_steal_ticks(), threads_schedstat(), now_ns()
+                if step == profiled.stop:  # the timed steps begin (measured.start without a window)
+                    profiler.stop()  # exports the trace: between steps, in no step's span
+                    monitor.start()
                 if step == measured.stop:
                     monitor.stop()
                     profiler.stop()
@@ -167,9 +170,10 @@ class GpuKernelRecord:
     union of the rank's compute kernels (fsbench.measurement.kineto). A no-op on CPU.
     NOT YET RUN ON A GPU."""
 
-    def __init__(self, ctx: fsdist.RankContext, run_dir: Path) -> None:
+    def __init__(self, ctx: fsdist.RankContext, run_dir: Path, profiled: range = range(0)) -> None:
         self.on = ctx.device.type == "cuda"
         self.path = run_dir / f"kineto-rank-{ctx.rank}.json.gz"
+        self.profiled = profiled
         self.prof = None
 
     def start(self) -> None:
@@ -181,7 +185,8 @@ class GpuKernelRecord:
             self.prof.__enter__()
 
     def step(self, k: int):
-        if self.prof is None:
+        # The profiler's warm-up step runs under it unannotated: the metrics never read it.
+        if self.prof is None or k not in self.profiled:
             return contextlib.nullcontext()
         return torch.profiler.record_function(f"fsbench.step.{k}")
 
