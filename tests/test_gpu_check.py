@@ -85,6 +85,7 @@ def _stub_python(tmp_path: Path, body: str) -> Path:
     return stub
 
 
+@pytest.mark.dist  # wall-clock deadlines: run in the tier that starts after CI's background builds
 def test_a_hung_step_is_cut_at_the_deadline_and_the_report_is_still_written(tmp_path):
     """Every fsbench command hangs (as an sm_free barrier might): with a 30 s deadline (10 s
     of it kept for the report) the first run is cut when the time is up, every later step
@@ -106,6 +107,7 @@ def test_a_hung_step_is_cut_at_the_deadline_and_the_report_is_still_written(tmp_
     assert (out / "work.tar.gz").exists() and not (out / "work").exists()
 
 
+@pytest.mark.dist  # wall-clock waits: as above
 def test_a_killed_check_still_leaves_its_report(tmp_path):
     """SIGTERM in the middle of a step: the trap writes the report of what ran."""
     out = tmp_path / "out"
