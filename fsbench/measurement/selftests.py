@@ -29,6 +29,8 @@ RELATIVE_TOLERANCE = 0.05  # the issue's 5%: far above launch latency (~10 us of
 BUSY_OCCUPANCY_MIN = 0.25  # warps resident over the maximum, under a wide elementwise kernel
 BUSY_SM_UTIL_MIN = 0.80    # share of SMs busy under the same kernel
 IDLE_MAX = 0.05            # both, with nothing running
+# Reasons (fsbench.measurement.nvml) that mean this GPU has no GPM to test.
+NO_GPM = ("no GPU", "GPM not supported", "MIG mode", "NVML could not open")
 
 
 @dataclasses.dataclass
@@ -189,8 +191,11 @@ def sm_occupancy_busy_and_idle(device, seconds: float = 0.6) -> SelfTest:
     idle = _occupancy(device, lambda: time.sleep(seconds))
     occ, util = loaded["sm_occupancy"], loaded["sm_util"]
     if occ is None or util is None:
+        # Not run where GPM does not exist (pre-Hopper, MIG, no NVML); a Hopper that gave
+        # no reading (a failed sample, no window) has failed.
+        why = loaded["sm_occupancy_reason"] or "no reading"
         return SelfTest("sm_occupancy_busy_and_idle", "elementwise kernels back to back, then idle",
-                        None, None, "fraction", "", None, loaded["sm_occupancy_reason"] or "no reading")
+                        None, None, "fraction", "", None if why.startswith(NO_GPM) else False, why)
     occ, util = occ / 100, util / 100
     idle_occ = (idle["sm_occupancy"] or 0) / 100
     idle_util = (idle["sm_util"] or 0) / 100
