@@ -60,10 +60,13 @@ class BalancedShare:
 
     def read(self, step: int) -> tuple[JaggedBatch, partition.Plan, float]:
         """This rank's `share` and the CPU ms spent reading its samples (selecting them
-        from the global batch by index: the data loader's part), planning left out."""
+        from the global batch by index: the data loader's part), planning and the source's
+        making of the global batch (`read_ns` of a fsbench MeteredSource) left out."""
+        made0 = getattr(self.source, "read_ns", 0)
         cpu0, planned0 = time.thread_time_ns(), self._planning_ns
         local, plan = self.share(step, self.rank)
-        spent = time.thread_time_ns() - cpu0 - (self._planning_ns - planned0)
+        spent = (time.thread_time_ns() - cpu0 - (self._planning_ns - planned0)
+                 - (getattr(self.source, "read_ns", 0) - made0))
         return local, plan, spent / 1e6
 
     def plan(self, lengths: np.ndarray) -> partition.Plan:

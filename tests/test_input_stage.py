@@ -41,10 +41,31 @@ def test_the_input_stage_cpu_leaves_out_the_sources_reading(monkeypatch):
     assert item.step == 3 and stage_ns == 2_000_000
 
 
+def test_reading_a_share_leaves_out_the_sources_making_of_the_global_batch(monkeypatch):
+    """BalancedShare.read: the CPU of taking the rank's samples, with the planning and the
+    source's generation of the global batch (MeteredSource.read_ns) left out."""
+    from fsbench.training.inputs import MeteredSource
+    from fsbench.workloads.generator import SyntheticBatches
+    from freescale_impl.balanced_share import BalancedShare
+
+    w = dataclasses.replace(tiny(), global_batch_size=64)
+    source = MeteredSource(SyntheticBatches(w, 0))
+    share = BalancedShare(source, 0, 4, analytical_cost(w), FreeScaleOptions(), steps=2)
+    from freescale_impl import partition
+
+    # One thread clock: read() starts at 0; the source makes the batch from 1 to 7 ms;
+    # read() ends at 9 ms. The plan (contiguous, patched in) reads no clock.
+    clock = iter([0, 1_000_000, 7_000_000, 9_000_000])
+    monkeypatch.setattr(inputs_mod.time, "thread_time_ns", lambda: next(clock))
+    monkeypatch.setattr(share, "plan", lambda lengths: partition.contiguous(analytical_cost(w)(lengths), 4))
+    local, plan, read_ms = share.read(0)
+    assert read_ms == pytest.approx(3.0) and local.batch_size == 16
+
+
 def test_summary_input_ms_is_the_workers_stage_plus_the_ranks_exchange_prep_over_measured_steps():
     spans = pd.DataFrame([
         # step 0 is warm-up: its 50 ms of preparation count nowhere
-        {"rank": r, "step": k, "name": name, "cpu_ns": cpu, "warmup": k == 0}
+        {"rank": r, "step": k, "name": name, "cpu_ns": cpu, "overhead_ns": 0, "warmup": k == 0}
         for r in (0, 1) for k in (0, 1, 2)
         for name, cpu in (("forward", 9_000_000), ("emb.route", 1_000_000 if r == 0 else 3_000_000))])
     inputs = [(r, {"stage_cpu_ns": {"0": 50_000_000, "1": 4_000_000, "2": 6_000_000}}) for r in (0, 1)]
@@ -55,6 +76,9 @@ def test_summary_input_ms_is_the_workers_stage_plus_the_ranks_exchange_prep_over
     assert out["exchange_prep_ms_per_step"] == pytest.approx(2.0)  # (1 + 3) / 2 ranks
     assert out["input_ms_per_step"] == pytest.approx(7.0)
     assert out["route_ms_per_step"] == 1.5 and out["read_ms_per_step"] == 0.5
+    # An emulated run books a span's real CPU as overhead_ns (its cpu_ns is emulated compute).
+    emulated = spans.assign(overhead_ns=spans["cpu_ns"], cpu_ns=0)
+    assert input_stage_cpu(inputs, emulated, stats)["exchange_prep_ms_per_step"] == pytest.approx(2.0)
     # A run recorded before the stage was timed: unknown, not zero.
     assert input_stage_cpu([(0, {"worker_cpu_ns": {}})], spans, stats) == {"input_ms_per_step": None}
 

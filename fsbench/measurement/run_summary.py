@@ -185,7 +185,9 @@ def input_stage_cpu(inputs: list[tuple[int, dict]], spans: pd.DataFrame, stats: 
     ranks = {r for r, _ in inputs}
     worker_ms = sum(v for *_, v in stage) / 1e6 / len(stage)
     prep = spans[(spans["name"] == EXCHANGE_PREP_SPAN) & spans["step"].isin(measured)]
-    prep_ms = float(prep["cpu_ns"].sum()) / 1e6 / (len(measured) * len(ranks))
+    # The thread's real CPU: an emulated run books it as overhead_ns (its cpu_ns is the
+    # emulated compute inside the span, none here); elsewhere overhead_ns is 0.
+    prep_ms = float((prep["cpu_ns"] + prep["overhead_ns"]).sum()) / 1e6 / (len(measured) * len(ranks))
     out = {"input_ms_per_step": worker_ms + prep_ms, "input_worker_stage_ms_per_step": worker_ms,
            "exchange_prep_ms_per_step": prep_ms}
     for key in ("route_ms", "read_ms"):
