@@ -58,6 +58,12 @@ class BalancedShare:
         _, batch, plan = self._planned
         return batch.select(plan.assignment[rank]), plan
 
+    @property
+    def steps_per_item(self) -> int:
+        """A look-ahead window's steps are prepared together, by one loader worker, which
+        plans the window once (fsbench.training.inputs.steps_per_item)."""
+        return self.opts.window if self.opts.window > 1 and self.opts.balance == "on" else 1
+
     def read(self, step: int) -> tuple[JaggedBatch, partition.Plan, float]:
         """This rank's `share` and the CPU ms spent reading its samples (selecting them
         from the global batch by index: the data loader's part), planning and the source's

@@ -81,6 +81,10 @@ class OwnRequest:
         self.balanced, self.layout, self.chunks = balanced, layout, chunks
         self.rank = balanced.rank
 
+    @property
+    def steps_per_item(self) -> int:
+        return self.balanced.steps_per_item
+
     def __call__(self, step: int) -> StepInput:
         local, plan, read_ms = self.balanced.read(step)
         cpu0 = time.thread_time_ns()
@@ -99,6 +103,10 @@ class RoutedShare:
         self.balanced, self.layout, self.chunks, self.priority = balanced, layout, chunks, priority
         self.rank, self.n = balanced.rank, balanced.world_size
         self._touched: tuple[int, torch.Tensor] | None = None  # (step, rows it reads)
+
+    @property
+    def steps_per_item(self) -> int:
+        return self.balanced.steps_per_item
 
     def __call__(self, step: int) -> StepInput:
         _, _, read_ms = self.balanced.read(step)  # this rank's own samples

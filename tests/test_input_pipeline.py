@@ -25,14 +25,44 @@ class Square:
         return StepInput(step, [], step * step, 0)
 
 
-@pytest.mark.parametrize("workers", [0, 1])
-def test_pipeline_yields_every_step_once_in_order_then_stops(workers):
-    pipe = InputPipeline(Square(), 5, torch.device("cpu"), workers=workers)
+class SquareByThree(Square):
+    """Prepared three steps at a time (as a look-ahead window of 3 is)."""
+    steps_per_item = 3
+
+
+@pytest.mark.parametrize("workers,prepare", [(0, Square()), (1, Square()), (2, Square()),
+                                             (2, SquareByThree()), (3, SquareByThree())])
+def test_pipeline_yields_every_step_once_in_order_then_stops(workers, prepare):
+    pipe = InputPipeline(prepare, 5, torch.device("cpu"), workers=workers)
     got = [(x.step, x.num_samples) for x in pipe]
     assert got == [(k, k * k) for k in range(5)]
     with pytest.raises(StopIteration):
         next(pipe)
     pipe.close()
+
+
+def test_several_workers_plan_a_window_once_in_the_worker_that_prepares_it(monkeypatch):
+    """FreeScale's window of 4: one item of the loader is the window's 4 steps, so the worker
+    that prepares it plans the window once (K workers used to plan it K times)."""
+    from fsbench.training.inputs import _Steps
+    from fsbench.workloads.generator import SyntheticBatches
+    from fsbench.workloads.presets import tiny
+    from freescale_impl import balanced_share
+    from freescale_impl.balance import analytical_cost
+    from freescale_impl.balanced_share import BalancedShare
+    from freescale_impl.trainer import FreeScaleOptions
+
+    planned = []
+    real = balanced_share.lookahead_window
+    monkeypatch.setattr(balanced_share, "lookahead_window",
+                        lambda *a, **k: planned.append(1) or real(*a, **k))
+    w = dataclasses.replace(tiny(), steps=8)
+    share = BalancedShare(SyntheticBatches(w, 0), 0, 2, analytical_cost(w),
+                          FreeScaleOptions(window=4), steps=8)
+    steps = _Steps(share, 8)
+    assert len(steps) == 2
+    second = steps[1]  # as the worker that gets the second window prepares it
+    assert [x.step for x in second] == [4, 5, 6, 7] and planned == [1]
 
 
 def test_cuda_runs_profile_the_first_quarter_of_the_measured_steps_in_whole_windows():

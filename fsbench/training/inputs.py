@@ -79,28 +79,40 @@ def prepare_timed(prepare: Preparer, step: int, source=None) -> tuple[StepInput,
     return item, max(0, cpu - (getattr(source, "read_ns", 0) - read0))
 
 
+def steps_per_item(prepare: Preparer) -> int:
+    """Steps a preparer prepares together (`prepare.steps_per_item`, default 1): a look-ahead
+    window's steps share one plan, so one worker prepares them all and plans it once."""
+    return max(1, int(getattr(prepare, "steps_per_item", 1)))
+
+
 class _Steps(Dataset):
-    """Map-style dataset whose item k is step k's prepared input (packed for transport)."""
+    """Map-style dataset whose item i is the prepared inputs (packed for transport) of
+    steps [i*u, (i+1)*u), u = `steps_per_item(prepare)`. With several workers, each item
+    goes to one worker: workers prepare different steps (a window's all in one)."""
 
     def __init__(self, prepare: Preparer, steps: int, source=None) -> None:
         self.prepare, self.steps, self.source = prepare, steps, source
+        self.unit = steps_per_item(prepare)
 
     def __len__(self) -> int:
-        return self.steps
+        return -(-self.steps // self.unit)
 
-    def __getitem__(self, step: int) -> StepInput:
-        cpu0 = time.thread_time_ns()
-        item, stage_ns = prepare_timed(self.prepare, step, self.source)
-        item = _pack(item)
-        # What the worker's CPU cost (on a machine without a spare core, the ranks'
-        # run-queue wait): kept apart from contention by a neighbour.
-        item.extra = {**item.extra, "input_worker_cpu_ns": time.thread_time_ns() - cpu0,
-                      "input_stage_ns": stage_ns}
-        return item
+    def __getitem__(self, index: int) -> list[StepInput]:
+        out = []
+        for step in range(index * self.unit, min((index + 1) * self.unit, self.steps)):
+            cpu0 = time.thread_time_ns()
+            item, stage_ns = prepare_timed(self.prepare, step, self.source)
+            item = _pack(item)
+            # What the worker's CPU cost (on a machine without a spare core, the ranks'
+            # run-queue wait): kept apart from contention by a neighbour.
+            item.extra = {**item.extra, "input_worker_cpu_ns": time.thread_time_ns() - cpu0,
+                          "input_stage_ns": stage_ns}
+            out.append(item)
+        return out
 
 
-def _keep(item: StepInput) -> StepInput:
-    """collate_fn for batch_size=None: the prepared input as it is."""
+def _keep(item: list[StepInput]) -> list[StepInput]:
+    """collate_fn for batch_size=None: the prepared inputs as they are."""
     return item
 
 
@@ -133,7 +145,7 @@ class InputPipeline:
             self._loader = DataLoader(
                 _Steps(prepare, steps, source), batch_size=None, shuffle=False, num_workers=workers,
                 prefetch_factor=prefetch, collate_fn=_keep, persistent_workers=False)
-            self._it = map(_unpack, iter(self._loader))
+            self._it = (_unpack(x) for items in self._loader for x in items)
 
     def _inline(self, prepare: Preparer, step: int, source) -> StepInput:
         item, self.stage_cpu_ns[step] = prepare_timed(prepare, step, source)
