@@ -168,7 +168,8 @@ class FreeScaleTrainer(DataParallelTrainer):
         return SimProfile(tables=FreeScaleTrainer.table_memory(options, world_size),
                           exchange=exchange, sm_free=opts.transport == "sm_free", plan=plan,
                           # routed wherever the trainer routes (make_preparer)
-                          route=route if sharded_tables and opts.data == "replicated" else None,
+                          route=route if sharded_tables else None,
+                          sample_exchange=opts.data == "sharded",
                           input_exchange="requests" if sharded_tables and routing == "exchanged" else "none",
                           window=opts.window if opts.balance == "on" else 1,
                           chunks=opts.chunks or 4)  # auto: 4 on GPUs, where it is projected

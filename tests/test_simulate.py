@@ -1236,3 +1236,26 @@ def test_local_loader_worker_takes_the_timed_stage_only_where_the_fit_measured_i
     for net, whole in zip(steps["net"], steps["whole"]):
         # 2 workers on 2 busy cores: each core's share of them lengthens the step
         assert net["step_time_ms"] - whole["step_time_ms"] == pytest.approx(2 * (2.0 + 6.0) / 2, rel=1e-9)
+
+
+def test_sharded_data_books_the_sample_exchange_blocking_and_plans_on_the_ranks_thread():
+    """freescale.data=sharded: the lengths all-gather and the planned samples' two
+    all-to-alls are booked in the step (blocking: the step grows by them), and the plan
+    and request, made on the rank's thread, pace the step alone (no loader worker can
+    plan: it holds one shard), where data=replicated spreads them over the workers."""
+    from freescale_impl.routing_cost import StageTimes
+
+    run = RunConfig(workload=small(64 * 8), trainer="freescale", world_size=8)
+    sharded = dataclasses.replace(run, trainer_options={"data": "sharded"})
+    rows = simulate_run(sharded, H100, ".", planner_time=False)[1]
+    replicated = simulate_run(run, H100, ".", planner_time=False)[1]
+    assert all(r["sample_exchange_ms"] > 0 for r in rows)
+    assert all(r["sample_exchange_ms"] == 0 for r in replicated)
+    for s, r in zip(rows, replicated):  # same plan, same rows: the step grows by the exchange
+        assert s["step_time_ms"] == pytest.approx(r["step_time_ms"] + s["sample_exchange_ms"], rel=1e-9)
+    slow = lambda *args: StageTimes(20.0, 1.0)  # noqa: E731
+    for opts, pace in (({"data": "sharded"}, 2.0 + 20.0 + 1.0), ({}, (2.0 + 20.0) / 4)):
+        prof = dataclasses.replace(profile_of("freescale", opts, 8), route=slow)
+        rows = simulate_run(dataclasses.replace(run, trainer_options=opts), H100, ".", profile=prof,
+                            planner_ms=2.0)[1]
+        assert all(r["step_time_ms"] == pytest.approx(pace, rel=1e-9) for r in rows), opts

@@ -274,6 +274,22 @@ def input_exchange_ms(prof: SimProfile, costs_model: Costs, n: int, draws: np.nd
     return sum(costs_model.collective_ms("all_to_all", n, b) for b in parts)
 
 
+def sample_exchange_ms(prof: SimProfile, costs_model: Costs, n: int, samples: np.ndarray,
+                       tokens: np.ndarray, w: WorkloadConfig) -> float:
+    """`data=sharded` (freescale_impl.sample_exchange): the lengths all-gather (every
+    rank's shard of lengths, int64) and the planned samples' two all-to-alls (per sample:
+    length, user and contexts; per token: input item and target; int64), from the rank
+    with the most tokens. Blocking: issued inside a step, waited at once."""
+    if not prof.sample_exchange or n <= 1:
+        return 0.0
+    i = int(np.argmax(tokens))
+    # An all-gather of S bytes a rank moves what an all-to-all of S to each peer does.
+    gathered = costs_model.collective_ms("all_to_all", n, float(samples.sum()) * 8.0)
+    per_sample = float(samples[i]) * (2 + len(w.context_vocabs)) * 8.0
+    per_token = float(tokens[i]) * 2 * 8.0
+    return gathered + sum(costs_model.collective_ms("all_to_all", n, b) for b in (per_sample, per_token))
+
+
 def worker_preemption_ms(n: int, cores: int | None, worker_ms: float, step_ms: float,
                          efficiency: float = 1.0) -> float:
     """How much n ranks' loader workers (worker_ms of CPU each per step) lengthen a step of

@@ -49,6 +49,10 @@ class SimProfile:
     (FreeScale's exchanged routing: counts, ids and fresh masks), "device" (TorchRec's
     input dist: lengths and ids bucketed on the device, a split all-to-all in the
     pipeline's previous-step slot), "none" (routed on the host, or nothing to route)."""
+    sample_exchange: bool = False
+    """`data=sharded`: each rank holds one shard of the global batch; the lengths are
+    all-gathered and the planned samples exchanged in the step (blocking), and the plan
+    and the request are made on the rank's thread (freescale_impl.sample_exchange)."""
     window: int = 1
     chunks: int = 1
     """Pieces of the row exchange: the first is waited for, the rest hide under compute."""

@@ -103,7 +103,7 @@ from fsbench.scaling.ddp_buckets import ddp_buckets, dense_grad_bytes
 from fsbench.errors import ConfigError
 from fsbench.measurement.metrics import rank_causes
 from fsbench.scaling.sim_costs import (OVERHEAD_KEYS, Costs, expected_distinct, expected_fresh, expected_tokens,
-                                      input_exchange_ms, worker_preemption_ms)
+                                      input_exchange_ms, sample_exchange_ms, worker_preemption_ms)
 from fsbench.scaling.sim_inputs import Cluster, PlanInputs, SimProfile, contiguous_plan
 from fsbench.scaling.sim_summary import summarize_steps
 
@@ -201,6 +201,10 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # the step; on `local` it is the rank's own CPU work (below).
     speed, workers = cluster.host_cpu_speed, cluster.input_workers
     gpu_hosts = cluster.compute != "fit"
+    if prof.sample_exchange:
+        # data=sharded: the plan and the request are made on the rank's thread once the
+        # lengths are gathered (no loader worker can: it holds one shard), beside its prep.
+        prep_ms, stage_ms = prep_ms + stage_ms, 0.0
     stage_pace_ms = max(stage_ms / speed / workers, prep_ms / speed if gpu_hosts else 0.0)
     # The loader worker's CPU (`local`): what was measured at 1 rank beyond the input
     # stage's planning and routing there, plus theirs at this size.
@@ -230,6 +234,9 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             # before (prof.input_exchange): hidden under a step's compute, exposed beyond.
             t_in = input_exchange_ms(prof, costs_model, n, draws, samples, tokens, w, zipf_s)
             exposed_in = max(0.0, t_in - float(model_ms.min()))
+            # data=sharded: the lengths all-gather and the planned samples' two all-to-alls
+            # block the rank (issued when it pulls a later step's input, not overlapped).
+            t_samples = sample_exchange_ms(prof, costs_model, n, samples, tokens, w)
             if prof.exchange != "none":
                 # Unique rows a rank reads: items and targets (one table), shared negatives,
                 # one user row and one row per context table per sample.
@@ -286,7 +293,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             c, busy = c + slowed, busy + slowed
             if not gpu_hosts and prep_ms:  # `local`: the rank thread's own CPU, a compute span
                 c, busy, cpu = c + prep_ms * corun * share, busy + prep_ms * corun, cpu + prep_ms * corun
-            t = pre + exposed_in + float(c.max()) + post_ar + post_emb + shared
+            t = pre + exposed_in + t_samples + float(c.max()) + post_ar + post_emb + shared
             # The optimizer steps the tables after the gradients arrived, on every rank.
             if prof.tables.placement == "replicated":
                 updated = held_rows
@@ -326,10 +333,10 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                 "other_idle_ms": float(causes["other_idle"].sum()), "capacity_ms": n * t,
                 "num_samples": float(samples.sum()), "num_targets": float(tokens.sum()),
                 "plan_ms": plan_ms, "route_ms": route_ms, "prep_ms": prep_ms,
-                "input_exchange_ms": t_in, "plan_stall_ms": plan_stall,
+                "input_exchange_ms": t_in, "sample_exchange_ms": t_samples, "plan_stall_ms": plan_stall,
                 "comm_cpu_ms": comm_cpu,
                 # Every transfer of the step, and what the shared links exposed of them.
-                "link_ms": t_ar + t_in + (sent if prof.exchange != "none" else 0.0), "shared_link_ms": shared,
+                "link_ms": t_ar + t_in + t_samples + (sent if prof.exchange != "none" else 0.0), "shared_link_ms": shared,
                 # No split of whole samples can beat the larger of the mean load and the
                 # costliest single sample: the bubble's floor for this batch.
                 "bound_busy_max_ms": max(float(busy.mean()),
