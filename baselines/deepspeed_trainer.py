@@ -15,7 +15,8 @@ manifest (its frozen RunConfig) fully determines it:
   DeepSpeed build `torch.optim.Adam` (its default for "Adam" is AdamW, and its own
   fused/CPU Adam is a ~100 s compile on CPU); SGD and Adagrad map to `torch.optim.SGD` and
   `torch.optim.Adagrad`. Always `foreach=False`, as `fsbench.training.optim` does. One
-  optimizer for the whole model: per-part optimizers are refused before any rank starts;
+  optimizer for the whole model; parts (tables, dense) with their own lr are two param
+  groups (not with Adagrad); other per-part choices are refused before any rank starts;
 - `train_micro_batch_size_per_gpu` is ceil(global batch / world size), the largest
   contiguous slice. It is nominal: DeepSpeed uses it for its own data loader and
   throughput logging, neither of which runs here; our data is the global batch of
@@ -94,6 +95,7 @@ from fsbench.running.memory import TableMemory
 from fsbench.models import build_model, model_from_state
 from fsbench.options import TrainerOptions
 from fsbench.measurement.timeline import span
+from fsbench.training.optim import model_parts
 from fsbench.training.trainer import Preparer, StepStats
 
 
@@ -103,21 +105,36 @@ class DeepSpeedOptions(TrainerOptions):
     """ZeRO stage: 0 plain data parallel, 1 optimizer state, 2 + gradients, 3 + parameters."""
 
 
-# DeepSpeed's config names one optimizer for the whole model (ZeRO flattens the
-# parameters it partitions): the tables and the dense part step alike.
+# DeepSpeed's config names one optimizer for the whole model, and ZeRO flattens the
+# parameters of each param group into partitions: parts with their own learning rates are
+# two groups of one elementwise optimizer. (A row-wise or row-sparse table optimizer has no
+# rows in a flat partition; and ZeRO 1/2 rebuild torch's Adagrad over their partitions as
+# one group, which fails with two: DeepSpeed 0.19.8, stage_1_and_2.py.)
 ONE_OPTIMIZER = ("adam", "adagrad", "sgd")
 
 
 def check_one_optimizer(workload) -> None:
     """Refuse, in one line, per-part optimizers DeepSpeed's config cannot express."""
-    tables = (workload.table_optimizer, workload.table_lr)
-    dense = (workload.dense_optimizer, workload.dense_lr)
-    if tables != dense or tables[0] not in ONE_OPTIMIZER:
+    tables, dense = workload.table_optimizer, workload.dense_optimizer
+    if tables != dense or tables not in ONE_OPTIMIZER:
         raise ConfigError(
             f"the deepspeed trainer steps tables and dense part with one optimizer: "
-            f"optimizer.tables={tables[0]} (lr {tables[1]:g}) and optimizer.dense={dense[0]} "
-            f"(lr {dense[1]:g}) must be the same one of {', '.join(ONE_OPTIMIZER)} with one "
-            "lr (--set optimizer=NAME lr=X)")
+            f"optimizer.tables={tables} and optimizer.dense={dense} must be the same one of "
+            f"{', '.join(ONE_OPTIMIZER)} (adam and sgd: each part may have its own lr)")
+    if tables == "adagrad" and workload.table_lr != workload.dense_lr:
+        raise ConfigError(
+            f"the deepspeed trainer's Adagrad takes one lr (ZeRO rebuilds it as one param "
+            f"group): optimizer.tables_lr={workload.table_lr:g} and optimizer.dense_lr="
+            f"{workload.dense_lr:g} must be equal (--set lr=X)")
+
+
+def param_groups(model: torch.nn.Module, workload) -> list[dict]:
+    """The model's parameters as one param group where both parts share the lr, else the
+    tables and the dense part as two, each with its part's lr."""
+    if workload.table_lr == workload.dense_lr:
+        return [{"params": list(model.parameters()), "lr": workload.dense_lr}]
+    tables, dense = model_parts(model)
+    return [{"params": dense, "lr": workload.dense_lr}, {"params": tables, "lr": workload.table_lr}]
 
 
 def ds_config(run: RunConfig, world_size: int, zero_stage: int) -> dict:
@@ -229,7 +246,7 @@ class DeepSpeedTrainer:
         # initialize broadcasts rank 0's weights (as DDP does); build_model is seeded, so
         # the ranks already agree. With stage 3 the parameters are partitioned here.
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, model_parameters=model.parameters(), config=self.config)
+            model=model, model_parameters=param_groups(model, run.workload), config=self.config)
         # Gradient semantics. Every trainer computes the gradient of the GLOBAL loss (each
         # rank's share is normalized by the global target count, so the shares sum to the
         # global mean): the SUM of the ranks' gradients. DeepSpeed's reduction (pinned in

@@ -11,14 +11,16 @@ Switches (`--set torchrec.<key>=<value>`):
   sharding   table_wise (default) | row_wise
   pipeline   sparse (TrainPipelineSparseDist, default) | base (TrainPipelineBase: no overlap)
 
-Optimizers: the table optimizer (`optimizer.tables`) sgd | adagrad | sparse_adam maps to
-fbgemm's EXACT_SGD | EXACT_ADAGRAD | ADAM, with the constants of the torch optimizer the
-replicated trainers use (fsbench.training.optim); the dense part gets that torch optimizer
-(`optimizer.dense`). fbgemm 1.8 has no CPU kernel for fused Adam ("Optimizer adam is not
-supported in CPU mode"), and TorchRec's non-fused DENSE kernel cannot serve an
-EmbeddingCollection on CPU (fbgemm's CPU dense TBE ignores PoolingMode.NONE and returns
-pooled rows, which corrupts the sequence all-to-all), so on CPU the tables take sgd or
-adagrad. Fused Adam (CUDA) is row-sparse: rows absent from a batch keep their weights and
+Optimizers: the table optimizer (`optimizer.tables`) sgd | adagrad | rowwise_adagrad |
+sparse_adam maps to fbgemm's EXACT_SGD | EXACT_ADAGRAD | EXACT_ROWWISE_ADAGRAD | ADAM,
+with the constants of the torch optimizer the replicated trainers use
+(fsbench.training.optim); the dense part gets its own torch optimizer (`optimizer.dense`).
+fbgemm 1.8 has no CPU kernel for fused Adam ("Optimizer adam is not supported in CPU
+mode"; its CPU kernels are exact_sgd, exact_adagrad, exact_row_wise_adagrad), and
+TorchRec's non-fused DENSE kernel cannot serve an EmbeddingCollection on CPU (fbgemm's CPU
+dense TBE ignores PoolingMode.NONE and returns pooled rows, which corrupts the sequence
+all-to-all), so on CPU the tables take sgd, adagrad or rowwise_adagrad. Fused Adam (CUDA)
+is row-sparse: rows absent from a batch keep their weights and
 moments, as torch.optim.SparseAdam's (`sparse_adam`), not torch.optim.Adam's, which moves
 every row that ever had a gradient (`adam`: refused, as every unsupported table optimizer
 is, before any rank starts: `check_run`). Not yet run on a GPU.
@@ -100,6 +102,7 @@ class TorchRecOptions(TrainerOptions):
 FUSED_OPTIMIZERS: dict[str, tuple[EmbOptimType, dict[str, float]]] = {
     "sgd": (EmbOptimType.EXACT_SGD, {}),
     "adagrad": (EmbOptimType.EXACT_ADAGRAD, {"eps": 1e-10}),
+    "rowwise_adagrad": (EmbOptimType.EXACT_ROWWISE_ADAGRAD, {"eps": 1e-10}),
     "sparse_adam": (EmbOptimType.ADAM, {"eps": 1e-8, "beta1": 0.9, "beta2": 0.999,
                                         "weight_decay": 0.0}),
 }

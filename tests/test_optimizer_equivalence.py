@@ -1,6 +1,8 @@
 """Every table optimizer, beside each dense optimizer, trains the single-process function at
-2 gloo ranks, on replicated tables (ddp: DDP's all-reduce, sparse gradients for SparseAdam)
-and on sharded ones (freescale: each owner steps its rows): every step's loss and, after
+2 gloo ranks, on replicated tables (ddp: DDP's all-reduce, sparse gradients for SparseAdam;
+deepspeed: ZeRO 2, one optimizer, a param group per part) and on sharded ones (freescale:
+each owner steps its rows; torchrec: fbgemm's fused CPU kernels), wherever the trainer runs
+the pair on CPU: every step's loss and, after
 the last step, every weight equal those of one process training the global batches with
 torch's optimizers (relative error <= 1e-5). Equal weights after several steps is the
 gradient's equality at every step (the step-0 gradient alone: test_gradient_equivalence),
@@ -30,15 +32,26 @@ SEED, STEPS = 11, 6
 # (a different summation order) to 1.5e-5 in the dense weights whatever the tables do.
 LR = {"adam": 0.02, "sparse_adam": 0.02, "adagrad": 0.05, "rowwise_adagrad": 0.05, "sgd": 0.5}
 DENSE_LR = {**LR, "sgd": 0.1}
-# (tables, dense): every table optimizer once, every dense optimizer at least once.
-COMBINATIONS = [("adam", "adam"), ("sparse_adam", "adam"), ("rowwise_adagrad", "sgd"),
-                ("adagrad", "adagrad"), ("sgd", "adam")]
+# (tables, dense): every table optimizer once, every dense optimizer at least once; the
+# pairs recsys stacks train with first (Adam on the dense part beside each Adam or
+# row-wise Adagrad on the tables).
+COMBINATIONS = [("adam", "adam"), ("sparse_adam", "adam"), ("rowwise_adagrad", "adam"),
+                ("adagrad", "adagrad"), ("sgd", "sgd")]
 # freescale: sharded tables, requests exchanged (the default at 2 ranks); freescale_host:
 # routed by the input stage, rows in 3 chunks (gradients sent from inside backward).
 TRAINERS = {"ddp": ("trainers_for_tests:FinalModelDumpDDP", {}),
             "freescale": ("trainers_for_tests:FinalModelDumpFreeScale", {}),
             "freescale_host": ("trainers_for_tests:FinalModelDumpFreeScale",
-                               {"routing": "host", "chunks": "3"})}
+                               {"routing": "host", "chunks": "3"}),
+            "torchrec": ("trainers_for_tests:FinalModelDumpTorchRec", {}),
+            "deepspeed": ("trainers_for_tests:FinalModelDumpDeepSpeed", {}),  # ZeRO 2
+            "deepspeed_zero3": ("trainers_for_tests:FinalModelDumpDeepSpeed", {"zero_stage": "3"})}
+# What each trainer runs on CPU (the others it refuses: tests/test_optimizers.py):
+# fbgemm's CPU kernels have no Adam; DeepSpeed steps both parts with one optimizer (a
+# param group per part where their lrs differ: sgd's do).
+RUNS = [(t, tables, dense) for t in TRAINERS for tables, dense in COMBINATIONS
+        if not (t == "torchrec" and "adam" in tables) and not (t.startswith("deepspeed") and tables != dense)]
+FRAMEWORK = {"torchrec": "torchrec", "deepspeed": "deepspeed", "deepspeed_zero3": "deepspeed"}
 
 
 def workload(tables: str, dense: str):
@@ -70,10 +83,11 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-@pytest.mark.parametrize("trainer", list(TRAINERS))
-@pytest.mark.parametrize("tables,dense", COMBINATIONS)
+@pytest.mark.parametrize("trainer,tables,dense", RUNS)
 def test_losses_and_weights_equal_single_process(trainer, tables, dense, tmp_path, monkeypatch,
                                                  rank_pythonpath):
+    if trainer in FRAMEWORK:
+        pytest.importorskip(FRAMEWORK[trainer])
     w = workload(tables, dense)
     monkeypatch.setenv("FSBENCH_TEST_DUMP", str(tmp_path))
     name, options = TRAINERS[trainer]
@@ -90,7 +104,7 @@ def test_losses_and_weights_equal_single_process(trainer, tables, dense, tmp_pat
     for name, ref in ref_weights.items():
         assert rel_err(got[name], ref) <= 1e-5, (name, rel_err(got[name], ref))
 
-    if trainer != "ddp":  # sharded tables; priority has nothing to send early under dense Adam
+    if trainer.startswith("freescale"):  # sharded; priority has nothing to send early under dense Adam
         ran = json.loads((run_dir / "manifest.json").read_text())["trainer_ran"]
         assert ran["tables"] == "sharded"
         assert ran.get("priority", "on").startswith("off" if tables == "adam" else "on")

@@ -139,10 +139,15 @@ def test_deepspeed_and_torchrec_refuse_what_they_cannot_run_naming_what_they_can
     for ok in (run("ddp", tables="adam"), run("freescale", tables="adam", dense="sgd"),
                run("freescale", tables="rowwise_adagrad"), run("deepspeed", tables="adagrad")):
         check_run(ok)
-    with pytest.raises(ConfigError, match="same one of adam, adagrad, sgd with one lr"):
+    check_run(run("deepspeed", tables="adam", dense="adam", tables_lr="0.1"))  # a group per part
+    with pytest.raises(ConfigError, match="Adagrad takes one lr"):
         check_run(run("deepspeed", tables_lr="0.1"))
+    with pytest.raises(ConfigError, match="must be the same one of adam, adagrad, sgd"):
+        check_run(run("deepspeed", dense="adam"))
+    with pytest.raises(ConfigError, match="optimizer.tables=rowwise_adagrad and optimizer.dense="):
+        check_run(run("deepspeed", tables="rowwise_adagrad", dense="adagrad"))
     pytest.importorskip("torchrec")
-    with pytest.raises(ConfigError, match=r"torchrec trainer runs sgd, adagrad on cpu"):
+    with pytest.raises(ConfigError, match=r"torchrec trainer runs sgd, adagrad, rowwise_adagrad on cpu"):
         check_run(run("torchrec", tables="sparse_adam"))
     check_run(run("torchrec", tables="sgd", dense="adam"))
 

@@ -160,13 +160,15 @@ def test_fused_optimizer_mapping():
     assert T.fused_params("sgd", 0.1, cpu) == {"optimizer": T.EmbOptimType.EXACT_SGD,
                                                "learning_rate": 0.1}
     assert T.fused_params("adagrad", 0.1, cpu)["eps"] == 1e-10  # torch.optim.Adagrad's
+    rowwise = T.fused_params("rowwise_adagrad", 0.1, cpu)  # fsbench's RowwiseAdagrad's
+    assert (rowwise["optimizer"], rowwise["eps"]) == (T.EmbOptimType.EXACT_ROWWISE_ADAGRAD, 1e-10)
     adam = T.fused_params("sparse_adam", 1e-3, cuda)  # torch.optim.SparseAdam's constants
     assert adam["optimizer"] == T.EmbOptimType.ADAM
     assert (adam["beta1"], adam["beta2"], adam["eps"]) == (0.9, 0.999, 1e-8)
-    with pytest.raises(ConfigError, match="runs sgd, adagrad on cpu .fbgemm 1.8 has no CPU fused Adam"):
+    with pytest.raises(ConfigError, match="runs sgd, adagrad, rowwise_adagrad on cpu .fbgemm 1.8 has no CPU fused Adam"):
         T.fused_params("sparse_adam", 1e-3, cpu)
     # dense Adam moves rows a batch did not read; fused tables never do
-    with pytest.raises(ConfigError, match="runs sgd, adagrad, sparse_adam on cuda .its fused tables"):
+    with pytest.raises(ConfigError, match="runs sgd, adagrad, rowwise_adagrad, sparse_adam on cuda .its fused tables"):
         T.fused_params("adam", 1e-3, cuda)
     with pytest.raises(ConfigError, match="not mapped"):
         T.fused_params("lamb", 1e-3, cuda)

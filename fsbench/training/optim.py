@@ -51,16 +51,22 @@ class ModelOptimizer:
             opt.zero_grad(set_to_none=set_to_none)
 
 
+def model_parts(model: torch.nn.Module) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+    """A replicated model's parameters as (tables, dense part); the ground truth's model
+    has no tables."""
+    sparse = getattr(model, "sparse", None)
+    tables = list(sparse.parameters()) if sparse is not None else []
+    ids = {id(p) for p in tables}
+    return tables, [p for p in model.parameters() if id(p) not in ids]
+
+
 def make_model_optimizer(model: torch.nn.Module, workload: WorkloadConfig) -> ModelOptimizer:
     """Both parts' optimizers over a replicated `RecModel` (or the ground truth's model,
     which has no tables). Switches the tables to sparse gradients where their optimizer
     reads them so: call it before DDP wraps the model (DDP reads that at construction)."""
-    sparse = getattr(model, "sparse", None)
-    tables = list(sparse.parameters()) if sparse is not None else []
-    if sparse is not None:
-        sparse.sparse_gradients(workload.table_optimizer in SPARSE_GRADIENTS)
-    ids = {id(p) for p in tables}
-    dense = [p for p in model.parameters() if id(p) not in ids]
+    tables, dense = model_parts(model)
+    if tables:
+        model.sparse.sparse_gradients(workload.table_optimizer in SPARSE_GRADIENTS)
     parts = [make_dense_optimizer(dense, workload)]
     if tables:
         parts.append(make_table_optimizer(tables, workload))

@@ -206,4 +206,12 @@ def __getattr__(name: str):
         from baselines.deepspeed_trainer import DeepSpeedTrainer
 
         return wrap_with_model_dump(DeepSpeedTrainer)
+    if name == "FinalModelDumpTorchRec":
+        from baselines.torchrec_trainer import TorchRecTrainer
+
+        return wrap_with_final_model_dump(TorchRecTrainer)
+    if name == "FinalModelDumpDeepSpeed":
+        from baselines.deepspeed_trainer import DeepSpeedTrainer
+
+        return wrap_with_final_model_dump(DeepSpeedTrainer)
     raise AttributeError(name)
