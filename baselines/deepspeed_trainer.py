@@ -14,7 +14,9 @@ manifest (its frozen RunConfig) fully determines it:
   `{"type": "Adam", "params": {"torch_adam": true, "adam_w_mode": false}}`, which makes
   DeepSpeed build `torch.optim.Adam` (its default for "Adam" is AdamW, and its own
   fused/CPU Adam is a ~100 s compile on CPU); SGD and Adagrad map to `torch.optim.SGD` and
-  `torch.optim.Adagrad`. Always `foreach=False`, as `fsbench.training.optim.make_optimizer` does;
+  `torch.optim.Adagrad`. Always `foreach=False`, as `fsbench.training.optim` does. One
+  optimizer for the whole model; parts (tables, dense) with their own lr are two param
+  groups (not with Adagrad); other per-part choices are refused before any rank starts;
 - `train_micro_batch_size_per_gpu` is ceil(global batch / world size), the largest
   contiguous slice. It is nominal: DeepSpeed uses it for its own data loader and
   throughput logging, neither of which runs here; our data is the global batch of
@@ -93,6 +95,7 @@ from fsbench.running.memory import TableMemory
 from fsbench.models import build_model, model_from_state
 from fsbench.options import TrainerOptions
 from fsbench.measurement.timeline import span
+from fsbench.training.optim import model_parts
 from fsbench.training.trainer import Preparer, StepStats
 
 
@@ -102,34 +105,65 @@ class DeepSpeedOptions(TrainerOptions):
     """ZeRO stage: 0 plain data parallel, 1 optimizer state, 2 + gradients, 3 + parameters."""
 
 
+# DeepSpeed's config names one optimizer for the whole model, and ZeRO flattens the
+# parameters of each param group into partitions: parts with their own learning rates are
+# two groups of one elementwise optimizer. (A row-wise or row-sparse table optimizer has no
+# rows in a flat partition; and ZeRO 1/2 rebuild torch's Adagrad over their partitions as
+# one group, which fails with two: DeepSpeed 0.19.8, stage_1_and_2.py.)
+ONE_OPTIMIZER = ("adam", "adagrad", "sgd")
+
+
+def check_one_optimizer(workload) -> None:
+    """Refuse, in one line, per-part optimizers DeepSpeed's config cannot express."""
+    tables, dense = workload.table_optimizer, workload.dense_optimizer
+    if tables != dense or tables not in ONE_OPTIMIZER:
+        raise ConfigError(
+            f"the deepspeed trainer steps tables and dense part with one optimizer: "
+            f"optimizer.tables={tables} and optimizer.dense={dense} must be the same one of "
+            f"{', '.join(ONE_OPTIMIZER)} (adam and sgd: each part may have its own lr)")
+    if tables == "adagrad" and workload.table_lr != workload.dense_lr:
+        raise ConfigError(
+            f"the deepspeed trainer's Adagrad takes one lr (ZeRO rebuilds it as one param "
+            f"group): optimizer.tables_lr={workload.table_lr:g} and optimizer.dense_lr="
+            f"{workload.dense_lr:g} must be equal (--set lr=X)")
+
+
+def param_groups(model: torch.nn.Module, workload) -> list[dict]:
+    """The model's parameters as one param group where both parts share the lr, else the
+    tables and the dense part as two, each with its part's lr."""
+    if workload.table_lr == workload.dense_lr:
+        return [{"params": list(model.parameters()), "lr": workload.dense_lr}]
+    tables, dense = model_parts(model)
+    return [{"params": dense, "lr": workload.dense_lr}, {"params": tables, "lr": workload.table_lr}]
+
+
 def ds_config(run: RunConfig, world_size: int, zero_stage: int) -> dict:
     """The DeepSpeed config for this run (a plain dict, as `deepspeed.initialize` takes)."""
     workload = run.workload
-    if workload.optimizer == "adam":
+    check_one_optimizer(workload)
+    name, lr = workload.dense_optimizer, workload.dense_lr
+    if name == "adam":
         # torch_adam: torch.optim.Adam instead of DeepSpeed's compiled FusedAdam/CPUAdam.
         # adam_w_mode=False: DeepSpeed's "Adam" means AdamW (decoupled weight decay) unless
         # told otherwise. foreach is popped by DeepSpeed and passed to torch's Adam.
-        optimizer = {"type": "Adam", "params": {"lr": workload.lr, "torch_adam": True,
+        optimizer = {"type": "Adam", "params": {"lr": lr, "torch_adam": True,
                                                  "adam_w_mode": False, "foreach": False}}
-    elif workload.optimizer == "adagrad":
+    elif name == "adagrad":
         # Without CPU offload DeepSpeed builds torch.optim.Adagrad (DeepSpeedCPUAdagrad only
         # with offload_optimizer, which we never configure).
-        optimizer = {"type": "Adagrad", "params": {"lr": workload.lr, "foreach": False}}
-    elif workload.optimizer == "sgd":
-        # Not a DeepSpeed optimizer name: DeepSpeed falls through to getattr(torch.optim,
+        optimizer = {"type": "Adagrad", "params": {"lr": lr, "foreach": False}}
+    else:
+        # sgd is not a DeepSpeed optimizer name: DeepSpeed falls through to getattr(torch.optim,
         # "SGD"); ZeRO calls it "untested" (zero_allow_untested_optimizer below). Plain SGD
         # is elementwise, so it is exact on ZeRO's flattened partitions.
-        optimizer = {"type": "SGD", "params": {"lr": workload.lr, "foreach": False}}
-    else:
-        raise ConfigError(f"optimizer={workload.optimizer!r} has no DeepSpeed mapping; "
-                          "choose one of: adam, sgd, adagrad")
+        optimizer = {"type": "SGD", "params": {"lr": lr, "foreach": False}}
     return {
         # Nominal (see the module docstring): the largest contiguous slice.
         "train_micro_batch_size_per_gpu": math.ceil(workload.global_batch_size / world_size),
         "gradient_accumulation_steps": 1,
         "optimizer": optimizer,
         "zero_optimization": {"stage": zero_stage},
-        "zero_allow_untested_optimizer": workload.optimizer == "sgd",
+        "zero_allow_untested_optimizer": name == "sgd",
         "fp16": {"enabled": False},
         "bf16": {"enabled": False},
         "gradient_clipping": 0.0,
@@ -165,6 +199,11 @@ class DeepSpeedTrainer:
         share = 1.0 if stage == 0 else 1 / world_size  # of the optimizer's state and work
         return TableMemory(placement="replicated", grads=2.0 if stage < 2 else 1.0 + 1 / world_size,
                            states=share, optimizer_transient=share)
+
+    @classmethod
+    def check_run(cls, run: RunConfig) -> None:
+        """Before any rank starts: one optimizer for the whole model."""
+        check_one_optimizer(run.workload)
 
     # Checked by counting torch.distributed calls per span (2 ranks, gloo, DeepSpeed
     # 0.19.8 defaults; the `small` model is 1.68M parameters in one bucket).
@@ -207,7 +246,7 @@ class DeepSpeedTrainer:
         # initialize broadcasts rank 0's weights (as DDP does); build_model is seeded, so
         # the ranks already agree. With stage 3 the parameters are partitioned here.
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, model_parameters=model.parameters(), config=self.config)
+            model=model, model_parameters=param_groups(model, run.workload), config=self.config)
         # Gradient semantics. Every trainer computes the gradient of the GLOBAL loss (each
         # rank's share is normalized by the global target count, so the shares sum to the
         # global mean): the SUM of the ranks' gradients. DeepSpeed's reduction (pinned in

@@ -11,17 +11,19 @@ Switches (`--set torchrec.<key>=<value>`):
   sharding   table_wise (default) | row_wise
   pipeline   sparse (TrainPipelineSparseDist, default) | base (TrainPipelineBase: no overlap)
 
-Optimizers: the workload's adam | sgd | adagrad map to fbgemm's ADAM | EXACT_SGD |
-EXACT_ADAGRAD for the tables (same constants as the torch optimizer of the dense part).
+Optimizers: the table optimizer (`optimizer.tables`) sgd | adagrad | rowwise_adagrad |
+sparse_adam maps to fbgemm's EXACT_SGD | EXACT_ADAGRAD | EXACT_ROWWISE_ADAGRAD | ADAM,
+with the constants of the torch optimizer the replicated trainers use
+(fsbench.training.optim); the dense part gets its own torch optimizer (`optimizer.dense`).
 fbgemm 1.8 has no CPU kernel for fused Adam ("Optimizer adam is not supported in CPU
-mode"), and TorchRec's non-fused DENSE kernel cannot serve an EmbeddingCollection on CPU
-(fbgemm's CPU dense TBE ignores PoolingMode.NONE and returns pooled rows, which corrupts
-the sequence all-to-all), so Adam on CPU is a ConfigError: use `--set optimizer=sgd` or
-`adagrad` there. Fused Adam is lazy: rows absent from a batch keep their weights and
-moments, whereas torch.optim.Adam (DDP) keeps moving every row that ever had a gradient
-(a zero gradient still decays the moments and applies m/sqrt(v)); both agree at steps 0
-and 1 (before any row goes stale) and drift apart after that (expected; not yet measured:
-no GPU was available, see the gpu-marked test).
+mode"; its CPU kernels are exact_sgd, exact_adagrad, exact_row_wise_adagrad), and
+TorchRec's non-fused DENSE kernel cannot serve an EmbeddingCollection on CPU (fbgemm's CPU
+dense TBE ignores PoolingMode.NONE and returns pooled rows, which corrupts the sequence
+all-to-all), so on CPU the tables take sgd, adagrad or rowwise_adagrad. Fused Adam (CUDA)
+is row-sparse: rows absent from a batch keep their weights and
+moments, as torch.optim.SparseAdam's (`sparse_adam`), not torch.optim.Adam's, which moves
+every row that ever had a gradient (`adam`: refused, as every unsupported table optimizer
+is, before any rank starts: `check_run`). Not yet run on a GPU.
 
 Same function as every trainer (ARCHITECTURE.md, seam 2), and how the gradients get there:
   The loss on each rank is its samples' summed token losses / the GLOBAL target count, so
@@ -77,7 +79,7 @@ from fsbench.measurement.flights import FrameworkFlights, allreduce_in_python
 from fsbench.models import DenseArch, model_from_state, table_specs
 from fsbench.models.init import materialize
 from fsbench.models.sparse import ITEM, initial_table_weight
-from fsbench.training.optim import make_optimizer
+from fsbench.training.optim import make_dense_optimizer
 from fsbench.measurement.timeline import span
 from fsbench.training.inputs import ContiguousShare
 from fsbench.running.memory import TableMemory, sharded
@@ -93,17 +95,19 @@ class TorchRecOptions(TrainerOptions):
     pipeline: Literal["sparse", "base"] = "sparse"
     """sparse: TrainPipelineSparseDist (next batch's input dist overlapped); base: none."""
 
-# The fused (in-backward) optimizer for each workload optimizer, with the constants of the
-# torch optimizer `fsbench.training.optim.make_optimizer` builds for the dense part (and for the
+# The fused (in-backward) optimizer for each table optimizer it runs, with the constants of the
+# torch optimizer `fsbench.training.optim` builds for the dense part (and for the
 # DDP trainer's tables), so that both compute the same update. Exact* variants: duplicate
 # ids in a batch are summed before one update, as autograd does for nn.Embedding.
 FUSED_OPTIMIZERS: dict[str, tuple[EmbOptimType, dict[str, float]]] = {
-    "adam": (EmbOptimType.ADAM, {"eps": 1e-8, "beta1": 0.9, "beta2": 0.999, "weight_decay": 0.0}),
     "sgd": (EmbOptimType.EXACT_SGD, {}),
     "adagrad": (EmbOptimType.EXACT_ADAGRAD, {"eps": 1e-10}),
+    "rowwise_adagrad": (EmbOptimType.EXACT_ROWWISE_ADAGRAD, {"eps": 1e-10}),
+    "sparse_adam": (EmbOptimType.ADAM, {"eps": 1e-8, "beta1": 0.9, "beta2": 0.999,
+                                        "weight_decay": 0.0}),
 }
 # What fbgemm 1.8's CPU kernels lack (its TBE asserts at construction).
-NO_FUSED_CPU = {"adam"}
+NO_FUSED_CPU = {"sparse_adam"}
 FUSED = EmbeddingComputeKernel.FUSED.value
 
 
@@ -180,15 +184,17 @@ class _SpannedBasePipeline(TrainPipelineBase):
 
 
 def fused_params(optimizer: str, lr: float, device: torch.device) -> dict[str, Any]:
-    """The sharders' fused_params: fbgemm's optimizer for the tables."""
-    if optimizer not in FUSED_OPTIMIZERS:
-        raise ConfigError(f"optimizer={optimizer!r}: the torchrec trainer maps only "
-                          f"{', '.join(FUSED_OPTIMIZERS)} to a fused embedding optimizer")
-    if device.type == "cpu" and optimizer in NO_FUSED_CPU:
-        raise ConfigError(f"optimizer={optimizer}: fbgemm has no fused {optimizer} on CPU "
-                          "(and TorchRec's dense kernel cannot serve sequence features on "
-                          "CPU); run the torchrec trainer on CPU with --set optimizer=sgd "
-                          "or --set optimizer=adagrad, or on CUDA")
+    """The sharders' fused_params: fbgemm's optimizer for the tables (`optimizer`: the
+    workload's table optimizer), or a ConfigError naming the ones this device runs."""
+    runs = [o for o in FUSED_OPTIMIZERS if device.type != "cpu" or o not in NO_FUSED_CPU]
+    if optimizer not in runs:
+        why = ("fbgemm 1.8 has no CPU fused Adam, and TorchRec's dense kernel cannot serve "
+               "sequence features on CPU" if device.type == "cpu" and "adam" in optimizer else
+               "its fused tables update only the rows a batch reads" if optimizer == "adam"
+               else "not mapped to a fused optimizer")
+        raise ConfigError(f"optimizer.tables={optimizer}: the torchrec trainer runs "
+                          f"{', '.join(runs)} on {device.type} ({why}); "
+                          f"--set optimizer.tables={runs[0]} or another of those")
     opt_type, constants = FUSED_OPTIMIZERS[optimizer]
     return {"optimizer": opt_type, "learning_rate": lr, **constants}
 
@@ -314,6 +320,11 @@ class TorchRecTrainer:
     Options = TorchRecOptions
     options: TorchRecOptions
 
+    @classmethod
+    def check_run(cls, run: RunConfig) -> None:
+        """Before any rank starts: a table optimizer fbgemm's fused kernels run here."""
+        fused_params(run.workload.table_optimizer, run.workload.table_lr, torch.device(run.device))
+
     @staticmethod
     def table_memory(options: dict[str, str], world_size: int) -> TableMemory:
         """Sharded tables updated by the fused optimizer inside backward: no gradient kept."""
@@ -343,9 +354,9 @@ class TorchRecTrainer:
         "forward; the embedding-gradient all-to-all, DDP's dense all-reduce and the fused "
         "table updates sit inside backward (optimizer is only the dense step and zero_grad). "
         "With pipeline=base the whole input dist also runs inside forward. Pipeline "
-        "bookkeeping between these spans is in no span. Fused Adam (CUDA only) is lazy: rows "
-        "absent from a batch keep weights and moments, unlike torch.optim.Adam in the DDP "
-        "baseline."
+        "bookkeeping between these spans is in no span. Fused Adam (CUDA only, "
+        "optimizer.tables=sparse_adam) is row-sparse: rows absent from a batch keep weights "
+        "and moments, as torch.optim.SparseAdam's."
     )
 
     def setup(self, ctx: RankContext, run: RunConfig, source) -> None:
@@ -361,7 +372,7 @@ class TorchRecTrainer:
             raise ConfigError(f"the torchrec trainer needs global_batch_size "
                               f"({wl.global_batch_size}) divisible by the world size "
                               f"({ctx.world_size})")
-        fused = fused_params(wl.optimizer, wl.lr, ctx.device)
+        fused = fused_params(wl.table_optimizer, wl.table_lr, ctx.device)
 
         specs = table_specs(wl.model.dim, wl.item_vocab, wl.user_vocab, wl.context_vocabs)
         dense = initial_dense(wl, run.seed)
@@ -395,7 +406,7 @@ class TorchRecTrainer:
         # not hold; they belong to no optimizer.)
         dense_params = {n: p for n, p in self.dmp.named_parameters()
                         if not n.startswith(tuple(f"{c}." for c in _collections(model)))}
-        keyed = KeyedOptimizerWrapper(dense_params, lambda ps: make_optimizer(ps, wl))
+        keyed = KeyedOptimizerWrapper(dense_params, lambda ps: make_dense_optimizer(ps, wl))
         self.optimizer = CombinedOptimizer([self.dmp.fused_optimizer, keyed])
         self.dmp.train()
 

@@ -26,7 +26,8 @@ Every rank is both a *requester* (its samples need rows) and an *owner* (it hold
             (Issued as each became ready, the chunks' all-to-alls and DDP's all-reduces,
             on two communicators, interleaved by the data: a chunk no sample read counted
             as ready at once, so ranks could issue them in different orders.)
-  update    the owner sums the contributions per row and steps only those rows.
+  update    the owner sums the contributions per row and steps only those rows (with
+            dense Adam, every row it holds: freescale_impl.sharded_tables).
 
 With `priority=on`, step k also prepares step k+1 (its input is pulled one step ahead):
 after step k's forward every owner splits step k+1's requests into rows that step k
@@ -261,7 +262,9 @@ class ShardedEmbeddings:
         self.control = CollectiveTransport(group)  # counts, ids, masks: small messages
         self.rank, self.n = rank, layout.world_size
         self.chunks = chunks if overlap else 1
-        self.overlap, self.priority = overlap, priority
+        # Priority sends rows no update can change before the update: with an optimizer
+        # that moves every row at every step (dense Adam) there are none.
+        self.overlap, self.priority = overlap, priority and not shard.steps_every_row
         self.dim = layout.dim
         self.device = shard.weight.device
         self._grad_sends: list[tuple[Pending, int]] = []  # (exchange, chunk) this step

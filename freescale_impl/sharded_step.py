@@ -25,7 +25,7 @@ from fsbench.training.dist import RankContext
 from fsbench.training.dp import wrap_ddp
 from fsbench.models import RecModel, model_from_state, table_specs
 from fsbench.models.init import materialize
-from fsbench.training.optim import make_optimizer
+from fsbench.training.optim import make_dense_optimizer
 from fsbench.measurement.timeline import span
 from fsbench.training.trainer import StepInput, StepStats
 from freescale_impl.embedding_exchange import Request, Service, ShardedEmbeddings, build_request
@@ -64,10 +64,10 @@ class ShardedTableTrainer:
         # the collectives issued from backward's hooks on every rank (embedding_exchange).
         self.dense = wrap_ddp(build_dense(run, ctx.device), ctx, average=False,
                               after_last_bucket=lambda: self.engine.dense_gradients_issued())
-        self.optimizer = make_optimizer(self.dense.parameters(), w)
+        self.optimizer = make_dense_optimizer(self.dense.parameters(), w)
         layout = RowLayout(table_specs(w.model.dim, w.item_vocab, w.user_vocab, w.context_vocabs),
                            ctx.world_size, opts.sharding)
-        shard = LocalShard(layout, ctx.rank, run.seed, w.optimizer, w.lr, ctx.device)
+        shard = LocalShard(layout, ctx.rank, run.seed, w.table_optimizer, w.table_lr, ctx.device)
         # Its own group: embedding exchanges never queue behind DDP's all-reduce (or the
         # reverse), and may stay in flight across the step boundary.
         group = dist.new_group(backend=ctx.backend)

@@ -9,12 +9,18 @@ All tables of a model share one embedding dimension, so they are laid end to end
   table-wise  each table lives whole on one rank (largest tables first, each to the
               least-loaded rank): fewer, larger messages; a hot table makes a hot rank.
 
-The owner keeps its rows and their optimizer state in one (rows, dim) tensor each and
-updates only the rows a step sent gradients for. For SGD and Adagrad this is exactly what
-`torch.optim.SGD`/`torch.optim.Adagrad` do to a dense replicated table: a row whose
-gradient is zero does not move (Adagrad adds 0 to its sum and divides 0 by it). Adam is
-different (its moments move every row every step), so sharded tables refuse it: a lazy
-Adam would train a different function than the replicated baselines.
+The owner keeps its rows and their optimizer state in one (rows, dim) tensor each, and
+steps them with the arithmetic a replicated table gets from its torch optimizer
+(fsbench.training.optim), so that sharded and replicated tables train the same function:
+  row-sparse  sgd, adagrad, rowwise_adagrad, sparse_adam: only the rows a step sent
+              gradients for move. For SGD and the Adagrads this is exactly what the dense
+              update of a replicated table does (a zero gradient adds 0 to the sum and
+              steps by 0); sparse_adam is torch.optim.SparseAdam (moments and step count
+              per table: every table is read at every step, so its count is the step's).
+  dense       adam: torch.optim.Adam over the whole shard at every step, as on a replicated
+              table: moments decay and rows move whether or not the step read them. So no
+              row is final before a step's update (freescale_impl.embedding_exchange turns
+              priority off), and the update costs O(rows held), not O(rows read).
 """
 from __future__ import annotations
 
@@ -26,9 +32,11 @@ import torch
 
 from fsbench.errors import ConfigError
 from fsbench.models.sparse import TableSpec, initial_table_weight
+from fsbench.training.rowwise_adagrad import rowwise_adagrad_rows
 
 Layout = Literal["row", "table"]
-SPARSE_OPTIMIZERS = ("sgd", "adagrad")
+ROW_SPARSE = ("sgd", "adagrad", "rowwise_adagrad", "sparse_adam")
+EVERY_ROW = ("adam",)  # steps every row of the shard at every step
 ADAGRAD_EPS = 1e-10  # torch.optim.Adagrad's default, which the replicated trainers use
 
 
@@ -93,18 +101,28 @@ class RowLayout:
 
 
 class LocalShard:
-    """One rank's rows of every table, and their row-sparse optimizer."""
+    """One rank's rows of every table, and their optimizer."""
 
     def __init__(self, layout: RowLayout, rank: int, seed: int, optimizer: str, lr: float,
                  device: torch.device) -> None:
-        if optimizer not in SPARSE_OPTIMIZERS:
-            raise ConfigError(f"optimizer={optimizer!r} cannot train sharded tables exactly; "
-                              f"choose one of: {', '.join(SPARSE_OPTIMIZERS)} "
-                              "(or freescale.tables=replicated)")
+        if optimizer not in ROW_SPARSE + EVERY_ROW:
+            raise ConfigError(f"optimizer.tables={optimizer!r} has no sharded update; choose "
+                              f"one of: {', '.join(ROW_SPARSE + EVERY_ROW)}")
         self.layout, self.rank, self.optimizer, self.lr = layout, rank, optimizer, lr
         self.weight = self._initial_rows(seed).to(device)
-        # Adagrad's running sum of squared gradients; SGD keeps no state.
-        self.sum_sq = torch.zeros_like(self.weight) if optimizer == "adagrad" else None
+        # Adagrad's running sum of squared gradients (row-wise: one per row); SGD keeps none.
+        self.sum_sq = (torch.zeros_like(self.weight) if optimizer == "adagrad" else
+                       self.weight.new_zeros(self.weight.shape[0]) if optimizer == "rowwise_adagrad"
+                       else None)
+        # The Adams are torch's own, stepping the shard as they would step a whole table.
+        self._torch = (torch.optim.Adam([self.weight], lr=lr, foreach=False) if optimizer == "adam"
+                       else torch.optim.SparseAdam([self.weight], lr=lr)
+                       if optimizer == "sparse_adam" else None)
+
+    @property
+    def steps_every_row(self) -> bool:
+        """Whether an update may move rows the step did not read (dense Adam)."""
+        return self.optimizer in EVERY_ROW
 
     @torch.no_grad()
     def _initial_rows(self, seed: int) -> torch.Tensor:
@@ -125,21 +143,38 @@ class LocalShard:
 
     @torch.no_grad()
     def apply_gradients(self, local_index: torch.Tensor, grads: torch.Tensor) -> None:
-        """One optimizer step on the rows given (several contributions to one row are
-        summed first), with torch.optim's per-element arithmetic."""
-        if local_index.numel() == 0:
+        """One optimizer step (called at every step, rows or none): the rows given, their
+        contributions summed first, with torch.optim's per-element arithmetic; with dense
+        Adam every row of the shard, the others with a zero gradient."""
+        if self.optimizer == "adam":
+            self._torch_step(torch.zeros_like(self.weight).index_add_(0, local_index, grads))
             return
+        if local_index.numel() == 0 and self.optimizer != "sparse_adam":
+            return  # SparseAdam counts the step even so: its bias correction is per step
         rows, inverse = torch.unique(local_index, return_inverse=True)
         grad = torch.zeros(rows.numel(), self.layout.dim, dtype=grads.dtype, device=grads.device)
         grad.index_add_(0, inverse, grads)
+        if self.optimizer == "sparse_adam":
+            self._torch_step(torch.sparse_coo_tensor(rows.unsqueeze(0), grad, self.weight.shape,
+                                                     is_coalesced=True, check_invariants=False))
+            return
         param = self.weight.index_select(0, rows)
         if self.optimizer == "sgd":
             param.add_(grad, alpha=-self.lr)
-        else:
+        elif self.optimizer == "adagrad":
             state = self.sum_sq.index_select(0, rows).addcmul_(grad, grad, value=1)
             param.addcdiv_(grad, state.sqrt().add_(ADAGRAD_EPS), value=-self.lr)
             self.sum_sq.index_copy_(0, rows, state)
+        else:  # rowwise_adagrad
+            state = self.sum_sq.index_select(0, rows)
+            rowwise_adagrad_rows(param, state, grad, self.lr)
+            self.sum_sq.index_copy_(0, rows, state)
         self.weight.index_copy_(0, rows, param)
+
+    def _torch_step(self, grad: torch.Tensor) -> None:
+        self.weight.grad = grad
+        self._torch.step()
+        self.weight.grad = None
 
 
 @torch.no_grad()

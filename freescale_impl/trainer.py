@@ -53,7 +53,6 @@ from freescale_impl.balanced_share import PARTITIONERS, BalancedShare
 from freescale_impl.routing import OwnRequest, RoutedShare, choose_routing
 from freescale_impl.sample_exchange import exchange_samples
 from freescale_impl.sharded_step import ShardedTableTrainer
-from freescale_impl.sharded_tables import SPARSE_OPTIMIZERS
 from freescale_impl.transport import sm_free_unavailable
 
 
@@ -221,15 +220,11 @@ class FreeScaleTrainer(DataParallelTrainer):
 
     @classmethod
     def check_run(cls, run: RunConfig) -> None:
-        """Before any rank starts: a window needs whole windows to measure."""
+        """Before any rank starts: a window needs whole windows to measure. (Sharded tables
+        step every table optimizer exactly: freescale_impl.sharded_tables.)"""
         opts = cls.Options.parse(run.trainer_options, prefix="freescale")
         measured_steps(run.workload.warmup, run.workload.steps, opts.window)
         if opts.tables == "sharded" and run.workload.compute != "synthetic":
-            if run.workload.optimizer not in SPARSE_OPTIMIZERS:
-                raise ConfigError(
-                    f"optimizer={run.workload.optimizer!r} cannot train sharded tables exactly "
-                    f"(allowed: {', '.join(SPARSE_OPTIMIZERS)}); use --set optimizer=adagrad "
-                    "or --set freescale.tables=replicated")
             if opts.transport == "sm_free":
                 why = sm_free_unavailable(run.device, run.world_size)
                 if why:
@@ -252,7 +247,7 @@ class FreeScaleTrainer(DataParallelTrainer):
         self.cost = cost_model(run.workload, store_dir, run.device, opts.cost)
         if ctx.is_main:
             tables = (f"tables=sharded/{opts.sharding} overlap={opts.overlap} "
-                      f"priority={opts.priority} chunks={self.tables.engine.chunks} "
+                      f"priority={self._priority()} chunks={self.tables.engine.chunks} "
                       f"transport={opts.transport} routing={self.routing}"
                       if self.sharded else "tables=replicated")
             print(f"freescale: balance={opts.balance} partitioner={opts.partitioner} "
@@ -275,9 +270,21 @@ class FreeScaleTrainer(DataParallelTrainer):
         """What really ran (stored in the manifest)."""
         if not self.sharded:
             return {"tables": "replicated"}
-        return {"tables": "sharded", "sharding": self.options.sharding,
-                "chunks": self.tables.engine.chunks, "transport": self.tables.engine.transport.name,
-                "routing": self.routing, "routing_rule": self.routing_rule}
+        ran = {"tables": "sharded", "sharding": self.options.sharding,
+               "chunks": self.tables.engine.chunks, "transport": self.tables.engine.transport.name,
+               "routing": self.routing, "routing_rule": self.routing_rule}
+        if self._priority() != self.options.priority:
+            ran["priority"] = self._priority()
+        return ran
+
+    def _priority(self) -> str:
+        """What priority ran as: off where the switch says so, and under a table optimizer
+        that steps every row (dense Adam), which leaves no row final before an update."""
+        if self.tables.engine.priority:
+            return "on"
+        if self.options.priority == "on":
+            return f"off (optimizer.tables={self.run.workload.table_optimizer} moves every row every step)"
+        return "off"
 
     def trained_model(self) -> torch.nn.Module | None:
         """The trained model as a CPU `RecModel` on rank 0 (None elsewhere); sharded

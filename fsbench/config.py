@@ -32,7 +32,12 @@ MODEL_FAMILIES = ("hstu", "sasrec")
 LOSSES = ("sampled", "full")
 DATA_ORDERS = ("recent", "epochs")
 EVAL_SPLITS = ("last", "valid_test")
-OPTIMIZERS = ("adam", "sgd", "adagrad")
+OPTIMIZERS = ("adam", "sgd", "adagrad")  # `optimizer=`: both parts at once
+# Adam on tables comes in two forms: `adam` steps every row every step (torch.optim.Adam on
+# a replicated table: moments decay, rows move, whether or not a step read them);
+# `sparse_adam` steps only the rows a step reads (torch.optim.SparseAdam).
+TABLE_OPTIMIZERS = ("adagrad", "rowwise_adagrad", "adam", "sparse_adam", "sgd")
+DENSE_OPTIMIZERS = ("adam", "adagrad", "sgd")
 COMPUTE_MODES = ("model", "synthetic", "emulated")
 
 
@@ -71,6 +76,26 @@ class ModelConfig:
         _positive("model.num_heads", self.num_heads)
         _require(self.dim % self.num_heads == 0,
                  f"model.dim={self.dim} must be divisible by model.num_heads={self.num_heads}")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class OptimizerParts:
+    """`--set optimizer.<field>=...`: a part's own optimizer and learning rate (unset: the
+    workload's `optimizer` and `lr`, which set both parts)."""
+    tables: str | None = None
+    """The tables' (TABLE_OPTIMIZERS; rowwise_adagrad: one accumulator per row, as fbgemm's)."""
+    tables_lr: float | None = None
+    dense: str | None = None
+    """Every other parameter's (DENSE_OPTIMIZERS)."""
+    dense_lr: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.tables is not None:
+            _one_of("optimizer.tables", self.tables, TABLE_OPTIMIZERS)
+        if self.dense is not None:
+            _one_of("optimizer.dense", self.dense, DENSE_OPTIMIZERS)
+        for name, lr in (("tables_lr", self.tables_lr), ("dense_lr", self.dense_lr)):
+            _require(lr is None or lr > 0, f"optimizer.{name}={lr} must be > 0")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -134,7 +159,10 @@ class WorkloadConfig:
     num_negatives: int = 64
     """Sampled negatives per batch for the sampled-softmax loss."""
     optimizer: str = "adam"
+    """Both parts' optimizer (OPTIMIZERS; adam on tables is the dense form) and `lr`, theirs."""
     lr: float = 1e-3
+    optimizer_parts: OptimizerParts = field(default_factory=OptimizerParts)
+    """What `--set optimizer.<part>[_lr]=...` gives a part instead of `optimizer`/`lr`."""
     data: str = "synthetic"
     """Where histories come from: synthetic, sasrec:PATH, recbole:PATH or otto:PATH."""
     data_order: str = "recent"
@@ -184,6 +212,12 @@ class WorkloadConfig:
         _require(self.data_order == "recent" or data.kind != "synthetic",
                  f"data_order={self.data_order!r} orders real histories: "
                  "--set data=sasrec:PATH|recbole:PATH|otto:PATH")
+
+    # Each part's optimizer and learning rate: its own (optimizer.<part>), else both parts'.
+    table_optimizer = property(lambda self: self.optimizer_parts.tables or self.optimizer)
+    table_lr = property(lambda self: self.optimizer_parts.tables_lr or self.lr)
+    dense_optimizer = property(lambda self: self.optimizer_parts.dense or self.optimizer)
+    dense_lr = property(lambda self: self.optimizer_parts.dense_lr or self.lr)
 
     @property
     def negatives_per_step(self) -> int:
@@ -272,7 +306,14 @@ class RunConfig:
 # ---------------------------------------------------------------------------
 # `--set key=value` overrides, and (de)serialization for manifests and rank specs.
 
+# `--set <key>.<sub>=...` where <key> is itself a value: its sub-keys live in another field.
+SUBKEYS = {"optimizer": "optimizer_parts"}
+
+
 def _coerce(value: str, hint: object, key: str) -> object:
+    args = typing.get_args(hint)
+    if len(args) == 2 and type(None) in args:  # `float | None`: the text gives the float
+        hint = next(a for a in args if a is not type(None))
     origin = typing.get_origin(hint)
     try:
         if hint is int:
@@ -293,11 +334,6 @@ def _coerce(value: str, hint: object, key: str) -> object:
     return value
 
 
-def override(cfg: object, key: str, value: str, _prefix: str = "") -> object:
-    """Return a copy of dataclass `cfg` with dotted `key` (e.g. `model.dim`) set from text."""
-    return override_all(cfg, [(key, value)], _prefix)
-
-
 def override_all(cfg: object, pairs: list[tuple[str, str]], _prefix: str = "") -> object:
     """Return a copy of dataclass `cfg` with every (dotted key, text) in `pairs` set at
     once, so that rules between fields (warmup < steps) are checked after all of them,
@@ -306,9 +342,12 @@ def override_all(cfg: object, pairs: list[tuple[str, str]], _prefix: str = "") -
     hints = typing.get_type_hints(type(cfg))
     direct: dict[str, object] = {}
     nested: dict[str, list[tuple[str, str]]] = {}
+    shown = {v: k for k, v in SUBKEYS.items()}  # a sub-key field's name on the command line
     for key, value in pairs:
-        head, _, rest = key.partition(".")
-        if head not in names:
+        given, _, rest = key.partition(".")
+        # `optimizer.tables` sets optimizer_parts.tables; `optimizer_parts.*` is no key
+        head = SUBKEYS.get(given, given) if rest else given
+        if head not in names or shown.get(head, given) != given:
             raise ConfigError(f"--set {_prefix}{key}: unknown key; allowed: "
                               + ", ".join(_prefix + n for n in _settable_keys(cfg)))
         current = getattr(cfg, head)
@@ -322,7 +361,8 @@ def override_all(cfg: object, pairs: list[tuple[str, str]], _prefix: str = "") -
         else:
             direct[head] = _coerce(value, hints[head], _prefix + key)
     for head, sub in nested.items():
-        direct[head] = override_all(getattr(cfg, head), sub, _prefix=f"{_prefix}{head}.")
+        direct[head] = override_all(getattr(cfg, head), sub,
+                                    _prefix=f"{_prefix}{shown.get(head, head)}.")
     return dataclasses.replace(cfg, **direct)
 
 
@@ -331,7 +371,8 @@ def _settable_keys(cfg: object) -> list[str]:
     for f in dataclasses.fields(cfg):
         sub = getattr(cfg, f.name)
         if dataclasses.is_dataclass(sub):
-            out += [f"{f.name}.{k}" for k in _settable_keys(sub)]
+            shown = {v: k for k, v in SUBKEYS.items()}.get(f.name, f.name)
+            out += [f"{shown}.{k}" for k in _settable_keys(sub)]
         elif f.name != "name":
             out.append(f.name)
     return out
@@ -345,6 +386,7 @@ def workload_from_dict(d: dict) -> WorkloadConfig:
     d = dict(d)
     d["model"] = ModelConfig(**d["model"])
     d["synthetic"] = SyntheticComputeConfig(**d["synthetic"])
+    d["optimizer_parts"] = OptimizerParts(**d.get("optimizer_parts", {}))  # none stored before
     d["context_vocabs"] = tuple(d["context_vocabs"])
     return WorkloadConfig(**d)
 

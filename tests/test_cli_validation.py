@@ -5,6 +5,7 @@ from fsbench.cli import main
 
 
 NO_CUDA = not __import__("torch").cuda.is_available()
+HAS_TORCHREC = __import__("importlib.util").util.find_spec("torchrec") is not None
 
 
 @pytest.mark.parametrize("argv, expected", [
@@ -36,8 +37,21 @@ NO_CUDA = not __import__("torch").cuda.is_available()
                  marks=pytest.mark.skipif(not NO_CUDA, reason="a CUDA device is visible")),
     (["run", "--workload", "tiny", "--trainer", "freescale", "--set", "freescale.overlap=off"],
      "freescale.priority=on needs freescale.overlap=on"),
-    (["run", "--workload", "tiny", "--trainer", "freescale", "--set", "optimizer=adam"],
-     "optimizer='adam' cannot train sharded tables exactly (allowed: sgd, adagrad)"),
+    (["run", "--workload", "tiny", "--set", "optimizer.tables=lamb"],
+     "optimizer.tables='lamb' is not allowed; choose one of: adagrad, rowwise_adagrad, adam, "
+     "sparse_adam, sgd"),
+    (["run", "--workload", "tiny", "--set", "optimizer.dense=sparse_adam"],
+     "optimizer.dense='sparse_adam' is not allowed; choose one of: adam, adagrad, sgd"),
+    (["run", "--workload", "tiny", "--set", "optimizer.tables_lr=0"], "optimizer.tables_lr=0.0 must be > 0"),
+    (["run", "--workload", "tiny", "--set", "optimizer.momentum=0.9"],
+     "--set optimizer.momentum: unknown key; allowed: optimizer.tables, optimizer.tables_lr"),
+    (["run", "--workload", "tiny", "--set", "optimizer_parts.tables=adam"], "--set optimizer_parts.tables: unknown key"),
+    pytest.param(["run", "--workload", "tiny", "--trainer", "torchrec", "--set", "optimizer.tables=adam"],
+                 "optimizer.tables=adam: the torchrec trainer runs sgd, adagrad, rowwise_adagrad on cpu (fbgemm 1.8 "
+                 "has no CPU fused Adam", marks=pytest.mark.skipif(not HAS_TORCHREC, reason="no torchrec")),
+    (["run", "--workload", "tiny", "--trainer", "deepspeed", "--set", "optimizer.dense=adam"],
+     "the deepspeed trainer steps tables and dense part with one optimizer: optimizer.tables=adagrad "
+     "and optimizer.dense=adam must be the same one of adam, adagrad, sgd"),
     (["run", "--workload", "tiny", "--trainer", "freescale", "--set", "freescale.micro_batches=2"],
      "freescale.micro_batches > 1 needs freescale.tables=replicated"),
     (["run", "--workload", "tiny", "--trainer", "freescale", "--set", "freescale.chunks=-1"],

@@ -17,7 +17,7 @@ from fsbench.config import ConfigError, EvalConfig, ModelConfig, RunConfig, Work
 from fsbench.running.evaluate import EVAL_FILE, eval_set, hit_ndcg, target_ranks
 from fsbench.models import build_model
 from fsbench.models.sparse import ITEM
-from fsbench.training.optim import make_optimizer
+from fsbench.training.optim import make_model_optimizer
 from fsbench.measurement import run_summary
 from fsbench.running.runner import run_once
 from fsbench.running.store import read_json
@@ -236,7 +236,7 @@ def reference_model(w: WorkloadConfig, seed: int) -> nn.Module:
     """The single-process model trained on the same global batches (held-out items
     removed): what every trainer computes."""
     model = build_model(w, seed)
-    optimizer = make_optimizer(model.parameters(), w)
+    optimizer = make_model_optimizer(model, w)
     source = make_batch_source(w, seed, held_out=1)
     for step in range(w.steps):
         model(source.global_batch(step)).backward()

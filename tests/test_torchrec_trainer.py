@@ -36,7 +36,7 @@ from baselines.torchrec_model import (
 )
 from fsbench.config import ConfigError, RunConfig
 from fsbench.models import build_model, initial_table_weight, table_specs
-from fsbench.training.optim import make_optimizer
+from fsbench.training.optim import make_model_optimizer
 from fsbench.measurement.timeline import read_step_stats
 from fsbench.running.runner import SUMMARY_KEYS, run_once
 from fsbench.measurement.timeline import read_timelines
@@ -160,18 +160,24 @@ def test_fused_optimizer_mapping():
     assert T.fused_params("sgd", 0.1, cpu) == {"optimizer": T.EmbOptimType.EXACT_SGD,
                                                "learning_rate": 0.1}
     assert T.fused_params("adagrad", 0.1, cpu)["eps"] == 1e-10  # torch.optim.Adagrad's
-    adam = T.fused_params("adam", 1e-3, cuda)  # torch.optim.Adam's constants
+    rowwise = T.fused_params("rowwise_adagrad", 0.1, cpu)  # fsbench's RowwiseAdagrad's
+    assert (rowwise["optimizer"], rowwise["eps"]) == (T.EmbOptimType.EXACT_ROWWISE_ADAGRAD, 1e-10)
+    adam = T.fused_params("sparse_adam", 1e-3, cuda)  # torch.optim.SparseAdam's constants
+    assert adam["optimizer"] == T.EmbOptimType.ADAM
     assert (adam["beta1"], adam["beta2"], adam["eps"]) == (0.9, 0.999, 1e-8)
-    with pytest.raises(ConfigError, match="no fused adam on CPU.*optimizer=sgd"):
-        T.fused_params("adam", 1e-3, cpu)
-    with pytest.raises(ConfigError, match="maps only"):
+    with pytest.raises(ConfigError, match="runs sgd, adagrad, rowwise_adagrad on cpu .fbgemm 1.8 has no CPU fused Adam"):
+        T.fused_params("sparse_adam", 1e-3, cpu)
+    # dense Adam moves rows a batch did not read; fused tables never do
+    with pytest.raises(ConfigError, match="runs sgd, adagrad, rowwise_adagrad, sparse_adam on cuda .its fused tables"):
+        T.fused_params("adam", 1e-3, cuda)
+    with pytest.raises(ConfigError, match="not mapped"):
         T.fused_params("lamb", 1e-3, cuda)
     # every fused param is an argument of fbgemm's TBE (the sharders pass them through)
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
         SplitTableBatchedEmbeddingBagsCodegen,
     )
     accepted = inspect.signature(SplitTableBatchedEmbeddingBagsCodegen.__init__).parameters
-    for name in ("sgd", "adagrad", "adam"):
+    for name in T.FUSED_OPTIMIZERS:
         assert set(T.fused_params(name, 1e-3, cuda)) <= set(accepted)
 
 
@@ -308,7 +314,7 @@ def reference_step():
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     loss = model(make_batch_source(wl, SEED).global_batch(0))
     loss.backward()
-    make_optimizer(model.parameters(), wl).step()
+    make_model_optimizer(model, wl).step()
     return float(loss), before, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 

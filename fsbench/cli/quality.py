@@ -68,7 +68,7 @@ def cmd_quality(args: argparse.Namespace) -> int:
     from fsbench.running.quality import (LOSS_RTOL, analyze, quality_runs, quality_workload,
                                          read_run, run_all)
     from fsbench.running.rounding_probe import baseline_departure
-    from fsbench.training.trainer import resolve_trainer_class, trainer_options
+    from fsbench.training.trainer import check_run, resolve_trainer_class, trainer_options
     from fsbench.running.evaluate import check_trainer
 
     if not 0 < args.target_fraction <= 1:
@@ -82,6 +82,7 @@ def cmd_quality(args: argparse.Namespace) -> int:
     options = {t: trainer_options(t, trainer_sets.get(t, {})) for t in args.trainers}
     runs = quality_runs(workload, per_epoch, args.trainers, args.world_sizes, args.seeds, options)
     for run in runs[:len(args.trainers) * len(args.world_sizes)]:  # every check before any rank
+        check_run(run)
         check_trainer(run, resolve_trainer_class(run.trainer))
     note(f"{workload.name}: {per_epoch} steps an epoch x {args.epochs} epochs, "
          f"{len(runs)} runs (model.loss={workload.model.loss})")

@@ -11,7 +11,7 @@ from collections import defaultdict
 from fsbench.config import ConfigError, EvalConfig, RunConfig, WorkloadConfig, override_all
 from fsbench.running import memory
 from fsbench.table import note
-from fsbench.training.trainer import TRAINERS, resolve_trainer_class, trainer_options
+from fsbench.training.trainer import TRAINERS, check_run, resolve_trainer_class, trainer_options
 
 # --target-hr10 without --eval-every: evaluate every this many steps (a few seconds on
 # MovieLens-100K; far more often would make evaluation outweigh training on small runs).
@@ -110,11 +110,9 @@ def make_run_factory(args: argparse.Namespace, trainers: list[str]):
                          eval=evaluation)
 
     for t in trainers:  # RunConfig's own checks (world size vs batch, ...) fail here, early
-        check_run = getattr(resolve_trainer_class(t), "check_run", None)
         for n in args.world_sizes:
             run = make(t, n)
-            if check_run:
-                check_run(run)
+            check_run(run)
             if run.eval.on:
                 from fsbench.running.evaluate import check_trainer
 

@@ -108,6 +108,12 @@ class SparseArch(nn.Module):
             for spec in self.specs:
                 self.tables[spec.name].weight.copy_(initial_table_weight(spec, seed))
 
+    def sparse_gradients(self, on: bool) -> None:
+        """Whether backward gives each table a sparse gradient (only the rows read:
+        torch.optim.SparseAdam needs it) or a dense one."""
+        for table in self.tables.values():
+            table.sparse = on
+
     def lookup(self, batch: JaggedBatch) -> EmbeddingLookups:
         # One embedding call per table (not per feature): one gather and one scatter-add
         # in backward per table, as a sharded all-to-all would also do.

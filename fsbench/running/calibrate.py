@@ -63,7 +63,7 @@ class CostFit:
     per_sample_ms: list[float]
     created: str = ""
     table_ns_per_element: float | None = None
-    """The workload's optimizer step over an embedding table, per element (rows x dim)
+    """The workload's table optimizer's step over an embedding table, per element (rows x dim)
     and step (slope between two table sizes): what a sharded trainer pays per updated
     row's element. None in fits made before it existed."""
     table_optimizer: str | None = None
@@ -225,17 +225,19 @@ def measure_per_sample_ms(workload: WorkloadConfig, length: int, repeats: int = 
 def measure_table_ns_per_element(workload: WorkloadConfig, device: str = "cpu",
                                  rows: tuple[int, int] = (20_000, 200_000), repeats: int = 5) -> float:
     """Slope of the optimizer step's time over table size: a dense table of `rows[i]` x
-    dim with a dense gradient, stepped by the workload's optimizer; (t1 - t0) / (elements1
+    dim with a dense gradient, stepped by the workload's table optimizer; (t1 - t0) / (elements1
     - elements0), so fixed per-step costs cancel. The two sizes are stepped in turn and
     each keeps its fastest step: a neighbour's burst only ever adds time, and one that
     lands on the small table alone would otherwise flip the slope's sign."""
-    from fsbench.training.optim import make_optimizer
+    from fsbench.training.optim import SPARSE_GRADIENTS, make_table_optimizer
 
     steppers = []
     for n_rows in rows:
         table = torch.nn.Parameter(torch.zeros(n_rows, workload.model.dim, device=device))
         table.grad = torch.full_like(table, 1e-3)
-        steppers.append(make_optimizer([table], workload))
+        if workload.table_optimizer in SPARSE_GRADIENTS:  # every row, as a sparse gradient
+            table.grad = table.grad.to_sparse()
+        steppers.append(make_table_optimizer([table], workload))
     best = [float("inf")] * len(rows)
     for i in range(2 + repeats):
         for k, opt in enumerate(steppers):
@@ -275,10 +277,11 @@ def measure_replicated_ns_per_element(workload: WorkloadConfig, device: str = "c
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from fsbench.training.optim import make_optimizer
+    from fsbench.training.optim import SPARSE_GRADIENTS, make_table_optimizer
 
     w = dataclasses.replace(workload, global_batch_size=samples)
     sparse = build_model(w, seed=0).sparse.to(device)
+    sparse.sparse_gradients(w.table_optimizer in SPARSE_GRADIENTS)
     batch = SyntheticBatches(w, seed=CALIBRATION_SEED).global_batch(0).to(device)
     own_group = device == "cpu" and not dist.is_initialized()
     tmp = tempfile.mkdtemp(prefix="fsbench-calibrate-") if own_group else None
@@ -289,7 +292,7 @@ def measure_replicated_ns_per_element(workload: WorkloadConfig, device: str = "c
         work = _TableWork(sparse)
         if own_group:
             work = DistributedDataParallel(work)
-        opt = make_optimizer(sparse.parameters(), w)
+        opt = make_table_optimizer(sparse.parameters(), w)
         times = []
         for i in range(1 + repeats):
             if i == 1 and start is not None:  # co-running processes line up after the warm-up
@@ -337,7 +340,7 @@ def measure_fit(workload: WorkloadConfig, device: str = "cpu", lengths: list[int
                   lengths=list(lengths), per_sample_ms=per_sample, padded=True,
                   created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                   table_ns_per_element=measure_table_ns_per_element(workload, device),
-                  table_optimizer=workload.optimizer,
+                  table_optimizer=workload.table_optimizer,
                   replicated_ns_per_element=measure_replicated_ns_per_element(workload, device))
     fit = dataclasses.replace(fit, **dataclasses.asdict(measure_batch_terms(workload, fit.cost_ms, device)))
     if device == "cpu":

@@ -34,7 +34,7 @@ from fsbench.errors import ConfigError
 
 MIB = 2**20
 FLOAT = 4  # float32 bytes
-OPTIMIZER_STATES = {"adam": 2, "adagrad": 1, "sgd": 0}
+OPTIMIZER_STATES = {"adam": 2, "sparse_adam": 2, "adagrad": 1, "sgd": 0}
 # Peak RSS of a rank whose tables and activations are negligible (`tiny`, 2 ranks, ddp
 # and freescale) on the 2-core VM with torch 2.13.0+cpu: 340-360 MiB; taken with margin.
 RUNTIME_CPU_MB = 400.0
@@ -153,8 +153,12 @@ def estimate(run: RunConfig, table_memory: TableMemory | None = None,
     w = run.workload
     n = run.world_size
     tm = table_memory or table_memory_of(run.trainer, run.trainer_options, n)
-    states = OPTIMIZER_STATES[w.optimizer]
     dim = w.model.dim
+    # Optimizer-state copies per element: row-wise Adagrad keeps one per row.
+    table_states = 1 / dim if w.table_optimizer == "rowwise_adagrad" else OPTIMIZER_STATES[w.table_optimizer]
+    if w.table_optimizer == "adam" and tm.placement != "replicated":
+        # dense Adam steps a shard whole: its gradient and Adam's temporary, every row
+        tm = dataclasses.replace(tm, grads=1.0, optimizer_transient=1.0)
     tables = [w.item_vocab, w.user_vocab, *w.context_vocabs]
     held = tm.rows_held(tables, n) * dim * FLOAT
     largest = max(tables) * dim * FLOAT
@@ -167,8 +171,8 @@ def estimate(run: RunConfig, table_memory: TableMemory | None = None,
                            + tokens * w.negatives_per_step * 3     # logits, softmax, gradient
                            + (3 * tokens + w.negatives_per_step) * dim * 2)  # lookups and grads
     training = {"tables": held, "table_grads": held * tm.grads,
-                "optimizer": (held * tm.states + dense) * states
-                + (held * tm.optimizer_transient if states else 0.0),
+                "optimizer": held * tm.states * table_states + dense * OPTIMIZER_STATES[w.dense_optimizer]
+                + (held * tm.optimizer_transient if table_states else 0.0),
                 "dense": dense * 3, "activations": activations}
     # Initialization, before any gradient or optimizer state: the weights held plus one
     # table's float64 draws (fsbench.models.init), which a replica also copies as float32;

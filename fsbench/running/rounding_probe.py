@@ -34,7 +34,7 @@ def _losses(workload, seed: int, steps: int, perturb: float, held_out: int) -> n
     import torch
 
     from fsbench.models import build_model
-    from fsbench.training.optim import make_optimizer
+    from fsbench.training.optim import make_model_optimizer
     from fsbench.workloads import make_batch_source
 
     model = build_model(workload, seed)
@@ -43,7 +43,7 @@ def _losses(workload, seed: int, steps: int, perturb: float, held_out: int) -> n
         with torch.no_grad():
             for p in model.parameters():
                 p.mul_(1 + perturb * torch.randn(p.shape, generator=noise))
-    optimizer = make_optimizer(model.parameters(), workload)
+    optimizer = make_model_optimizer(model, workload)
     source = make_batch_source(workload, seed, held_out=held_out)
     out = []
     for step in range(steps):

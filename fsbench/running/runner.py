@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 import pandas as pd
 
 from fsbench.columns import SUMMARY_KEYS  # noqa: F401  (re-exported: the keys every summary has)
-from fsbench.config import RunConfig
+from fsbench.config import ConfigError, RunConfig, run_from_dict, to_dict
 from fsbench.measurement import run_summary
 from fsbench.measurement.kineto import read_run_gpu_busy
 from fsbench.measurement.timeline import read_step_stats, read_timelines
@@ -122,9 +122,12 @@ def finished_runs(out_dir: str | Path) -> dict[tuple[str, int], tuple[Path, dict
         try:
             m = store.read_json(manifest)
             if m.get("status") == "complete" and "repeat" in m:
-                done[(json.dumps(m["config"], sort_keys=True), int(m["repeat"]))] = (
+                # Read back and written again: a config stored before a field existed
+                # compares equal to today's with that field at its default.
+                config = to_dict(run_from_dict(m["config"]))
+                done[(json.dumps(config, sort_keys=True), int(m["repeat"]))] = (
                     run_dir, store.read_json(summary))
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, ConfigError):
             continue  # unreadable: not a finished run; run_row warns about it elsewhere
     return done
 
@@ -141,8 +144,6 @@ def sweep(make_run: Callable[..., RunConfig], trainers: list[str], world_sizes: 
     Ctrl-C, every finished run stays complete on disk and the one in progress is marked
     interrupted, so running the same sweep again picks up where it stopped.
     `make_run(trainer, world_size[, workload])`: workload only when `workloads` are named."""
-    from fsbench.config import to_dict
-
     plan = sweep_plan(trainers, world_sizes, repeats, list(workloads))
     done = {} if rerun else finished_runs(out_dir)
     todo, rows = [], []

@@ -50,9 +50,9 @@ class Costs:
                 raise ConfigError(f"--cluster-fit {cluster.encoder_fit}: a fit of {self.fit.model}, "
                                   f"not of this workload's model {model_key(workload)}: calibrate "
                                   f"it (fsbench calibrate --device cuda --workload {workload.name})")
-            if self.fit.table_ns_per_element is not None and self.fit.table_optimizer != workload.optimizer:
+            if self.fit.table_ns_per_element is not None and self.fit.table_optimizer != workload.table_optimizer:
                 raise ConfigError(f"--cluster-fit {cluster.encoder_fit}: its table cost is "
-                                  f"{self.fit.table_optimizer}'s, the workload steps {workload.optimizer}")
+                                  f"{self.fit.table_optimizer}'s, the workload steps {workload.table_optimizer}")
         if cluster.compute == "fit":
             from fsbench.running.calibrate import fit_path, load_fit
             from fsbench.scaling.commcal import comm_fit_path, load_comm_fits
@@ -66,8 +66,8 @@ class Costs:
             # Collective fits are needed from 2 ranks on (collective_ms): a 1-rank run,
             # such as the one that measures a trainer's overhead, goes without.
             self.comm_path = comm_fit_path(store)
-            if self.fit.table_ns_per_element is None or self.fit.table_optimizer != workload.optimizer:
-                raise ConfigError(f"--cluster local needs the {workload.optimizer} step's cost per table "
+            if self.fit.table_ns_per_element is None or self.fit.table_optimizer != workload.table_optimizer:
+                raise ConfigError(f"--cluster local needs the {workload.table_optimizer} step's cost per table "
                                   f"element in the fit ({fit_path(store, workload, 'cpu')}): run fsbench "
                                   f"calibrate --workload {workload.name} --store {store}")
 

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from fsbench.config import RunConfig
 from fsbench.training.dist import RankContext
 from fsbench.models import build_model, model_from_state
-from fsbench.training.optim import make_optimizer
+from fsbench.training.optim import make_model_optimizer
 from fsbench.measurement.timeline import current, span
 from fsbench.training.trainer import Preparer, StepInput, StepStats
 
@@ -68,8 +68,10 @@ class DataParallelTrainer:
 
     def setup(self, ctx: RankContext, run: RunConfig, source) -> None:
         self.ctx, self.run, self.source = ctx, run, source
-        self.model = wrap_ddp(build_model(run.workload, seed=run.seed).to(ctx.device), ctx)
-        self.optimizer = make_optimizer(self.model.parameters(), run.workload)
+        model = build_model(run.workload, seed=run.seed).to(ctx.device)
+        # Before DDP wraps it: the tables' optimizer may switch them to sparse gradients.
+        self.optimizer = make_model_optimizer(model, run.workload)
+        self.model = wrap_ddp(model, ctx)
 
     def make_preparer(self) -> Preparer:
         """This rank's input stage: step -> its micro-batches (subclasses decide)."""

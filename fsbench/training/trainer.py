@@ -179,6 +179,14 @@ def resolve_trainer_class(name: str) -> type:
     return getattr(module, cls_name)
 
 
+def check_run(run: "RunConfig") -> None:
+    """The trainer's own refusals of a run (its `check_run`: a combination it cannot run,
+    such as an optimizer its framework lacks), before any rank starts."""
+    check = getattr(resolve_trainer_class(run.trainer), "check_run", None)
+    if check is not None:
+        check(run)
+
+
 def trainer_options(name: str, given: dict[str, str]) -> dict[str, str]:
     """Validate `--set <name>.<key>=value` switches against the trainer's declared options
     (a frozen dataclass `Options` on the trainer class, or a dict of defaults)."""

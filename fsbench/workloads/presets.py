@@ -12,9 +12,10 @@ comm-heavy  wide embeddings (dim 128), twelve context features, short histories 
 
 tiny and small train with Adagrad (v2): the optimizer recsys teams use for embeddings,
 and one that every trainer can run on CPU (fbgemm 1.8 has no CPU fused Adam, so TorchRec
-cannot train with Adam there). medium and large train with Adagrad since v2 as well: sharded tables (FreeScale, TorchRec) update
-only the rows a step reads, which equals the replicated dense update for Adagrad and SGD
-but not for Adam.
+cannot train its tables with Adam there). medium and large train with Adagrad since v2 as
+well: TorchRec's fused tables update only the rows a step reads, which equals the
+replicated dense update for Adagrad and SGD but not for Adam. (FreeScale's sharded tables
+run every table optimizer exactly, dense Adam included: `--set optimizer.tables=adam`.)
 """
 from __future__ import annotations
 

@@ -178,6 +178,24 @@ ModelDumpDDP = wrap_with_model_dump(DDPTrainer)
 ModelDumpFreeScale = wrap_with_model_dump(_freescale())
 
 
+def wrap_with_final_model_dump(trainer_cls):
+    """`wrap_with_model_dump` whose trainer also hands over its model when it closes
+    (after the last step; a collective for sharded tables, and every rank closes): runs
+    without evaluation leave their final model in trained-model.pt too."""
+
+    class FinalModelDump(wrap_with_model_dump(trainer_cls)):
+        def close(self) -> None:
+            self.trained_model()
+            super().close()
+
+    FinalModelDump.__name__ = f"FinalModelDump{trainer_cls.__name__}"
+    return FinalModelDump
+
+
+FinalModelDumpDDP = wrap_with_final_model_dump(DDPTrainer)
+FinalModelDumpFreeScale = wrap_with_final_model_dump(_freescale())
+
+
 def __getattr__(name: str):
     # Built on first use: torchrec (and fbgemm) and deepspeed are slow optional extras.
     if name == "ModelDumpTorchRec":
@@ -188,4 +206,12 @@ def __getattr__(name: str):
         from baselines.deepspeed_trainer import DeepSpeedTrainer
 
         return wrap_with_model_dump(DeepSpeedTrainer)
+    if name == "FinalModelDumpTorchRec":
+        from baselines.torchrec_trainer import TorchRecTrainer
+
+        return wrap_with_final_model_dump(TorchRecTrainer)
+    if name == "FinalModelDumpDeepSpeed":
+        from baselines.deepspeed_trainer import DeepSpeedTrainer
+
+        return wrap_with_final_model_dump(DeepSpeedTrainer)
     raise AttributeError(name)
