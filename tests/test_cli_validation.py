@@ -16,7 +16,7 @@ NO_CUDA = not __import__("torch").cuda.is_available()
     (["sweep", "--workload", "tiny", "--world-sizes", "1,0"], "every world size must be >= 1"),
     (["run", "--workload", "tiny", "--set", "colour=blue"], "--set colour: unknown key; allowed:"),
     (["run", "--workload", "tiny", "--set", "model.depth=3"], "--set model.depth: unknown key; allowed: model.family"),
-    (["run", "--workload", "tiny", "--set", "global_batch_size=many"], "expected a value of type int"),
+    (["run", "--workload", "tiny", "--set", "global_batch_size=many"], "expected an integer"),
     (["run", "--workload", "tiny", "--set", "model.family=bert"], "model.family='bert' is not allowed; choose one of: hstu, sasrec"),
     (["run", "--workload", "tiny", "--set", "lengths=/no/such.csv"], "lengths="),
     (["run", "--workload", "tiny", "--set", "lengths=hist:/no/such/file.csv"], "/no/such/file.csv"),

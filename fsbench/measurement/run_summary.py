@@ -59,6 +59,11 @@ def summarize(files: RunFiles) -> dict:
     if silent:  # metrics over the other ranks alone would look sound and be wrong
         raise ConfigError(f"{files.where}: no timeline or step records of rank(s) "
                           f"{', '.join(map(str, silent))}; copy every rank's files into it")
+    # The steps every rank finished: all of them, unless the run was stopped early (a
+    # summary of an interrupted run counts what it has, not what it was set to run).
+    done = int(stats.groupby("rank")["step"].nunique().min())
+    if done < summary["steps"]:
+        summary.update(steps=done, steps_planned=workload["steps"])
     input_cpu = pd.DataFrame([{"rank": r, "step": int(k), "cpu_ns": v} for r, i in files.inputs
                               for k, v in i.get("worker_cpu_ns", {}).items()],
                              columns=["rank", "step", "cpu_ns"])

@@ -46,6 +46,8 @@ RUNTIME_CUDA_MB = 300.0
 # scores, their gradient).
 PER_TOKEN_LAYER = 16
 PER_SCORE = 3
+# Lengths the estimate draws at most (64 draws of a batch up to 2**16 samples each).
+DRAWN_SAMPLES = 2**22
 
 
 PLACEMENTS = ("replicated", "row", "table")
@@ -141,6 +143,9 @@ def largest_batch(lengths_spec: str, max_seq_len: int, batch_per_rank: int, draw
 
     dist, pad = parse_length_spec(lengths_spec), Bucketing()
     rng = np.random.default_rng(seed)
+    # Fewer draws of very large batches (whose heaviest is close to their mean anyway), so
+    # that the draws stay within DRAWN_SAMPLES (a few hundred MB) whatever the batch.
+    draws = max(1, min(draws, DRAWN_SAMPLES // batch_per_rank))
     lengths = dist.sample(rng, draws * batch_per_rank, max_seq_len).reshape(draws, -1)
     distinct = np.unique(lengths)
     padded = np.array([pad.padded_length(int(v)) for v in distinct],

@@ -75,14 +75,23 @@ def mark_stopped(run_dir: Path, error: BaseException) -> None:
         store.update_manifest(run_dir, status="failed", error=str(error))
 
 
-def finish_run(run_dir: Path) -> dict:
-    """Summarize a run whose ranks all finished; mark it complete. Returns the summary."""
-    summary = summarize_run(run_dir)
-    store.write_json_atomic(run_dir / "summary.json", summary)
+def finish_run(run_dir: Path, status: str = "complete", summary: dict | None = None) -> dict:
+    """Summarize a run whose ranks all finished (or write `summary`, made already); mark
+    it `status` (complete, or what a run stopped early stays: fsbench summarize). Returns
+    the summary as written."""
+    summary = store.write_summary(run_dir, summary or summarize_run(run_dir))
     ran = run_dir / "trainer-ran.json"
-    store.update_manifest(run_dir, status="complete",
+    store.update_manifest(run_dir, status=status,
                           **({"trainer_ran": store.read_object(ran)} if ran.exists() else {}))
     return summary
+
+
+def status_after(manifest: dict, summary: dict) -> str:
+    """What a run summarized after the fact is: complete only if it was not stopped and
+    every rank recorded every step; a run that was stopped keeps saying so."""
+    if manifest.get("status") in ("interrupted", "failed"):
+        return manifest["status"]
+    return "complete" if "steps_planned" not in summary else "interrupted"
 
 
 def run_once(run: RunConfig, out_dir: str | Path, timeout_s: float | None = None,

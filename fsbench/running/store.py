@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import re
@@ -65,6 +66,34 @@ def write_json_atomic(path: str | os.PathLike, obj: object) -> None:
             json.dump(obj, f, indent=2, sort_keys=True, default=str)
             f.write("\n")
     atomic_write(path, write)
+
+
+def write_summary(run_dir: str | os.PathLike, summary: dict) -> dict:
+    """Write RUN_DIR/summary.json; NaN and infinity (a diverged loss, a ratio of nothing)
+    are written as null, never as a number JSON does not have, and the keys that held
+    them are listed under `non_finite`. Returns what was written."""
+    bad: list[str] = []
+
+    def finite(value, key):
+        if isinstance(value, float) and not math.isfinite(value):
+            bad.append(key)
+            return None
+        if isinstance(value, dict):
+            return {k: finite(v, key) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(v, key) for v in value]
+        return value
+
+    clean = {k: finite(v, k) for k, v in summary.items() if k != "non_finite"}
+    if bad:
+        clean["non_finite"] = sorted(set(bad))
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            json.dump(clean, f, indent=2, sort_keys=True, default=str, allow_nan=False)
+            f.write("\n")
+    atomic_write(Path(run_dir) / "summary.json", write)
+    return clean
 
 
 def read_json(path: str | os.PathLike) -> dict:
@@ -177,21 +206,6 @@ def create_run_dir(out_dir: str | os.PathLike, run: RunConfig) -> Path:
     return run_dir
 
 
-def check_writable_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
-    """Create `path` if needed and prove it writable, or raise ConfigError in one line
-    naming it (before any rank starts, so nothing is lost later)."""
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".fsbench-write-probe-")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise ConfigError(f"{flag} {path}: cannot write there ({e.strerror or e}); "
-                          "choose another directory") from None
-    return path
-
-
 def update_manifest(run_dir: str | os.PathLike, **fields: object) -> dict:
     path = Path(run_dir) / "manifest.json"
     manifest = read_json(path) | fields
@@ -250,6 +264,9 @@ def _manifest_problem(manifest: dict) -> str | None:
     n = manifest["world_size"]
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         return f"not an fsbench manifest (world_size {n!r} is not a positive integer)"
+    seed = manifest["seed"]  # the table's column is int64: a larger seed breaks every rebuild
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+        return f"not an fsbench manifest (seed {seed!r} is not an integer in 0..2**63-1)"
     return None
 
 

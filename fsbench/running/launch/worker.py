@@ -219,11 +219,21 @@ def record_failure(run_dir: Path, rank: int, error: BaseException, ctx) -> None:
     """The failing rank's error (the launcher reads it to name the rank) and its memory
     peak up to the crash (what an out-of-memory failure needs to be diagnosed)."""
     (run_dir / f"error-rank-{rank}.txt").write_text(
-        f"{type(error).__name__}: {error}\n\n{traceback.format_exc()}")
+        f"{first_line(error)}\n\n{traceback.format_exc()}")
     with contextlib.suppress(Exception):  # never mask the error being reported
         if ctx is not None:
             write_json_atomic(run_dir / f"memory-rank-{rank}.json",
                               {**peak_memory(ctx.device), "crashed": True})
+
+
+def first_line(error: BaseException) -> str:
+    """The error in one line. An error in a loader worker reaches the rank as "Caught X in
+    DataLoader worker process 0." with the worker's traceback below it: its last line
+    is the error itself."""
+    text = str(error)
+    if "Original Traceback" in text:
+        return text.strip().splitlines()[-1]
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def main(argv: list[str] | None = None) -> int:
