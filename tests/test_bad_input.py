@@ -70,6 +70,8 @@ CASES = [
      "intra_gbs='0' must be > 0"),
     ("mfu=inf", ["simulate", "--cluster-set", "mfu=inf", "--world-sizes", "8"],
      "mfu='inf' must be a finite number"),
+    ("gpus_per_node=inf", ["simulate", "--cluster-set", "gpus_per_node=inf", "--world-sizes", "8"],
+     "gpus_per_node='inf' must be a finite number"),
     ("trace --out DIR", ["trace", "{a}/run-a", "--out", "{adir}"], "is a directory"),
     ("compare --out DIR", ["compare", "{a}", "{b}", "--out", "{adir}"], "is a directory"),
     ("compare --out runs.parquet", ["compare", "{a}", "{b}", "--out", "{a}/runs.parquet"],
