@@ -219,7 +219,7 @@ class WorkloadConfig:
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class EvalConfig:
-    """Quality beside speed (fsbench.running.evaluate): each user's last item held out of training,
+    """Quality beside speed (fsbench.training.evaluate): each user's last item held out of training,
     HR@10 and NDCG@10 over the full item set after training (real data only)."""
     on: bool = False
     """Hold out each user's last item from training; evaluate the trained model on it."""

@@ -1,5 +1,5 @@
 """`fsbench quality`: train each trainer on real data to convergence and hold its model
-against DDP's (fsbench.running.quality); fsbench.cli dispatches here through `COMMANDS`.
+against DDP's (fsbench.quality.convergence); fsbench.cli dispatches here through `COMMANDS`.
 
 Exit codes: 0 every trainer equivalent to the baseline; 1 one is NOT equivalent (it
 trains another function, or a worse model); 3 one is inconclusive (and why)."""
@@ -65,11 +65,11 @@ def add_parsers(sub, _csv: Callable) -> None:
 def cmd_quality(args: argparse.Namespace) -> int:
     import functools
 
-    from fsbench.running.quality import (LOSS_RTOL, analyze, quality_runs, quality_workload,
+    from fsbench.quality.convergence import (LOSS_RTOL, analyze, quality_runs, quality_workload,
                                          read_run, run_all)
-    from fsbench.running.rounding_probe import baseline_departure
+    from fsbench.quality.rounding_probe import baseline_departure
     from fsbench.training.trainer import resolve_trainer_class, trainer_options
-    from fsbench.running.evaluate import check_trainer
+    from fsbench.training.evaluate import check_trainer
     from fsbench.running.output_paths import check_writable_dir
 
     if not 0 < args.target_fraction <= 1:

@@ -126,7 +126,7 @@ def make_run_factory(args: argparse.Namespace, trainers: list[str]):
             if check_run:
                 check_run(run)
             if run.eval.on:
-                from fsbench.running.evaluate import check_trainer
+                from fsbench.training.evaluate import check_trainer
 
                 check_trainer(run, resolve_trainer_class(t))
             memory.check(run, force=args.force)  # refuses a run that cannot fit, in one line
@@ -138,7 +138,8 @@ def ensure_cost_fit(workload: WorkloadConfig, store: str, device: str, threads: 
     holds a fit for this model on this device (as the ranks will look it up)."""
     import torch
 
-    from fsbench.running.calibrate import calibrate, load_fit
+    from fsbench.costmodel.calibrate import calibrate
+    from fsbench.costmodel.fit import load_fit
     from fsbench.table import progress
 
     torch.set_num_threads(threads)  # part of the fit's key: the ranks' thread count

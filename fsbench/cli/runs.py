@@ -35,7 +35,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="start even when the memory estimate says a rank will not fit")
     p.add_argument("--eval", action="store_true",
                    help="real data only: hold each user's last item out of training, then report "
-                        "HR@10 and NDCG@10 over all items (fsbench.running.evaluate)")
+                        "HR@10 and NDCG@10 over all items (fsbench.training.evaluate)")
     p.add_argument("--eval-every", type=int, metavar="K",
                    help="also evaluate after every K-th step (implies --eval); default with "
                         f"--target-hr10: {DEFAULT_EVAL_EVERY}")

@@ -220,7 +220,8 @@ def cmd_calibrate_comm(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from fsbench.running.calibrate import calibrate, fit_path
+    from fsbench.costmodel.calibrate import calibrate
+    from fsbench.costmodel.fit import fit_path
     from fsbench.table import progress
 
     if args.comm:

@@ -17,7 +17,7 @@ import pandas as pd
 from fsbench.errors import ConfigError
 from fsbench.measurement import host_syncs, metrics, profiled
 
-# The evaluation keys of a summary (None for a run without --eval); fsbench.running.evaluate
+# The evaluation keys of a summary (None for a run without --eval); fsbench.training.evaluate
 # writes the eval.json they come from.
 QUALITY_KEYS = ("hr_at_10", "ndcg_at_10", "hr_at_10_logq", "ndcg_at_10_logq", "eval_users",
                 "target_hr10", "time_to_target_s", "steps_to_target")
@@ -35,7 +35,7 @@ class RunFiles:
     monitors: list[dict]             # monitor-rank-R.json summaries (CPU, NVML)
     memories: list[dict]             # memory-rank-R.json in rank order
     gpu_busy: pd.DataFrame | None    # CUDA runs: compute kernels from the profiler (kineto)
-    evaluation: dict | None          # eval.json of a run with --eval (fsbench.running.evaluate)
+    evaluation: dict | None          # eval.json of a run with --eval (fsbench.training.evaluate)
 
 
 def summarize(files: RunFiles) -> dict:

@@ -29,7 +29,7 @@ def read_run_files(run_dir: Path) -> run_summary.RunFiles:
         paths = sorted(run_dir.glob(pattern), key=lambda p: int(p.stem.split("-")[-1]))
         return [(int(p.stem.split("-")[-1]), store.read_object(p)) for p in paths]
 
-    from fsbench.running.evaluate import EVAL_FILE  # torch: only the summarizing process pays it
+    from fsbench.training.evaluate import EVAL_FILE  # torch: only the summarizing process pays it
 
     evaluation = run_dir / EVAL_FILE
     return run_summary.RunFiles(
@@ -58,9 +58,8 @@ def prepare_run_dir(run: RunConfig, out_dir: str | Path, **manifest: object) -> 
         # What the run was expected to need per rank, beside what it measures (peak_memory).
         # How ranks start matters to one figure: a forked CPU rank's peak RSS counts the
         # fork server's pages only where it touched them (fsbench.running.launch.forked).
-        store.update_manifest(run_dir, **manifest, memory_estimate=memory.estimate(
-            run, available_source="measure").to_dict(),
-            launch="forked" if use_forked(run.device) else "spawned")
+        store.update_manifest(run_dir, **manifest, memory_estimate=memory.run_estimate(run).to_dict(),
+                              launch="forked" if use_forked(run.device) else "spawned")
     except BaseException as e:  # a Ctrl-C here must not leave the run marked running
         mark_stopped(run_dir, e)
         raise

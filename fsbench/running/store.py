@@ -25,47 +25,17 @@ import secrets
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
-from typing import Callable
 
 from fsbench.config import ConfigError, RunConfig, to_dict
+# Atomic writes are every layer's (cost fits, ranks' records): fsbench.files; named here
+# too because a run's files are written through the store.
+from fsbench.files import atomic_write, read_json, write_json_atomic  # noqa: F401
 from fsbench.training.trainer import resolve_trainer_class
 
 SCHEMA_VERSION = 1
 _VERSIONED_PACKAGES = ("torch", "numpy", "pandas", "torchrec", "fbgemm-gpu", "fbgemm-gpu-cpu",
                        "deepspeed", "nvidia-ml-py", "fsbench")
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
-    """Have `write(tmp_path)` fill a temp file beside `path`, fsync it and rename it over
-    `path`: a reader sees the old file or the new one, never half of one."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    # The rename is durable only once the directory entry is on disk too.
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def write_json_atomic(path: str | os.PathLike, obj: object) -> None:
-    def write(tmp: str) -> None:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=True, default=str)
-            f.write("\n")
-    atomic_write(path, write)
 
 
 def write_summary(run_dir: str | os.PathLike, summary: dict) -> dict:
@@ -94,11 +64,6 @@ def write_summary(run_dir: str | os.PathLike, summary: dict) -> dict:
             f.write("\n")
     atomic_write(Path(run_dir) / "summary.json", write)
     return clean
-
-
-def read_json(path: str | os.PathLike) -> dict:
-    with open(path) as f:
-        return json.load(f)
 
 
 def new_run_id(run: RunConfig) -> str:

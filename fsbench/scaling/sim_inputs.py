@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from fsbench.errors import ConfigError
-from fsbench.running.memory import REPLICATED, TableMemory
+from fsbench.training.table_memory import REPLICATED, TableMemory
 
 EXCHANGES = ("none", "blocking", "overlapped", "prioritized")
 INPUT_EXCHANGES = ("none", "requests", "device")
@@ -178,7 +178,7 @@ def assumption_record(cluster: Cluster) -> dict:
 def read_encoder_fit(path: str | Path, where: str = "--cluster-fit"):
     """The CostFit stored at `path` (a `fsbench calibrate` fit file), or a one-line error
     that starts with `where` (the option or file that named it)."""
-    from fsbench.running.calibrate import REQUIRED_FIT_FIELDS, fit_from_dict
+    from fsbench.costmodel.fit import REQUIRED_FIT_FIELDS, fit_from_dict
 
     where = f"{where} {path}"
     raw = _read_table(Path(path), where)

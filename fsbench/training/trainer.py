@@ -113,7 +113,7 @@ class Trainer(Protocol):
     never waits for it). Training state may not go stale: step k+1 computes with the
     parameters step k produced.
 
-    Evaluation (`--eval`, fsbench.running.evaluate): `trained_model()` is called on every rank
+    Evaluation (`--eval`, fsbench.training.evaluate): `trained_model()` is called on every rank
     between steps (outside the step span; a collective where parameters are sharded) and
     returns, on rank 0, the whole trained model as a CPU `fsbench.models.RecModel` (None on
     the other ranks), so that one function scores every trainer. A trainer without it

@@ -12,7 +12,7 @@ chronological item list, ids remapped to 1..V):
 
 Batches stay a pure function of (seed, step), like the synthetic ones, so every rank can
 build the global batch itself. With `held_out` items (a run's `--eval`) they are drawn from
-the histories without each user's last item or two, which `fsbench.running.evaluate` holds
+the histories without each user's last item or two, which `fsbench.training.evaluate` holds
 out to validate and test on.
 """
 from __future__ import annotations
