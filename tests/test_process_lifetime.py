@@ -38,11 +38,12 @@ def session_processes(sid: int) -> dict[int, tuple[int, str]]:
     return found
 
 
-def _start(store: Path, workload: str, *more: str) -> subprocess.Popen:
+def _start(store: Path, workload: str, *more: str, launch: str = "fork") -> subprocess.Popen:
     argv = [sys.executable, "-m", "fsbench.cli", "run", "--workload", workload, "--world-size", "2",
             "--input-workers", "1", "--store", str(store), *more]
     log = open(store.parent / f"{store.name}.log", "w")
-    return subprocess.Popen(argv, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(argv, start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "FSBENCH_LAUNCH": launch})
 
 
 def _wait_for_steps(store: Path, launcher: subprocess.Popen, timeout_s: float = 120.0) -> None:
@@ -58,9 +59,11 @@ def _wait_for_steps(store: Path, launcher: subprocess.Popen, timeout_s: float = 
 
 
 def _ranks(processes: dict[int, tuple[int, str]], launcher: int) -> list[int]:
-    """The ranks: children of the fork server, itself a child of the launcher."""
+    """The ranks: children of the fork server (itself a child of the launcher), or with
+    FSBENCH_LAUNCH=spawn the launcher's own children running the worker."""
     servers = {pid for pid, (ppid, cmd) in processes.items() if ppid == launcher and "forkserver" in cmd}
-    return sorted(pid for pid, (ppid, _) in processes.items() if ppid in servers)
+    return sorted(pid for pid, (ppid, cmd) in processes.items() if ppid in servers or (
+        ppid == launcher and "fsbench.running.launch.worker" in cmd))
 
 
 def _left_after(launcher: subprocess.Popen) -> dict[int, tuple[int, str]]:
@@ -81,22 +84,24 @@ def _status(store: Path) -> str:
     return json.loads(manifest.read_text())["status"]
 
 
-@pytest.mark.parametrize("how, code, status", [
-    ("SIGINT to the launcher", 130, "interrupted"),
-    ("SIGTERM to the launcher", 143, "interrupted"),
-    ("SIGKILL to a rank", 1, "failed"),
-    ("SIGKILL to the launcher", -9, "incomplete"),
+@pytest.mark.parametrize("how, code, status, launch", [
+    ("SIGINT to the launcher", 130, "interrupted", "fork"),
+    ("SIGTERM to the launcher", 143, "interrupted", "fork"),
+    ("SIGKILL to a rank", 1, "failed", "fork"),
+    ("SIGKILL to the launcher", -9, "incomplete", "fork"),
+    ("SIGTERM to the launcher", 143, "interrupted", "spawn"),
+    ("SIGKILL to the launcher", -9, "incomplete", "spawn"),
 ])
-def test_nothing_of_a_stopped_run_is_alive_5_s_after_its_launcher(how, code, status, tmp_path):
+def test_nothing_of_a_stopped_run_is_alive_5_s_after_its_launcher(how, code, status, launch, tmp_path):
     store = tmp_path / "store"
     # `small`: a step's prepared input (~0.3 MB) is more than a pipe holds, so a loader
     # worker whose rank vanished blocks on its queue for good (as it did before the fix).
-    launcher = _start(store, "small", "--set", "steps=4000")
+    launcher = _start(store, "small", "--set", "steps=4000", launch=launch)
     _wait_for_steps(store, launcher)
     running = session_processes(launcher.pid)
     ranks = _ranks(running, launcher.pid)
-    # launcher, resource tracker, fork server, 2 ranks, a loader worker each
-    assert len(ranks) == 2 and len(running) >= 7, running
+    # launcher, 2 ranks, a loader worker each; forked: the fork server and its tracker too
+    assert len(ranks) == 2 and len(running) >= (7 if launch == "fork" else 5), running
     if how == "SIGKILL to a rank":
         os.kill(ranks[1], signal.SIGKILL)
     else:

@@ -115,7 +115,9 @@ def launch_local(run_dir: Path, world_size: int, threads_per_rank: int = 1,
             with open(run_dir / f"rank-{rank}.log", "w") as log:
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "fsbench.running.launch.worker", str(run_dir)],
-                    env=env, stdout=log, stderr=subprocess.STDOUT,
+                    # stdin: nothing to read, and a rank in its own process group that
+                    # read the terminal would be stopped (SIGTTIN)
+                    env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     preexec_fn=_rank_preexec if sys.platform == "linux" else None,
                 ))
         start = time.monotonic()
