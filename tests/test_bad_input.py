@@ -6,7 +6,6 @@ is valid (the property test)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
