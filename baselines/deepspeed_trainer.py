@@ -91,7 +91,7 @@ from fsbench.config import ConfigError, RunConfig
 from fsbench.training.dist import RankContext
 from fsbench.measurement.flights import FrameworkFlights
 from fsbench.training.inputs import ContiguousShare
-from fsbench.running.memory import TableMemory
+from fsbench.training.table_memory import TableMemory
 from fsbench.models import build_model, model_from_state
 from fsbench.options import TrainerOptions
 from fsbench.measurement.timeline import span

@@ -82,7 +82,7 @@ from fsbench.models.sparse import ITEM, initial_table_weight
 from fsbench.training.optim import make_dense_optimizer
 from fsbench.measurement.timeline import span
 from fsbench.training.inputs import ContiguousShare
-from fsbench.running.memory import TableMemory, sharded
+from fsbench.training.table_memory import TableMemory, sharded
 from fsbench.options import TrainerOptions
 from fsbench.training.trainer import Preparer, StepInput, StepStats
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fsbench.running.calibrate import fit_path, load_fit
-from fsbench.running.cost_curve import quadratic_cost
+from fsbench.costmodel.fit import fit_path, load_fit
+from fsbench.costmodel.cost_curve import quadratic_cost
 from fsbench.config import WorkloadConfig
 
 

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from fsbench.config import ConfigError, RunConfig
 from fsbench.training.dist import RankContext
 from fsbench.training.dp import DataParallelTrainer
-from fsbench.running.memory import REPLICATED, TableMemory, sharded
+from fsbench.training.table_memory import REPLICATED, TableMemory, sharded
 from fsbench.scaling.sim_inputs import PlanInputs, SimProfile, contiguous_plan
 from fsbench.options import TrainerOptions
 from fsbench.measurement.timeline import span

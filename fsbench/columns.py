@@ -71,11 +71,11 @@ COLUMNS: tuple[Column, ...] = (
     Column("host_syncs_fwd_bwd_per_step", "syncs in fwd+bwd/step", lambda v: f"{v:.1f}", summary=True),
     # The largest rank's peak (process RSS on CPU, allocated tensors on CUDA).
     Column("peak_memory_mb", "peak MiB", lambda v: f"{v:.0f}", True, True),
-    # Quality beside speed (fsbench.running.evaluate): None in runs without --eval. Not yet in
+    # Quality beside speed (fsbench.training.evaluate): None in runs without --eval. Not yet in
     # report tables (median=False): a report of speed alone stays as it was.
     Column("hr_at_10", "HR@10", lambda v: f"{v:.4f}", summary=True),
     Column("ndcg_at_10", "NDCG@10", lambda v: f"{v:.4f}", summary=True),
-    # The same with popularity-boosted scores (+ log q: fsbench.running.evaluate).
+    # The same with popularity-boosted scores (+ log q: fsbench.training.evaluate).
     Column("hr_at_10_logq", "HR@10 logq", lambda v: f"{v:.4f}", summary=True),
     Column("ndcg_at_10_logq", "NDCG@10 logq", lambda v: f"{v:.4f}", summary=True),
     Column("eval_users", "eval users", summary=True),

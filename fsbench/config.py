@@ -6,6 +6,7 @@ value and what is allowed; the CLI turns that into one line and exit code 2.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 
@@ -27,6 +28,22 @@ def _one_of(name: str, value: object, allowed: typing.Iterable[object]) -> None:
 def _positive(name: str, value: int | float, minimum: int | float = 1) -> None:
     _require(value >= minimum, f"{name}={value!r} must be >= {minimum}")
 
+
+# The largest global batch a run may ask for: every rank materializes the whole global
+# batch each step (the generator is a pure function of the step), and the memory estimate
+# draws batches of it, so a batch beyond this fails on memory before it measures anything.
+# 2**24 = 16.8M samples is 64 times the largest weak-scaling batch the simulator uses
+# (1024 ranks x 256).
+MAX_GLOBAL_BATCH = 2**24
+# Seeds go to numpy's SeedSequence and torch.manual_seed; this is the range both take and
+# the one people know (numpy's legacy seed range).
+MAX_SEED = 2**32 - 1
+
+# Bounds far beyond any model this harness trains, below the sizes at which building the
+# model (the memory estimate counts its parameters on the meta device) overflows int64.
+MAX_DIM = 2**16
+MAX_SEQ_LEN = 2**20
+MAX_LAYERS = 1024
 
 MODEL_FAMILIES = ("hstu", "sasrec")
 LOSSES = ("sampled", "full")
@@ -72,7 +89,10 @@ class ModelConfig:
         _require(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
         _one_of("model.loss", self.loss, LOSSES)
         _positive("model.dim", self.dim)
+        _require(self.dim <= MAX_DIM, f"model.dim={self.dim} must be <= {MAX_DIM} (2**16)")
         _positive("model.num_layers", self.num_layers)
+        _require(self.num_layers <= MAX_LAYERS,
+                 f"model.num_layers={self.num_layers} must be <= {MAX_LAYERS}")
         _positive("model.num_heads", self.num_heads)
         _require(self.dim % self.num_heads == 0,
                  f"model.dim={self.dim} must be divisible by model.num_heads={self.num_heads}")
@@ -192,7 +212,12 @@ class WorkloadConfig:
         _require(all(v >= 2 for v in self.context_vocabs),
                  f"context_vocabs={self.context_vocabs!r}: every table needs >= 2 rows")
         _positive("max_seq_len", self.max_seq_len)
+        _require(self.max_seq_len <= MAX_SEQ_LEN,
+                 f"max_seq_len={self.max_seq_len} must be <= {MAX_SEQ_LEN:,} (2**20)")
         _positive("global_batch_size", self.global_batch_size)
+        _require(self.global_batch_size <= MAX_GLOBAL_BATCH,
+                 f"global_batch_size={self.global_batch_size} must be <= {MAX_GLOBAL_BATCH:,} "
+                 "(2**24: every rank holds the whole global batch each step)")
         _positive("steps", self.steps)
         _require(0 <= self.warmup < self.steps,
                  f"warmup={self.warmup} must be >= 0 and < steps={self.steps}")
@@ -228,7 +253,7 @@ class WorkloadConfig:
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class EvalConfig:
-    """Quality beside speed (fsbench.running.evaluate): each user's last item held out of training,
+    """Quality beside speed (fsbench.training.evaluate): each user's last item held out of training,
     HR@10 and NDCG@10 over the full item set after training (real data only)."""
     on: bool = False
     """Hold out each user's last item from training; evaluate the trained model on it."""
@@ -275,6 +300,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _positive("world_size", self.world_size)
+        _require(0 <= self.seed <= MAX_SEED, f"seed={self.seed} must be in 0..{MAX_SEED} (2**32 - 1)")
         _one_of("backend", self.backend, ("auto", "gloo", "nccl"))
         _one_of("device", self.device, ("cpu", "cuda"))
         _positive("threads_per_rank", self.threads_per_rank)
@@ -309,6 +335,11 @@ class RunConfig:
 # `--set <key>.<sub>=...` where <key> is itself a value: its sub-keys live in another field.
 SUBKEYS = {"optimizer": "optimizer_parts"}
 
+# What a --set value must look like, by the field's type (for the one-line error).
+_TYPE_WORDS = {int: "an integer", float: "a finite number",
+               bool: "a boolean (true|false, on|off, yes|no, 1|0)",
+               tuple[int, ...]: "comma-separated integers, e.g. 100,20,10"}
+
 
 def _coerce(value: str, hint: object, key: str) -> object:
     args = typing.get_args(hint)
@@ -319,7 +350,10 @@ def _coerce(value: str, hint: object, key: str) -> object:
         if hint is int:
             return int(value)
         if hint is float:
-            return float(value)
+            number = float(value)
+            if not math.isfinite(number):
+                raise ConfigError(f"--set {key}={value!r}: expected a finite number")
+            return number
         if hint is bool:
             if value.lower() in ("1", "true", "on", "yes"):
                 return True
@@ -329,8 +363,7 @@ def _coerce(value: str, hint: object, key: str) -> object:
         if origin is tuple:
             return tuple(int(v) for v in value.split(",") if v.strip())
     except ValueError:
-        raise ConfigError(f"--set {key}={value!r}: expected a value of type "
-                          f"{getattr(hint, '__name__', hint)}") from None
+        raise ConfigError(f"--set {key}={value!r}: expected {_TYPE_WORDS.get(hint, hint)}") from None
     return value
 
 

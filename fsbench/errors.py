@@ -5,3 +5,12 @@ from __future__ import annotations
 
 class ConfigError(ValueError):
     """Bad user input: one line naming the field and what is allowed."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP reached fsbench: it stops as on Ctrl-C (ranks ended, the run kept
+    and marked `interrupted`) and exits with 128 + the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum

@@ -292,8 +292,8 @@ def _load_hist(path: str, _mtime_ns: int, _size: int) -> HistLengthSpec:
         except ValueError:
             raise ValueError(f"line {line_no} is not 'length_bin,count': "
                              f"{','.join(row)!r}") from None
-        if b < 1 or not (c >= 0 and math.isfinite(c)):
-            raise ValueError(f"line {line_no}: length_bin must be >= 1 and count >= 0")
+        if b < 1 or not (math.isfinite(c) and c >= 0):
+            raise ValueError(f"line {line_no}: length_bin={b} (>= 1), count={row[1].strip()!r} (finite, >= 0)")
         bins.append(b)
         counts.append(c)
     if sum(counts) <= 0:

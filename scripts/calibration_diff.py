@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from fsbench.config import RunConfig, override_all
-from fsbench.running.calibrate import fit_path, load_fit
+from fsbench.costmodel.fit import fit_path, load_fit
 from fsbench.running.store import write_json_atomic
 from fsbench.scaling.commcal import comm_fit_path
 from fsbench.scaling.sim_inputs import CLUSTERS

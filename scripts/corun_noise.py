@@ -1,6 +1,6 @@
 """How noisy is `fsbench calibrate`'s co-run slowdown on this machine?
 
-Measures it `--times` times the way calibrate does (fsbench.running.corun: 2 rounds, the
+Measures it `--times` times the way calibrate does (fsbench.costmodel.corun: 2 rounds, the
 median of 10 timings of a 64-token batch, solo and on every core), and beside each, 5
 rounds paired (solo then co-run, a ratio per round). Backs the co-run paragraph of
 results/sim_hist_check_cpu.md. Keep the machine quiet while it runs (about 40 s a line).
@@ -13,7 +13,7 @@ import argparse
 import statistics
 
 from fsbench.config import override_all
-from fsbench.running import corun
+from fsbench.costmodel import corun
 from fsbench.workloads.presets import get_workload
 
 

@@ -1,7 +1,7 @@
 """How well stored encoder fits predict jagged batches of other length distributions.
 
 The simulator and the emulation book a rank's encoder time as the sum of its samples'
-cost(L) plus the batch terms (fsbench.running.calibrate.CostFit.batch_extra_ms), both
+cost(L) plus the batch terms (fsbench.costmodel.fit.CostFit.batch_extra_ms), both
 calibrated on the preset's own lengths. This times the real model's forward + backward
 on batches drawn from length distributions the calibration never saw, at several
 per-rank sizes, once, and sets each store's fit against the same timings (side by side:
@@ -25,7 +25,9 @@ import torch
 
 from fsbench.config import override_all
 from fsbench.models import build_model
-from fsbench.running.calibrate import CALIBRATION_SEED, bucket_count, fit_path, load_fit, time_encoder_ms
+from fsbench.costmodel.batch_terms import bucket_count
+from fsbench.costmodel.fit import fit_path, load_fit
+from fsbench.costmodel.timing import CALIBRATION_SEED, time_encoder_ms
 from fsbench.scaling.step_overhead import encoder_drift
 from fsbench.workloads.generator import SyntheticBatches
 from fsbench.workloads.presets import get_workload
@@ -53,7 +55,7 @@ def time_batches(workload, distributions, sizes, batches: int, repeats: int) -> 
 
 def footprint_lines(workload, fit, repeats: int) -> list[str]:
     """Fixed-length batches of growing size against cost(L) (timed on ~2,048 tokens): the
-    per-token slowdown the footprint term books (fsbench.running.batch_terms)."""
+    per-token slowdown the footprint term books (fsbench.costmodel.batch_terms)."""
     model = build_model(workload, seed=0)
     lines = ["## A batch's footprint: fixed lengths at growing token counts, over cost(L)\n",
              "| length | 2,048 tokens | 4,096 | 8,192 | 16,384 |", "|--:|--:|--:|--:|--:|"]

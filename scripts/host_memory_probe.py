@@ -1,5 +1,5 @@
 """What large tensors cost on this host, behind two figures of the `local` simulator's
-batch terms (fsbench/running/batch_terms.py) and of the planner's scratch
+batch terms (fsbench/costmodel/batch_terms.py) and of the planner's scratch
 (freescale_impl/window_kernels.py): the time to touch fresh 1 MB arrays, and the encoder's
 time on fixed-length batches of the longest length at growing sizes against the same
 samples' time at about 2,048 tokens (where cost(L) is measured). One thread.
@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from fsbench.models import build_model
-from fsbench.running.calibrate import TOKENS_PER_POINT, time_encoder_ms
+from fsbench.costmodel.batch_terms import TOKENS_PER_POINT
+from fsbench.costmodel.timing import time_encoder_ms
 from fsbench.workloads.generator import SyntheticBatches
 from fsbench.workloads.presets import get_workload
 

@@ -2,7 +2,7 @@
 
 Per setting, the single-process reference of `fsbench quality`'s protocol on a data file is
 trained twice over the first `--steps` steps, once with every weight scaled by
-(1 + 1e-7 N(0, 1)) (fsbench.running.rounding_probe), and the relative loss difference of
+(1 + 1e-7 N(0, 1)) (fsbench.quality.rounding_probe), and the relative loss difference of
 each step is printed. Backs the HSTU paragraph of results/quality_ml100k_cpu.md.
 
     python scripts/rounding_sensitivity.py --data recbole:ml-100k.inter [--steps 6]
@@ -14,8 +14,8 @@ import argparse
 import numpy as np
 
 from fsbench.config import EvalConfig, RunConfig
-from fsbench.running.quality import quality_workload
-from fsbench.running.rounding_probe import loss_pair
+from fsbench.quality.convergence import quality_workload
+from fsbench.quality.rounding_probe import loss_pair
 
 SETTINGS = [("hstu", []), ("hstu", [("model.user_features", "true")]),
             ("hstu", [("global_batch_size", "32")]), ("sasrec", [])]

@@ -26,8 +26,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from fsbench.running.calibrate import calibrate, fit_path, load_fit
-from fsbench.running.corun import measure_corun_slowdown
+from fsbench.costmodel.calibrate import calibrate
+from fsbench.costmodel.fit import fit_path, load_fit
+from fsbench.costmodel.corun import measure_corun_slowdown
 from fsbench.running.store import write_json_atomic
 from fsbench.scaling.commcal import calibrate_comm, load_comm_fits
 from fsbench.config import RunConfig, override_all

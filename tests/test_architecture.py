@@ -9,11 +9,17 @@ from pathlib import Path
 FSBENCH = Path(__file__).resolve().parents[1] / "fsbench"
 
 # Bottom to top. "" is the top level: the shared leaf types (config, specs, errors,
-# options), the table renderer every group prints with and the statistics (pure numpy)
-# that gates and reports share.
-LAYERS = ["", "measurement", "workloads", "models", "training", "running", "scaling",
-          "reporting", "gates", "cli"]
-TOP_LEVEL = {"__init__", "config", "specs", "errors", "options", "columns", "table", "stats"}
+# options), the table renderer every group prints with, the statistics (pure numpy)
+# that gates and reports share, and atomic file writes (files). The cost model sits below
+# running (a rank reads its fit; the balancer, the emulation and the simulator too), the
+# quality study above it (it starts runs).
+LAYERS = ["", "measurement", "workloads", "models", "training", "costmodel", "running",
+          "quality", "scaling", "reporting", "gates", "cli"]
+TOP_LEVEL = {"__init__", "config", "specs", "errors", "options", "columns", "table", "stats",
+             "files"}
+# Whole packages whose modules import each other (function-level imports included): no
+# import circle may join them either.
+PACKAGES = ("fsbench", "freescale_impl", "baselines")
 MAX_LINES = 400
 
 
@@ -72,6 +78,68 @@ def test_the_top_level_holds_only_shared_leaves_and_every_group_says_what_it_own
         assert doc and "import" in doc, f"fsbench/{group}/__init__.py must say what it owns and imports"
 
 
+def import_graph() -> dict[str, set[str]]:
+    """module -> the modules of PACKAGES it imports, at any depth."""
+    root = FSBENCH.parent
+    mods = {}
+    for package in PACKAGES:
+        for path in (root / package).rglob("*.py"):
+            rel = path.relative_to(root).with_suffix("")
+            mods[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = path
+    graph = {}
+    for name, path in mods.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+                for alias in node.names:  # `from pkg import mod` names a module, else a member
+                    full = f"{node.module}.{alias.name}"
+                    found.add(full if full in mods else node.module)
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name in mods}
+        graph[name] = {m for m in found if m in mods and m != name}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while not group or group[-1] != v:
+                group.append(stack.pop())
+                on_stack.discard(group[-1])
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_import_circle_is_left():
+    """Two modules that import each other (at any depth, function-level imports included)
+    are one module in two files: neither can be read, tested or moved alone."""
+    circles = import_circles(import_graph())
+    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert import_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_circles({"a": {"b"}, "b": set()}) == []
+
+
 def test_no_module_is_over_400_lines():
     sizes = {str(p.relative_to(FSBENCH)): len(p.read_text().splitlines()) for p in FSBENCH.rglob("*.py")}
     too_long = {m: n for m, n in sizes.items() if n > MAX_LINES}
@@ -84,7 +152,7 @@ def test_importing_fsbench_imports_no_trainer_or_framework():
         "fsbench.running.runner, fsbench.running.store, fsbench.measurement.timeline, "
         "fsbench.training.trainer, fsbench.workloads, fsbench.models, fsbench.workloads.presets, "
         "fsbench.reporting.report, fsbench.reporting.trace, fsbench.measurement.monitor, "
-        "fsbench.running.calibrate, fsbench.running.groundtruth, fsbench.running.overhead, "
+        "fsbench.costmodel.calibrate, fsbench.running.groundtruth, fsbench.running.overhead, "
         "fsbench.training.dp, fsbench.gates.gate, fsbench.scaling.simulate\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in "
         "('torchrec', 'deepspeed', 'freescale_impl', 'baselines', 'fbgemm_gpu')]\n"

@@ -21,7 +21,9 @@ from fsbench.cli.dispatch import build_parser
 ROOT = Path(__file__).resolve().parents[1]
 GITHUB = sorted((ROOT / "ci" / "github").glob("*.yml"))
 GITLAB = sorted((ROOT / "ci" / "gitlab").glob("*.yml"))
-NODE_MODULES = ROOT / ".venv" / "node_modules"  # scripts/setup.sh: npm install --prefix .venv
+# scripts/setup.sh VENV: npm install --prefix VENV; the venv these tests run in, which
+# `make test VENV=DIR` may have put anywhere (not necessarily ROOT/.venv).
+NODE_MODULES = Path(sys.prefix) / "node_modules"
 
 
 def test_there_are_recipes_for_both_systems():

@@ -17,7 +17,7 @@ HAS_TORCHREC = __import__("importlib.util").util.find_spec("torchrec") is not No
     (["sweep", "--workload", "tiny", "--world-sizes", "1,0"], "every world size must be >= 1"),
     (["run", "--workload", "tiny", "--set", "colour=blue"], "--set colour: unknown key; allowed:"),
     (["run", "--workload", "tiny", "--set", "model.depth=3"], "--set model.depth: unknown key; allowed: model.family"),
-    (["run", "--workload", "tiny", "--set", "global_batch_size=many"], "expected a value of type int"),
+    (["run", "--workload", "tiny", "--set", "global_batch_size=many"], "expected an integer"),
     (["run", "--workload", "tiny", "--set", "model.family=bert"], "model.family='bert' is not allowed; choose one of: hstu, sasrec"),
     (["run", "--workload", "tiny", "--set", "lengths=/no/such.csv"], "lengths="),
     (["run", "--workload", "tiny", "--set", "lengths=hist:/no/such/file.csv"], "/no/such/file.csv"),
@@ -185,3 +185,30 @@ def test_list_json_says_which_trainer_is_not_installed(tmp_path):
     assert proc.returncode == 0, proc.stderr
     ds = json.loads(proc.stdout)["trainers"]["deepspeed"]
     assert ds["installed"] is False and "deepspeed" in ds["why_not"] and ds["switches"] is None
+
+
+def test_sigterm_stops_a_command_as_ctrl_c_does_and_the_handler_is_restored(monkeypatch, capsys):
+    """SIGTERM (a cancelled CI job) raises inside the command like Ctrl-C, so every cleanup
+    runs (fsbench.running.runner marks the run interrupted); exit 143, one line."""
+    import os
+    import signal
+    import time
+
+    from fsbench.cli import dispatch
+
+    cleaned = []
+
+    def command(args):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises here
+        finally:
+            cleaned.append(True)
+        return 0
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setitem(dispatch.COMMANDS, "list", command)
+    assert main(["list"]) == 143
+    err = capsys.readouterr().err.strip().splitlines()
+    assert cleaned and len(err) == 1 and "stopped by SIGTERM" in err[0], err
+    assert signal.getsignal(signal.SIGTERM) is before

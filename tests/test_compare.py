@@ -396,15 +396,16 @@ def test_an_internal_error_exits_4_in_one_line(monkeypatch, tmp_path, capsys):
     from written_runs import write_run
 
     write_run(tmp_path / "a", "r1", np.full(10, 100.0))
+    write_run(tmp_path / "b", "r2", np.full(10, 100.0))
 
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(compare, "compare", broken)
-    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "a")]) == 4
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 4
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "internal error: RuntimeError: a bug" in err[0] and "fsbench-error-" in err[0]
-    assert main(["--debug", "compare", str(tmp_path / "a"), str(tmp_path / "a")]) == 4
+    assert main(["--debug", "compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 4
     assert "Traceback" in capsys.readouterr().err
 
 

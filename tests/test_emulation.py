@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from fsbench.running.calibrate import load_fit
+from fsbench.costmodel.fit import load_fit
 from fsbench.cli import main
 from fsbench.config import run_from_dict
 from fsbench.measurement.metrics import rank_step_table

@@ -1,4 +1,4 @@
-"""Quality beside speed (fsbench.running.evaluate): leave-one-out HR@10 and NDCG@10 over the full
+"""Quality beside speed (fsbench.training.evaluate): leave-one-out HR@10 and NDCG@10 over the full
 item set, computed by one function from one trained RecModel, the same for every trainer;
 with evaluation on, every trainer trains without each user's last item."""
 import dataclasses
@@ -12,9 +12,9 @@ from torch import nn
 
 from fsbench.cli import dispatch as cli
 from fsbench.cli import run_config
-from fsbench.running import evaluate
+from fsbench.training import evaluate
 from fsbench.config import ConfigError, EvalConfig, ModelConfig, RunConfig, WorkloadConfig
-from fsbench.running.evaluate import EVAL_FILE, eval_set, hit_ndcg, target_ranks
+from fsbench.training.evaluate import EVAL_FILE, eval_set, hit_ndcg, target_ranks
 from fsbench.models import build_model
 from fsbench.models.sparse import ITEM
 from fsbench.training.optim import make_model_optimizer

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from fsbench.running import memory
+from fsbench.training.table_memory import sharded
 from fsbench.cli import main
 from fsbench.config import RunConfig
 from fsbench.running.runner import run_once
@@ -24,8 +25,8 @@ def test_sharded_trainers_hold_a_share_of_the_tables():
     assert fs["table_grads"] == 0
     assert fs_rep == ddp
     # Whole tables, largest first on the least-loaded rank: the fullest rank counts.
-    assert memory.sharded("table").rows_held([10, 6, 5, 1], 2) == 11
-    assert memory.sharded("row").rows_held([10, 6, 5, 1], 2) == 5 + 3 + 3 + 1
+    assert sharded("table").rows_held([10, 6, 5, 1], 2) == 11
+    assert sharded("row").rows_held([10, 6, 5, 1], 2) == 5 + 3 + 3 + 1
 
 
 def test_more_samples_per_rank_need_more_activation_memory():

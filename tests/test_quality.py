@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fsbench.cli import main
-from fsbench.running.quality import LOSS_RTOL, RunQuality, analyze, first_reaching, trajectory
+from fsbench.quality.convergence import LOSS_RTOL, RunQuality, analyze, first_reaching, trajectory
 from fsbench.stats import equivalence, mean_interval
 
 SPE = 4  # steps per epoch of the made-up runs
@@ -117,8 +117,8 @@ def test_a_departure_that_rounding_alone_makes_is_inconclusive_not_a_difference(
 def test_the_rounding_probe_finds_where_training_amplifies_rounding(tmp_path):
     """The reference trained twice, once perturbed by 1e-7: with the ring's stable SASRec
     the two stay within the tolerance; at a learning rate of 1e3 they part."""
-    from fsbench.running.quality import quality_workload
-    from fsbench.running.rounding_probe import baseline_departure
+    from fsbench.quality.convergence import quality_workload
+    from fsbench.quality.rounding_probe import baseline_departure
 
     from fsbench.config import EvalConfig, RunConfig
 
@@ -195,7 +195,7 @@ def test_quality_passes_the_real_trainers_and_flags_the_broken_ones(tmp_path, ra
 def test_the_protocol_trains_on_the_history_alone(tmp_path):
     """RecBole's SASRec sees no user: the protocol turns user features off (one anonymous
     user row); turned back on, the user table holds every user."""
-    from fsbench.running.quality import quality_workload
+    from fsbench.quality.convergence import quality_workload
 
     data = write_learnable(tmp_path / "d.txt", users=50)
     w, _ = quality_workload("small", data, "sasrec", 1, [])

@@ -355,3 +355,23 @@ def test_unknown_contention_is_said_not_read_as_uncontended():
     assert table["contention_unknown"].tolist() == [False, True]
     assert not table["contended"].any()
     assert any("contention unknown" in n for n in footnotes(table))
+
+
+LONG_WORKLOAD = ("small+data=recbole:/home/someone/datasets/recbole/ml-100k/ml-100k.inter,"
+                 "model.dim=128,lengths=hist:/home/someone/lengths/kuairand-1k-histogram.csv")
+
+
+def test_plot_titles_of_a_long_workload_stay_inside_their_figure(runs):
+    """A `data=recbole:PATH` workload's name is long: each panel's title is wrapped to fit,
+    not drawn past the figure's edge (where the PNG cuts it)."""
+    from fsbench.reporting.plots import plot_bubble_causes, plot_vs_world_size
+
+    table = report_table(runs.assign(workload=LONG_WORKLOAD), "ddp")
+    for fig in (plot_vs_world_size(table, "samples_per_s", "samples/s", 1.0),
+                plot_bubble_causes(table)):
+        fig.canvas.draw()
+        renderer, edge = fig.canvas.get_renderer(), fig.bbox
+        for ax in fig.axes:
+            box = ax.title.get_window_extent(renderer)
+            assert edge.x0 <= box.x0 and box.x1 <= edge.x1, (ax.title.get_text(), box, edge)
+            assert "ml-100k.inter" in ax.title.get_text().replace("\n", "")  # wrapped, not cut

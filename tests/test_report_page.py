@@ -183,9 +183,9 @@ def _chromium() -> str | None:
     return next((p for p in map(shutil.which, CHROMIUM_NAMES) if p), None)
 
 
-def _headless(binary: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
+def _headless(binary: str, tmp_path, *args: str, size: str = "1200,3000") -> subprocess.CompletedProcess:
     cmd = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-           f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,3000", *args]
+           f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={size}", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
@@ -223,3 +223,50 @@ def test_report_html_renders_in_headless_chromium(request, tmp_path):
     assert len(colours) > 1_000, "a blank or flat screenshot"
     assert _orange_pixels(full) > 300 and _orange_pixels(shots["bare"]) == 0, \
         "the plots' colours appear only where the images are"
+
+
+# A workload name as long as real-data runs have them, one path without a hyphen or space
+# to break at.
+LONG_WORKLOAD = ("tiny+data=recbole:/home/someone/datasets/recbole/movielens100k/ml100k.inter,"
+                 "model.dim=128,lengths=hist:/home/someone/lengths/kuairand1khistogramofhistorylengths.csv")
+# After the page loaded: the widths that say whether it fits its window, as JSON in a <pre>.
+LAYOUT_PROBE = """<script>
+addEventListener('load', () => {
+  const table = document.querySelector('table.results').getBoundingClientRect();
+  const out = {page: document.documentElement.scrollWidth, window: innerWidth, table: table.right,
+               scrolled: [...document.querySelectorAll('.scroll, pre')].filter(
+                   e => e.scrollWidth > e.clientWidth).length};
+  const p = document.createElement('pre'); p.id = 'probe'; p.textContent = JSON.stringify(out);
+  document.body.appendChild(p);
+});
+</script></body>"""
+
+
+@pytest.mark.dist
+def test_report_page_fits_1400_pixels_with_a_long_workload_in_chromium(tiny_sweep, tmp_path):
+    """Issue 44: a data=recbole:PATH workload's name ran the results table off the page's
+    right edge. Laid out by Chromium at 1,400 px: the page, the table and every scroll box
+    fit; the screenshot's header band ends where the table does, inside the window."""
+    import json
+
+    binary = _chromium()
+    if binary is None:
+        pytest.skip("no Chromium binary on PATH (looked for " + ", ".join(CHROMIUM_NAMES) + ")")
+    Image = pytest.importorskip("PIL.Image")
+    runs = select_runs([], tiny_sweep)
+    runs["workload"] = np.where(runs["trainer"] == "ddp", runs["workload"], LONG_WORKLOAD)
+    _, (report,) = write_report(runs, None, "html", tmp_path / "rep", plots=False)
+    probed = tmp_path / "probed.html"
+    probed.write_text(report.read_text().replace("</body>", LAYOUT_PROBE))
+    width = 1400
+    dom = _headless(binary, tmp_path, "--virtual-time-budget=5000", "--dump-dom", probed.as_uri(),
+                    size=f"{width},2000")
+    layout = json.loads(html.unescape(re.search(r'<pre id="probe">(.*?)</pre>', dom.stdout).group(1)))
+    assert layout["window"] == width, layout
+    assert layout["page"] <= width and layout["table"] <= width and layout["scrolled"] == 0, layout
+    shot = tmp_path / "shot.png"
+    _headless(binary, tmp_path, f"--screenshot={shot}", report.as_uri(), size=f"{width},2000")
+    pixels = np.asarray(Image.open(shot).convert("RGB"), dtype=int)
+    header_grey = np.all(pixels == (0xF2, 0xF2, 0xF2), axis=-1)  # the table's <th> background
+    columns = np.flatnonzero(header_grey.sum(axis=0) > 10)
+    assert columns.size and abs(columns.max() + 1 - layout["table"]) <= 2, (columns.max(), layout)

@@ -81,7 +81,7 @@ def test_replicated_tables_cost_every_rank_their_whole_optimizer_step():
 
 
 def test_calibrate_measures_the_optimizer_step_per_table_element():
-    from fsbench.running.calibrate import measure_table_ns_per_element
+    from fsbench.costmodel.timing import measure_table_ns_per_element
 
     w = get_workload("tiny")
     ns = measure_table_ns_per_element(w, rows=(2_000, 40_000), repeats=3)
@@ -93,7 +93,7 @@ def test_calibrate_measures_the_optimizer_step_per_table_element():
 def test_corun_slowdown_is_measured_in_real_processes_and_applies_from_two_ranks():
     from types import SimpleNamespace
 
-    from fsbench.running.corun import measure_corun_slowdown
+    from fsbench.costmodel.corun import measure_corun_slowdown
 
     factor, processes = measure_corun_slowdown(get_workload("tiny"), processes=2, repeats=3)
     # Two processes computing at once on this host: not faster than one alone (the noise
@@ -107,7 +107,8 @@ def test_corun_slowdown_is_measured_in_real_processes_and_applies_from_two_ranks
 
 
 def test_calibrate_measures_batch_terms_and_a_replicas_table_work():
-    from fsbench.running.calibrate import measure_batch_terms, measure_replicated_ns_per_element
+    from fsbench.costmodel.calibrate import measure_batch_terms
+    from fsbench.costmodel.timing import measure_replicated_ns_per_element
 
     w = get_workload("tiny")
     # Against a per-sample model that says "free", the whole encoder time is residual: the
@@ -123,7 +124,7 @@ def test_cost_fit_squares_the_padded_length_as_the_model_does():
     """Costs planted as the model pays them (attention at the bucket's padded length) are
     fitted back exactly on calibrate's grid, and a fit says which square it holds: older
     fits (padded None) keep meaning a L^2 + b L + c."""
-    from fsbench.running.cost_curve import default_lengths, fit_quadratic, quadratic_cost
+    from fsbench.costmodel.cost_curve import default_lengths, fit_quadratic, quadratic_cost
     from fsbench.models import Bucketing
 
     grid = default_lengths(200)
@@ -144,9 +145,9 @@ def test_batch_terms_recover_planted_fixed_bucket_wide_and_footprint_costs():
     of 200 (padded to 224) and 2% of cost(L) per thousand tokens beyond 2,048 are fitted
     back to those six numbers, on batches like calibrate's (jagged ones, long fixed
     lengths, many short samples)."""
-    from fsbench.running.batch_terms import (
+    from fsbench.costmodel.batch_terms import (
         attention_melem, fit_batch_terms, footprint_excess, wide_excess)
-    from fsbench.running.calibrate import bucket_count
+    from fsbench.costmodel.batch_terms import bucket_count
 
     assert attention_melem([200] * 4 + [10]).tolist() == pytest.approx([4 * 224 ** 2 / 1e6, 16 ** 2 / 1e6])
     def cost(L):
@@ -193,7 +194,7 @@ def planted_fit(**overrides):
     """A local fit with round numbers: 1 ms per token, 5 ms per batch, 0.5 ms per bucket,
     2 cores, free tables, and ddp's overhead of 4 ms wall (3 ms of it CPU, 1 ms busy) in
     both compute modes."""
-    from fsbench.running.calibrate import CostFit
+    from fsbench.costmodel.fit import CostFit
 
     over = {"wall_ms": 4.0, "cpu_ms": 3.0, "busy_ms": 1.0, "input_ms": 0.0}
     return dataclasses.replace(CostFit(
@@ -205,7 +206,7 @@ def planted_fit(**overrides):
 
 def encoder_ms(source, step, n):
     """Each rank's encoder under the planted fit's costs (contiguous split)."""
-    from fsbench.running.calibrate import bucket_count
+    from fsbench.costmodel.batch_terms import bucket_count
     from fsbench.workloads.batch import contiguous_split
 
     L = source.global_batch(step).lengths.numpy()
@@ -282,7 +283,7 @@ def test_expected_tokens_is_the_batch_times_its_clipped_mean_length():
 
 
 def test_measuring_overheads_drops_the_efficiency_solved_against_the_old_ones(tmp_path, monkeypatch):
-    from fsbench.running.calibrate import fit_path, load_fit
+    from fsbench.costmodel.fit import fit_path, load_fit
     from fsbench.running.store import write_json_atomic
     from fsbench.scaling import step_overhead
 
@@ -306,7 +307,7 @@ def test_encoder_drift_sets_the_real_encoder_now_against_the_fit(tmp_path):
     work)."""
     import torch
 
-    from fsbench.running.calibrate import fit_path
+    from fsbench.costmodel.fit import fit_path
     from fsbench.running.store import write_json_atomic
     from fsbench.scaling.step_overhead import encoder_drift
 
@@ -350,14 +351,14 @@ def test_solve_efficiency_meets_the_measured_step_and_clips_to_its_range():
 def test_measure_timeshare_finds_the_efficiency_a_run_was_simulated_with(monkeypatch):
     """Round trip through the real simulator: "measured" 8-rank runs (4 x the planted 2
     cores) that took what the simulator gives at efficiency 0.3 calibrate back to 0.3."""
-    from fsbench.running import calibrate as calibrate_mod
+    from fsbench.costmodel import fit as fit_mod
     from fsbench.scaling import simulate, timeshare
 
     fit = planted_fit()
     fit.step_overhead["ddp/emulated"] = {"wall_ms": 4.0, "cpu_ms": 3.0, "busy_ms": 0.0,
                                          "input_ms": 0.0, "worker_ms": 2.0}
     monkeypatch.setattr(simulate, "Costs", local_with(fit))
-    monkeypatch.setattr(calibrate_mod, "load_fit", lambda *a, **k: fit)
+    monkeypatch.setattr(fit_mod, "load_fit", lambda *a, **k: fit)
     run = RunConfig(workload=dataclasses.replace(small(64), compute="emulated"), trainer="ddp",
                     world_size=8)
     truth = simulate_run(run, CLUSTERS["local"], ".", timeshare_efficiency=0.3)[0]
@@ -550,7 +551,8 @@ def test_calibrating_in_passes_keeps_the_median_pass_of_each_figure(tmp_path, mo
     """Three passes: the encoder model (cost(L) with its batch terms) of the pass whose
     time for the workload's batch is the median, each separately measured figure's own
     median (here from different passes), every pass recorded, and the file stored."""
-    from fsbench.running import calibrate as cal
+    from fsbench.costmodel import calibrate as cal
+    from fsbench.costmodel.fit import load_fit
     from fsbench.workloads.presets import get_workload
 
     w = get_workload("tiny")
@@ -566,7 +568,7 @@ def test_calibrating_in_passes_keeps_the_median_pass_of_each_figure(tmp_path, mo
     assert (fit.corun_slowdown, fit.table_corun_slowdown, fit.table_ns_per_element) == (1.1, 1.1, 0.0)
     assert [p["encoder_batch_ms"] for p in fit.passes] == pytest.approx(times)
     assert [p["corun_slowdown"] for p in fit.passes] == [0.9, 1.3, 1.1]
-    assert cal.load_fit(tmp_path, w) == fit
+    assert load_fit(tmp_path, w) == fit
 
 
 def test_calibrate_refuses_no_passes(tmp_path, capsys):
@@ -583,7 +585,7 @@ def test_calibrate_measures_each_trainers_overhead_and_the_simulator_adds_it(tmp
     per step (one rank: no co-run, no time-sharing)."""
     import torch
 
-    from fsbench.running.calibrate import load_fit
+    from fsbench.costmodel.fit import load_fit
     from fsbench.workloads.presets import get_workload
 
     threads = torch.get_num_threads()
@@ -675,7 +677,7 @@ def test_ddp_buckets_of_a_real_encoder_follow_its_gradients_order(tmp_path, pres
     with the model, two emulated)."""
     import torch
 
-    from fsbench.running.calibrate import encoder_inputs
+    from fsbench.costmodel.timing import encoder_inputs
     from fsbench.scaling.ddp_buckets import ddp_buckets, dense_grad_bytes
     from fsbench.models.emulation import waiting_loss
     from fsbench.models import build_model
@@ -762,7 +764,7 @@ def test_a_cluster_file_and_cluster_set_are_loaded_and_named(tmp_path, capsys):
 def gpu_fit_file(tmp_path, workload, **overrides) -> Path:
     """A fit as `fsbench calibrate --device cuda` stores it, for `workload`'s model (planted
     figures: this machine has no GPU to measure)."""
-    from fsbench.running.calibrate import model_key
+    from fsbench.costmodel.fit import model_key
 
     path = tmp_path / "gpu_fit.json"
     fit = planted_fit(**{"model": model_key(workload), "device": "nvidia-h100-80gb-hbm3",
@@ -1037,7 +1039,7 @@ def test_the_planner_plans_with_its_predicted_costs_and_the_cluster_books_the_tr
     linear at `medium`'s width: freescale.cost=analytical), its plan is off and the error
     shows as residual straggler; with the same fit stored for it to load (cost=auto), it plans with the
     true costs. The simulator used to hand every planner the true costs."""
-    from fsbench.running.calibrate import fit_path
+    from fsbench.costmodel.fit import fit_path
     from fsbench.scaling import simulate
 
     over = {"wall_ms": 0.0, "cpu_ms": 0.0, "busy_ms": 0.0, "input_ms": 0.0}

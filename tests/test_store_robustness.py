@@ -6,6 +6,7 @@ import shutil
 import pytest
 
 from fsbench.running import store
+from fsbench.running.output_paths import check_writable_dir
 from fsbench.cli import main
 from fsbench.config import ConfigError
 from fsbench.reporting.report import select_runs
@@ -81,8 +82,8 @@ def test_unwritable_out_is_a_one_line_error(tmp_path, good_run, capsys):
     blocker = tmp_path / "afile"
     blocker.write_text("x")
     with pytest.raises(ConfigError, match="afile/sub: cannot write there"):
-        store.check_writable_dir(blocker / "sub")
-    assert store.check_writable_dir(tmp_path / "new" / "dir").is_dir()
+        check_writable_dir(blocker / "sub")
+    assert check_writable_dir(tmp_path / "new" / "dir").is_dir()
     for argv in (["run", "--workload", "tiny", "--store"], ["sweep", "--workload", "tiny", "--store"],
                  ["report", "--store", str(good_run.parent), "--out"]):
         assert main(argv + [str(blocker / "sub")]) == 2

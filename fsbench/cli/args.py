@@ -16,6 +16,8 @@ import sys
 from fsbench.errors import ConfigError
 
 DEFAULT_STORE = "runs"
+# fsbench's own flags, given before the command (fsbench.cli.dispatch.build_parser).
+GLOBAL_FLAGS = ("-q", "--quiet", "--debug", "--version")
 TEXT_OR_JSON = ("text", "json")
 
 
@@ -42,6 +44,11 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
+        misplaced = [f for f in GLOBAL_FLAGS if message.startswith("unrecognized arguments:")
+                     and f in message.split(":", 1)[1].split()]
+        if misplaced:  # `fsbench list -q`: the flag belongs to fsbench, not to the command
+            raise ConfigError(f"{message}: {', '.join(misplaced)} goes before the command: "
+                              f"fsbench {misplaced[0]} COMMAND ...")
         raise ConfigError(f"{message} (see: {self.prog} --help)")
 
 
@@ -63,14 +70,21 @@ class Renamed(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+def path_arg(text: str) -> str:
+    """A path flag's value: an empty one would silently mean the current folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path; give a directory or file name")
+    return text
+
+
 def rename(p: argparse.ArgumentParser, old: str, new: str, dest: str) -> None:
-    p.add_argument(old, dest=dest, action=Renamed, new=new, metavar="DIR")
+    p.add_argument(old, dest=dest, action=Renamed, new=new, metavar="DIR", type=path_arg)
 
 
 def add_store(p: argparse.ArgumentParser, help: str, default: str | None = DEFAULT_STORE,
               old: str | None = None) -> None:
     """`--store DIR`, and `old` (the flag's name before) as a hidden alias of it."""
-    p.add_argument("--store", default=default, metavar="DIR", help=help)
+    p.add_argument("--store", default=default, metavar="DIR", type=path_arg, help=help)
     if old:
         rename(p, old, "--store", "store")
 

@@ -8,17 +8,21 @@ improved); 1 a regression, or a failed rank (with the rank's error); 2 bad input
 workload or trainer, a bad --set key or value, an unreadable file: one line naming what is
 wrong and what is allowed); 3 inconclusive (a gate that cannot tell, with why); 4 an
 internal error (one line; the traceback with --debug, else in a log file it names);
-130 Ctrl-C, with the interrupted run kept on disk and marked so.
+130 Ctrl-C, with the interrupted run kept on disk and marked so; 143 SIGTERM (129
+SIGHUP), which stop it as Ctrl-C does.
 """
 from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import sys
+import threading
 
 from fsbench.cli import gates, micro, quality, results, runs, scaling
 from fsbench.cli.args import DEFAULT_STORE, Parser
 from fsbench.config import ConfigError
+from fsbench.errors import Terminated
 from fsbench.table import set_quiet
 
 
@@ -91,6 +95,7 @@ COMMANDS = {**runs.COMMANDS, **micro.COMMANDS, **results.COMMANDS, **scaling.COM
 
 def main(argv: list[str] | None = None) -> int:
     """`fsbench ...`: the command's exit code (docs/ci.md)."""
+    before = on_termination(_terminated)
     try:
         try:
             return dispatch(argv)
@@ -102,6 +107,27 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader left; nothing is wrong
         stdout_to_devnull()
         return 0
+    finally:
+        on_termination(before)
+
+
+# SIGTERM (a CI job cancelled, `kill`, systemd, a container stopped) and SIGHUP (the
+# terminal closed) stop fsbench as Ctrl-C does; by default they would end it on the spot,
+# its runs left `running` and its ranks to die on their own.
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _terminated(signum: int, frame) -> None:
+    raise Terminated(signum)
+
+
+def on_termination(handler) -> dict:
+    """Install `handler` (a function, or {signal: handler} as returned) for TERMINATING;
+    returns the handlers it replaced. Only the main thread may install handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    handlers = handler if isinstance(handler, dict) else dict.fromkeys(TERMINATING, handler)
+    return {sig: signal.signal(sig, h) for sig, h in handlers.items()}
 
 
 def dispatch(argv: list[str] | None) -> int:
@@ -134,6 +160,10 @@ def dispatch(argv: list[str] | None) -> int:
     except RankFailed as e:
         print(f"fsbench: run failed: {e}", file=sys.stderr)
         return 1
+    except Terminated as e:
+        print(f"fsbench: stopped by {signal.Signals(e.signum).name}; the run directory is kept "
+              "and marked 'interrupted'", file=sys.stderr)
+        return 128 + e.signum
     except KeyboardInterrupt:
         print("fsbench: interrupted; the run directory is kept and marked 'interrupted'",
               file=sys.stderr)

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Callable
 
-from fsbench.cli.args import add_format, add_store, rename
+from fsbench.cli.args import add_format, add_store, path_arg, rename
 from fsbench.errors import ConfigError
 from fsbench.table import dumps, note, warn
 
@@ -32,7 +32,8 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
     p.add_argument("base", metavar="BASE", help="a run directory or a store of runs")
     p.add_argument("new", metavar="NEW", help="a run directory or a store of runs")
     _verdict_args(p)
-    p.add_argument("--out", metavar="FILE", help="also write the output (in --format) to this file")
+    p.add_argument("--out", metavar="FILE", type=path_arg,
+                   help="also write the output (in --format) to this file (never a store's own files)")
 
     p = sub.add_parser(
         "gate", help="run BASE and NEW code in interleaved pairs on this machine, then compare",
@@ -86,7 +87,7 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
                     "change points marked, beside history.md.")
     add_store(p, "the store of runs to read", default=default_store)
     rename(p, "--runs", "--store", "store")
-    p.add_argument("--out", default="history", metavar="DIR",
+    p.add_argument("--out", default="history", metavar="DIR", type=path_arg,
                    help="the folder history.html and history.md go to")
     add_format(p, help="text: the change points as a table; json: every series and its "
                        "change points, one JSON document")
@@ -150,13 +151,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from fsbench.gates import compare_sides
 
     alpha, thresholds = _verdict_settings(args)
-    rows, notes = compare.compare(compare_sides.load_side(args.base), compare_sides.load_side(args.new),
-                                  alpha, thresholds, args.allow_cross_machine)
+    if args.out:
+        from fsbench.running.output_paths import check_output_file
+
+        check_output_file(args.out, "--out")
+    base, new = compare_sides.load_side(args.base), compare_sides.load_side(args.new)
+    shared = set(base["run_dir"].map(_real)) & set(new["run_dir"].map(_real))
+    if shared:  # a run against itself tells nothing: every change would read zero
+        raise ConfigError(f"BASE and NEW share {len(shared)} of their runs (e.g. {min(shared)}); "
+                          "compare two different sets of runs")
+    rows, notes = compare.compare(base, new, alpha, thresholds, args.allow_cross_machine)
     text = compare_output.render(rows, notes, args.format, args.only_changed)
     print(text)
     if args.out:
         Path(args.out).write_text(text)
     return compare.exit_code(rows)
+
+
+def _real(path: str) -> str:
+    return str(Path(path).resolve())
 
 
 def _sweep_of(args: argparse.Namespace):
@@ -184,7 +197,7 @@ def _sweep_of(args: argparse.Namespace):
 def _store_of(args: argparse.Namespace, command: str) -> Path:
     import datetime
 
-    from fsbench.running.store import check_writable_dir
+    from fsbench.running.output_paths import check_writable_dir
 
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     return check_writable_dir(Path(args.store or f"runs/{command}/{stamp}").resolve(), "--store")
@@ -225,7 +238,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 
     alpha, thresholds = _verdict_settings(args)
     sweep = _sweep_of(args)
-    root = gate.repo_root()
+    root = gate.repo_root("bisect")
     good = gate.resolve_rev(root, args.good, "GOOD")
     bad = gate.resolve_rev(root, args.bad, "BAD")
     commits = bisect.commits_between(root, good, bad)
@@ -290,7 +303,7 @@ def cmd_reference(args: argparse.Namespace) -> int:
 
 def cmd_history(args: argparse.Namespace) -> int:
     from fsbench.gates import history
-    from fsbench.running.store import check_writable_dir
+    from fsbench.running.output_paths import check_writable_dir
 
     runs = history.load(args.store)
     out = check_writable_dir(args.out)

@@ -1,5 +1,5 @@
 """`fsbench quality`: train each trainer on real data to convergence and hold its model
-against DDP's (fsbench.running.quality); fsbench.cli dispatches here through `COMMANDS`.
+against DDP's (fsbench.quality.convergence); fsbench.cli dispatches here through `COMMANDS`.
 
 Exit codes: 0 every trainer equivalent to the baseline; 1 one is NOT equivalent (it
 trains another function, or a worse model); 3 one is inconclusive (and why)."""
@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 from typing import Callable
 
-from fsbench.cli.args import add_format, add_store
+from fsbench.cli.args import add_format, add_store, path_arg
 from fsbench.cli.run_config import parse_sets
 from fsbench.config import ConfigError
 from fsbench.table import dumps, note, progress
@@ -56,7 +56,7 @@ def add_parsers(sub, _csv: Callable) -> None:
                    help="equivalence margin on test HR@10, relative to the baseline's")
     add_store(p, "the store the runs go to (a stopped quality run resumes from it)",
               default=DEFAULT_STORE)
-    p.add_argument("--out", metavar="DIR",
+    p.add_argument("--out", metavar="DIR", type=path_arg,
                    help="write quality.md and learning_curves.png here (default: STORE/quality)")
     p.add_argument("--no-plots", action="store_true", help="no learning-curve PNG")
     add_format(p)
@@ -65,11 +65,12 @@ def add_parsers(sub, _csv: Callable) -> None:
 def cmd_quality(args: argparse.Namespace) -> int:
     import functools
 
-    from fsbench.running.quality import (LOSS_RTOL, analyze, quality_runs, quality_workload,
+    from fsbench.quality.convergence import (LOSS_RTOL, analyze, quality_runs, quality_workload,
                                          read_run, run_all)
-    from fsbench.running.rounding_probe import baseline_departure
+    from fsbench.quality.rounding_probe import baseline_departure
     from fsbench.training.trainer import check_run, resolve_trainer_class, trainer_options
-    from fsbench.running.evaluate import check_trainer
+    from fsbench.training.evaluate import check_trainer
+    from fsbench.running.output_paths import check_writable_dir
 
     if not 0 < args.target_fraction <= 1:
         raise ConfigError(f"--target-fraction={args.target_fraction} must be in (0, 1]")
@@ -84,6 +85,9 @@ def cmd_quality(args: argparse.Namespace) -> int:
     for run in runs[:len(args.trainers) * len(args.world_sizes)]:  # every check before any rank
         check_run(run)
         check_trainer(run, resolve_trainer_class(run.trainer))
+    # Where the runs and the report go, before the first run: not after hours of training.
+    check_writable_dir(args.store, "--store")
+    out = check_writable_dir(args.out or Path(args.store) / "quality", "--out" if args.out else "--store")
     note(f"{workload.name}: {per_epoch} steps an epoch x {args.epochs} epochs, "
          f"{len(runs)} runs (model.loss={workload.model.loss})")
     done = [read_run(*d) for d in run_all(runs, args.store,
@@ -95,8 +99,6 @@ def cmd_quality(args: argparse.Namespace) -> int:
                          baseline_runs[seed], steps, LOSS_RTOL)))
     result.update(workload=workload.name, epochs=args.epochs, seeds=args.seeds, store=args.store,
                   data=args.data, model=args.model, loss=workload.model.loss)
-    out = Path(args.out or Path(args.store) / "quality")
-    out.mkdir(parents=True, exist_ok=True)
     text = markdown(result)
     (out / "quality.md").write_text(text + "\n")
     if not args.no_plots:

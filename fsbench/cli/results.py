@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from fsbench.cli.args import add_format, add_store, rename
+from fsbench.cli.args import add_format, add_store, path_arg, rename
 from fsbench.table import dumps, grid, note
 
 # The tracks `fsbench trace` writes per rank (fsbench.reporting.trace.TRACK_ORDER; a test keeps the
@@ -19,7 +19,8 @@ def add_parsers(sub, csv, default_store: str) -> None:
                                    f"per rank, a track per span kind ({TRACKS}). Open it in "
                                    "ui.perfetto.dev or chrome://tracing.")
     p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("--out", metavar="FILE", help="where the trace goes; default: RUN_DIR/trace.json")
+    p.add_argument("--out", metavar="FILE", type=path_arg,
+                   help="where the trace goes; default: RUN_DIR/trace.json")
 
     p = sub.add_parser("report", help="result table (md/latex/csv/html/json) and plots over stored runs",
                        description="Tabulate complete runs (medians over repeats per workload, "
@@ -40,7 +41,7 @@ def add_parsers(sub, csv, default_store: str) -> None:
     add_format(p, ("md", "latex", "csv", "html", "json"),
                help="md | latex (booktabs) | csv | html (one self-contained page) | json "
                     "(the table's raw values)")
-    p.add_argument("--out", default="report", metavar="DIR",
+    p.add_argument("--out", default="report", metavar="DIR", type=path_arg,
                    help="the folder report.<format> and the plots go to")
     p.add_argument("--step-run", metavar="RUN_DIR",
                    help="run for the per-rank busy/idle plot (and its trainer's step timeline); "
@@ -57,8 +58,13 @@ def add_parsers(sub, csv, default_store: str) -> None:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    from fsbench.reporting.trace import write_trace
+    from pathlib import Path
 
+    from fsbench.reporting.trace import write_trace
+    from fsbench.running.output_paths import check_output_file
+
+    # Checked before the timelines are read: a bad --out costs nothing.
+    check_output_file(args.out or Path(args.run_dir) / "trace.json", "--out")
     path, n = write_trace(args.run_dir, args.out)
     # The file is trace's result: where it is goes to stdout (a script opens it next).
     print(f"trace of {n} spans written to {path} (open in ui.perfetto.dev or chrome://tracing)")

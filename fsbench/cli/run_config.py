@@ -12,6 +12,7 @@ from fsbench.config import ConfigError, EvalConfig, RunConfig, WorkloadConfig, o
 from fsbench.running import memory
 from fsbench.table import note
 from fsbench.training.trainer import TRAINERS, check_run, resolve_trainer_class, trainer_options
+from fsbench.workloads import make_batch_source
 
 # --target-hr10 without --eval-every: evaluate every this many steps (a few seconds on
 # MovieLens-100K; far more often would make evaluation outweigh training on small runs).
@@ -58,6 +59,11 @@ def build_workload(args: argparse.Namespace) -> WorkloadConfig:
     # rename the workload. All changes are applied at once and checked together after
     # (warmup < steps whatever the order of the flags).
     counts = [(k, str(v)) for k, v in (("steps", args.steps), ("warmup", args.warmup)) if v is not None]
+    for key, value in counts:  # one value per count: else the run id and the run disagree
+        clash = [v for k, v in sets if k == key and v.strip().lstrip("0") != value.lstrip("0")]
+        if clash:
+            raise ConfigError(f"--{key} {value} and --set {key}={clash[0]} disagree; give one "
+                              f"of them (--{key} N)")
     workload = override_all(workload, sets + counts)
     if sets:
         # A changed workload is a different workload: its name says how, so that stored
@@ -109,12 +115,16 @@ def make_run_factory(args: argparse.Namespace, trainers: list[str]):
                          trainer_options=options[trainer], input_workers=args.input_workers,
                          eval=evaluation)
 
+    # Real data is read here once, as every rank will read it: a file that cannot be used
+    # (empty, a wrong header, a bad field, more items than item_vocab) fails in one line
+    # before a rank starts, not inside one.
+    make_batch_source(workload, args.seed, held_out=make(trainers[0], 1).held_out_items)
     for t in trainers:  # RunConfig's own checks (world size vs batch, ...) fail here, early
         for n in args.world_sizes:
             run = make(t, n)
             check_run(run)
             if run.eval.on:
-                from fsbench.running.evaluate import check_trainer
+                from fsbench.training.evaluate import check_trainer
 
                 check_trainer(run, resolve_trainer_class(t))
             memory.check(run, force=args.force)  # refuses a run that cannot fit, in one line
@@ -126,7 +136,8 @@ def ensure_cost_fit(workload: WorkloadConfig, store: str, device: str, threads: 
     holds a fit for this model on this device (as the ranks will look it up)."""
     import torch
 
-    from fsbench.running.calibrate import calibrate, load_fit
+    from fsbench.costmodel.calibrate import calibrate
+    from fsbench.costmodel.fit import load_fit
     from fsbench.table import progress
 
     torch.set_num_threads(threads)  # part of the fit's key: the ranks' thread count

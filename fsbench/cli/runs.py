@@ -35,7 +35,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="start even when the memory estimate says a rank will not fit")
     p.add_argument("--eval", action="store_true",
                    help="real data only: hold each user's last item out of training, then report "
-                        "HR@10 and NDCG@10 over all items (fsbench.running.evaluate)")
+                        "HR@10 and NDCG@10 over all items (fsbench.training.evaluate)")
     p.add_argument("--eval-every", type=int, metavar="K",
                    help="also evaluate after every K-th step (implies --eval); default with "
                         f"--target-hr10: {DEFAULT_EVAL_EVERY}")
@@ -97,13 +97,18 @@ def add_parsers(sub, _csv: Callable) -> None:
 
 
 def check_writable_dir(path: str, flag: str = "--store") -> None:
-    from fsbench.running.store import check_writable_dir as check
+    from fsbench.running.output_paths import check_writable_dir as check
 
     check(path, flag)
 
 
 def print_run(args: argparse.Namespace, run_dir: Path, summary: dict, columns: list[str]) -> None:
     """What `run` and `summarize` print: the run's row, or its summary as JSON."""
+    if summary.get("non_finite"):
+        diverged = " (the loss diverged: lower lr?)" if any(
+            k.startswith("loss") for k in summary["non_finite"]) else ""
+        warn(f"{run_dir}: {', '.join(summary['non_finite'])} went NaN or infinite{diverged}; "
+             "summary.json holds null there and lists them under non_finite")
     if args.format == "json":
         print(dumps({"run_dir": run_dir, "summary": summary}))
         return
@@ -139,7 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_summarize(args: argparse.Namespace) -> int:
     """Complete a run whose ranks finished but were not summarized (a multi-node run whose
     rank 0 stopped early, or files gathered by hand)."""
-    from fsbench.running.runner import finish_run
+    from fsbench.running.runner import finish_run, status_after, summarize_run
     from fsbench.running.store import read_manifest
 
     run_dir = Path(args.run_dir)
@@ -152,8 +157,17 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     if missing:
         raise ConfigError(f"{run_dir}: no files of rank(s) {', '.join(map(str, missing))}; "
                           "copy every node's rank files into it first")
-    summary = finish_run(run_dir)
+    try:
+        summary = summarize_run(run_dir)
+    except ValueError as e:  # e.g. stopped before its first measured step
+        raise ConfigError(f"{run_dir}: cannot be summarized: {e}") from None
+    status = status_after(manifest, summary)
+    summary = finish_run(run_dir, status, summary)
     print_run(args, run_dir, summary, RUN_COLUMNS)
+    if status != "complete":
+        warn(f"{run_dir}: the run is {status} ({summary['steps']} of "
+             f"{summary.get('steps_planned', summary['steps'])} steps recorded); it stays "
+             f"{status}, so reports and gates leave it out")
     note(f"summary written to {run_dir / 'summary.json'}")
     return 0
 

@@ -6,8 +6,9 @@ import argparse
 import dataclasses
 from typing import Callable
 
-from fsbench.cli.args import add_format, add_store, rename
+from fsbench.cli.args import add_format, add_store, path_arg, rename
 from fsbench.errors import ConfigError
+from fsbench.running.output_paths import check_writable_dir
 from fsbench.table import dumps, grid, note
 
 # `--set` keys of the simulator itself (everything else is a workload field or a switch).
@@ -66,7 +67,7 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
                         "a trainer switch (freescale.window=4, freescale.balance=off, ...)")
     add_store(p, "the store: calibrations are read from STORE/calibrations (--cluster local), "
                  "simulated runs go to STORE/simulated", default=default_store)
-    p.add_argument("--sim-store", metavar="DIR",
+    p.add_argument("--sim-store", metavar="DIR", type=path_arg,
                    help="where simulated runs go instead of STORE/simulated")
     rename(p, "--out", "--sim-store", "sim_store")  # its meaning before: where simulated runs go
     add_format(p)
@@ -127,6 +128,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.sensitivity:
         return _print_sensitivity(args, cluster, workload, trainer_sets, batch_per_rank)
     sim_store = args.sim_store or f"{args.store}/simulated"
+    check_writable_dir(sim_store, "--sim-store" if args.sim_store else "--store")
     rows = []
     for trainer in progress([(t, n) for n in args.world_sizes for t in args.trainers], "simulating", "run"):
         name, n = trainer
@@ -196,6 +198,7 @@ def cmd_calibrate_comm(args: argparse.Namespace) -> int:
     sizes = args.comm_world_sizes
     if not sizes or min(sizes) < 2:
         raise ConfigError(f"--comm-world-sizes={sizes}: give world sizes >= 2")
+    check_writable_dir(f"{args.store}/calibrations", "--store")  # before measuring
     fits = calibrate_comm(args.store, sizes, progress=lambda it: progress(it, "world sizes", "size"))
     path = comm_fit_path(args.store)
     if args.format == "json":
@@ -217,7 +220,8 @@ def cmd_calibrate_comm(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from fsbench.running.calibrate import calibrate, fit_path
+    from fsbench.costmodel.calibrate import calibrate
+    from fsbench.costmodel.fit import fit_path
     from fsbench.table import progress
 
     if args.comm:
@@ -236,6 +240,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
         for name in args.overhead:
             resolve_trainer_class(name)  # an unknown name fails now, in one line, not after calibrating
+    check_writable_dir(f"{args.store}/calibrations", "--store")  # before measuring
     import torch
     torch.set_num_threads(1)  # the per-rank setting: costs must match what ranks see
 

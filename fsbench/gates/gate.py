@@ -61,11 +61,18 @@ class Sweep:
 DEFAULT_RETRIES = 2
 
 
-def repo_root() -> Path:
+def repo_root(command: str = "gate") -> Path:
+    """The fsbench checkout the current folder is in: both sides of a gate are versions
+    of it (any other repository would run this installed fsbench on both sides)."""
+    where = "inside the git checkout of fsbench (its folder or one below)"
     out = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True)
     if out.returncode:
-        raise ConfigError("fsbench gate must run inside the git checkout of fsbench")
-    return Path(out.stdout.strip())
+        raise ConfigError(f"fsbench {command} must run {where}; {Path.cwd()} is in no git repository")
+    root = Path(out.stdout.strip())
+    if not (root / "fsbench" / "cli" / "__init__.py").is_file():
+        raise ConfigError(f"fsbench {command} must run {where}; {root} is another repository "
+                          "(no fsbench/cli/ in it)")
+    return root
 
 
 def resolve_rev(root: Path, rev: str, flag: str) -> str:

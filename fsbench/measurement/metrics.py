@@ -287,7 +287,8 @@ def summarize(spans: pd.DataFrame, stats: pd.DataFrame,
         raise ValueError("no measured steps: every step is a warm-up step")
     m, timed = split_profiled(measured)
     cap, secs = m["capacity_ns"].sum(), timed["step_time_ms"].sum() / 1e3
-    losses = stats.groupby("step")["loss"].sum().sort_index()
+    # NaN stays NaN (a diverged rank), where pandas' sum would skip it and read 0.0.
+    losses = stats.groupby("step")["loss"].agg(lambda x: x.to_numpy(dtype=float).sum()).sort_index()
     q = lambda col, p, of=m: float(of[col].quantile(p))  # noqa: E731
     out = {
         "steps_measured": int(len(measured)),

@@ -17,7 +17,7 @@ import pandas as pd
 from fsbench.errors import ConfigError
 from fsbench.measurement import host_syncs, metrics, profiled
 
-# The evaluation keys of a summary (None for a run without --eval); fsbench.running.evaluate
+# The evaluation keys of a summary (None for a run without --eval); fsbench.training.evaluate
 # writes the eval.json they come from.
 QUALITY_KEYS = ("hr_at_10", "ndcg_at_10", "hr_at_10_logq", "ndcg_at_10_logq", "eval_users",
                 "target_hr10", "time_to_target_s", "steps_to_target")
@@ -35,7 +35,7 @@ class RunFiles:
     monitors: list[dict]             # monitor-rank-R.json summaries (CPU, NVML)
     memories: list[dict]             # memory-rank-R.json in rank order
     gpu_busy: pd.DataFrame | None    # CUDA runs: compute kernels from the profiler (kineto)
-    evaluation: dict | None          # eval.json of a run with --eval (fsbench.running.evaluate)
+    evaluation: dict | None          # eval.json of a run with --eval (fsbench.training.evaluate)
 
 
 def summarize(files: RunFiles) -> dict:
@@ -59,6 +59,11 @@ def summarize(files: RunFiles) -> dict:
     if silent:  # metrics over the other ranks alone would look sound and be wrong
         raise ConfigError(f"{files.where}: no timeline or step records of rank(s) "
                           f"{', '.join(map(str, silent))}; copy every rank's files into it")
+    # The steps every rank finished: all of them, unless the run was stopped early (a
+    # summary of an interrupted run counts what it has, not what it was set to run).
+    done = int(stats.groupby("rank")["step"].nunique().min())
+    if done < summary["steps"]:
+        summary.update(steps=done, steps_planned=workload["steps"])
     input_cpu = pd.DataFrame([{"rank": r, "step": int(k), "cpu_ns": v} for r, i in files.inputs
                               for k, v in i.get("worker_cpu_ns", {}).items()],
                              columns=["rank", "step", "cpu_ns"])

@@ -42,14 +42,14 @@ class _Emulated(torch.autograd.Function):
 
 
 class EmulatedCompute:
-    """The encoder's cost per sample, from a calibrated fit (fsbench.running.calibrate.CostFit)."""
+    """The encoder's cost per sample, from a calibrated fit (fsbench.costmodel.fit.CostFit)."""
 
     def __init__(self, fit) -> None:
         self.fit = fit
 
     def cost_ns(self, lengths: torch.Tensor) -> float:
         """The samples' cost(L), plus what the batch costs beyond them (its attention
-        buckets: fsbench.running.calibrate.CostFit.batch_extra_ms)."""
+        buckets: fsbench.costmodel.fit.CostFit.batch_extra_ms)."""
         if lengths.numel() == 0:
             return 0.0
         L = lengths.cpu().numpy()

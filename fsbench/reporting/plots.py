@@ -71,6 +71,19 @@ def _figure(nrows: int = 1, ncols: int = 1, width: float = 5.0, height: float = 
     return fig, list(fig.subplots(nrows, ncols, squeeze=False, sharex=sharex).ravel())
 
 
+def _set_title(ax, text: str, size: str = "large") -> None:
+    """A panel's title, each line wrapped to the panel's width: a long workload or run name
+    (a `data=recbole:PATH` workload's path) would run past the figure's edge and be cut.
+    Width per character: 0.62 em, above DejaVu Sans' average, so a wrapped line fits."""
+    from matplotlib.font_manager import FontProperties
+
+    fig = ax.get_figure()
+    inches = ax.get_position().width * fig.get_figwidth()
+    chars = max(16, int(inches * 72 / (0.62 * FontProperties(size=size).get_size_in_points())))
+    lines = [textwrap.fill(line, chars, break_on_hyphens=False) for line in text.splitlines()]
+    ax.set_title("\n".join(lines), fontsize=size)
+
+
 PNG_DPI = 240  # twice the 120 a page shows them at (report_page halves their width): sharp on HiDPI
 
 
@@ -140,7 +153,8 @@ def plot_vs_world_size(table: pd.DataFrame, column: str, ylabel: str, scale: flo
         ax.set_xlim(sizes[0] / 1.5, sizes[-1] * 1.5)
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(n) for n in sizes])
-        ax.set(title=workload, xlabel="world size (ranks)", ylabel=ylabel)
+        ax.set(xlabel="world size (ranks)", ylabel=ylabel)
+        _set_title(ax, workload)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
     _legend_below(fig, axes)
@@ -194,7 +208,8 @@ def plot_bubble_causes(table: pd.DataFrame):
                    edgecolor="white", width=0.8)
             bottom += h
         ax.set_xticks(x, ticks, fontsize="small")
-        ax.set(title=workload, ylabel="bubble % (of N x T)")
+        ax.set(ylabel="bubble % (of N x T)")
+        _set_title(ax, workload)
         ax.grid(axis="y", alpha=0.3)
     extra = {}
     if bars["simulated"].astype(bool).any():
@@ -221,8 +236,8 @@ def plot_rank_busy_idle(run_dir: str | os.PathLike, spans: pd.DataFrame | None =
     title = f"{run_dir.name}\nstep {step} (median step time)"
     if over:  # the idle bars then include waiting for a core, not only for other ranks
         title += ", oversubscribed: idle includes time-sharing"
-    ax.set(xlabel="rank", ylabel="ms", title=title)
-    ax.title.set_fontsize("small")
+    ax.set(xlabel="rank", ylabel="ms")
+    _set_title(ax, title, "small")
     fig.legend(fontsize="small", loc="outside lower center", ncols=3)  # never over the bars
     return fig
 
@@ -256,8 +271,8 @@ def plot_step_timelines(runs: dict[str, tuple[str, pd.DataFrame]]):
         ranks = windows["rank"].tolist()
         ax.set_yticks(ranks, [str(r) for r in ranks])
         ax.invert_yaxis()
-        ax.set(ylabel="rank", title=f"{trainer}: {name}, step {step} (median step time)")
-        ax.title.set_fontsize("small")
+        ax.set(ylabel="rank")
+        _set_title(ax, f"{trainer}: {name}, step {step} (median step time)", "small")
         ax.grid(axis="x", alpha=0.3)
     axes[-1].set_xlabel("ms from the step's start (gray outline: each rank's step span; "
                         "blank inside it: no span, other idle)")

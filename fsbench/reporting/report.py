@@ -24,6 +24,7 @@ from fsbench import columns, stats
 from fsbench.measurement import metrics
 from fsbench.reporting import report_page
 from fsbench.running import store
+from fsbench.running.output_paths import check_writable_dir
 from fsbench.config import ConfigError
 from fsbench.reporting.plot_data import CAUSES, UNRECORDED, simulated_assumptions
 from fsbench.reporting.plots import PLOTS, render_plots
@@ -339,7 +340,7 @@ def write_report(runs: pd.DataFrame, baseline: str | None, fmt: str, out_dir: st
     baseline = next(c for c in table.columns if c.startswith("throughput_vs_"))[len("throughput_vs_"):]
     if step_run is not None and not any(Path(step_run).glob("rank-*.jsonl")):
         raise ConfigError(f"--step-run {step_run} is not a run directory (no rank-*.jsonl timelines)")
-    out_dir = store.check_writable_dir(out_dir)  # after the input checks: bad input writes nothing
+    out_dir = check_writable_dir(out_dir)  # after the input checks: bad input writes nothing
     report = out_dir / f"report.{ext}"
     sources = report_page.run_sources(runs) if fmt == "html" else None
     page = {"title": title, "command": command}

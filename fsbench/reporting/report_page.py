@@ -40,14 +40,19 @@ ALWAYS_SHOWN = ("trainer", "world_size")  # never folded into the header, even w
 SILENT_WHEN_FALSE = ("contention_unknown",)
 
 CSS = """
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em; color: #222; max-width: 1400px; }
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em; color: #222; max-width: 1400px;
+       overflow-wrap: break-word; }
 h1 { font-size: 1.6em; margin-bottom: .2em; } h2 { margin-top: 1.8em; border-bottom: 1px solid #ddd; }
 .lead { color: #555; }
 .scroll { overflow-x: auto; }
 table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
-th, td { padding: .3em .6em; border-bottom: 1px solid #e3e3e3; text-align: right; white-space: nowrap; }
-th { background: #f2f2f2; font-weight: 600; }
+th, td { padding: .3em .35em; border-bottom: 1px solid #e3e3e3; text-align: right; white-space: nowrap; }
+/* The page fits 1,400 px (tests/test_report_page.py): headers wrap between words, a long
+   text cell (a data=recbole:PATH workload) anywhere; a number never breaks. */
+th { background: #f2f2f2; font-weight: 600; white-space: normal; vertical-align: bottom;
+     font-size: .85em; }
 td.text, th.text { text-align: left; }
+table.results td.text { white-space: normal; overflow-wrap: anywhere; min-width: 7em; }
 tr.simulated td { background: #eaf1ff; font-style: italic; }
 tr.emulated td { background: #f2ecff; }
 tr.oversubscribed td, tr.contended td { background: #fff2dc; }

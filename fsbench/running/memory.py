@@ -15,7 +15,11 @@ allocating the item table and the kernel kills it. The estimate adds, per rank:
 Initialization draws each table's values in float64 for a moment (the same values on every
 rank, whatever it holds), before any gradient or optimizer state exists, so the peak is the
 larger of the two phases. A trainer declares how it holds tables with a static `table_memory(options, world_size)`
-returning a `TableMemory`; trainers that do not are taken to replicate them as DDP does.
+returning a `TableMemory` (fsbench.training.table_memory); trainers that do not are taken
+to replicate them as DDP does.
+
+A run's estimate is made once (`run_estimate`): the CLI checks it before any rank starts
+(`check`), the runner records that same estimate in the manifest.
 
 The available memory is per rank: on CPU the machine's available memory shared by the
 local ranks, on CUDA the free memory of one device (NVML). Checked against measured
@@ -25,12 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 
 import numpy as np
 
-from fsbench.config import ModelConfig, RunConfig
+from fsbench.config import ModelConfig, RunConfig, to_dict
 from fsbench.errors import ConfigError
+from fsbench.training.table_memory import REPLICATED, TableMemory
 
 MIB = 2**20
 FLOAT = 4  # float32 bytes
@@ -46,45 +52,8 @@ RUNTIME_CUDA_MB = 300.0
 # scores, their gradient).
 PER_TOKEN_LAYER = 16
 PER_SCORE = 3
-
-
-PLACEMENTS = ("replicated", "row", "table")
-
-
-@dataclasses.dataclass(frozen=True)
-class TableMemory:
-    """How a trainer holds the embedding tables on one rank. `placement`: every table whole
-    on every rank (`replicated`), each table's rows split evenly (`row`), or whole tables
-    placed largest first on the least-loaded rank (`table`; the fullest rank counts).
-    `grads` and `states`: gradient and optimizer-state copies per row held."""
-    placement: str = "replicated"
-    grads: float = 2.0   # DDP: the dense gradient and its all-reduce bucket
-    states: float = 1.0
-    optimizer_transient: float = 1.0
-    """A torch optimizer's temporary per step (Adagrad's and Adam's square-root
-    denominator), per row held; a sharded trainer's row-wise update needs none."""
-
-    def __post_init__(self) -> None:
-        assert self.placement in PLACEMENTS, self.placement
-
-    def rows_held(self, table_rows: list[int], world_size: int) -> float:
-        if self.placement == "replicated" or world_size == 1:
-            return float(sum(table_rows))
-        if self.placement == "row":
-            return float(sum(math.ceil(r / world_size) for r in table_rows))
-        loads = [0] * world_size
-        for rows in sorted(table_rows, reverse=True):
-            loads[loads.index(min(loads))] += rows
-        return float(max(loads))
-
-
-REPLICATED = TableMemory()
-
-
-def sharded(placement: str) -> TableMemory:
-    """Tables split over the ranks; gradients only of the rows a step touched (negligible
-    beside the tables), sent to their owner."""
-    return TableMemory(placement=placement, grads=0.0, states=1.0, optimizer_transient=0.0)
+# Lengths the estimate draws at most (64 draws of a batch up to 2**16 samples each).
+DRAWN_SAMPLES = 2**22
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +110,9 @@ def largest_batch(lengths_spec: str, max_seq_len: int, batch_per_rank: int, draw
 
     dist, pad = parse_length_spec(lengths_spec), Bucketing()
     rng = np.random.default_rng(seed)
+    # Fewer draws of very large batches (whose heaviest is close to their mean anyway), so
+    # that the draws stay within DRAWN_SAMPLES (a few hundred MB) whatever the batch.
+    draws = max(1, min(draws, DRAWN_SAMPLES // batch_per_rank))
     lengths = dist.sample(rng, draws * batch_per_rank, max_seq_len).reshape(draws, -1)
     distinct = np.unique(lengths)
     padded = np.array([pad.padded_length(int(v)) for v in distinct],
@@ -281,9 +253,22 @@ def _round_down(v: int) -> int:
     return max(2, v // scale * scale)
 
 
+_ESTIMATES: dict[str, Estimate] = {}
+
+
+def run_estimate(run: RunConfig) -> Estimate:
+    """The run's estimate against the memory available now, made once per configuration in
+    this process: checking it (`check`) and recording it (the manifest) read the same one,
+    and the trainers and models it counts bytes of are built once."""
+    key = json.dumps(to_dict(run), sort_keys=True, default=str)
+    if key not in _ESTIMATES:
+        _ESTIMATES[key] = estimate(run, available_source="measure")
+    return _ESTIMATES[key]
+
+
 def check(run: RunConfig, force: bool = False) -> Estimate:
     """Estimate the run; refuse in one line (ConfigError) when it cannot fit, unless forced."""
-    est = estimate(run, available_source="measure")
+    est = run_estimate(run)
     if est.fits or force:
         return est
     parts = ", ".join(f"{k} {_gib(v)}" for k, v in est.parts_mb.items() if v >= 0.05 * est.per_rank_mb)

@@ -29,7 +29,7 @@ def read_run_files(run_dir: Path) -> run_summary.RunFiles:
         paths = sorted(run_dir.glob(pattern), key=lambda p: int(p.stem.split("-")[-1]))
         return [(int(p.stem.split("-")[-1]), store.read_object(p)) for p in paths]
 
-    from fsbench.running.evaluate import EVAL_FILE  # torch: only the summarizing process pays it
+    from fsbench.training.evaluate import EVAL_FILE  # torch: only the summarizing process pays it
 
     evaluation = run_dir / EVAL_FILE
     return run_summary.RunFiles(
@@ -58,9 +58,8 @@ def prepare_run_dir(run: RunConfig, out_dir: str | Path, **manifest: object) -> 
         # What the run was expected to need per rank, beside what it measures (peak_memory).
         # How ranks start matters to one figure: a forked CPU rank's peak RSS counts the
         # fork server's pages only where it touched them (fsbench.running.launch.forked).
-        store.update_manifest(run_dir, **manifest, memory_estimate=memory.estimate(
-            run, available_source="measure").to_dict(),
-            launch="forked" if use_forked(run.device) else "spawned")
+        store.update_manifest(run_dir, **manifest, memory_estimate=memory.run_estimate(run).to_dict(),
+                              launch="forked" if use_forked(run.device) else "spawned")
     except BaseException as e:  # a Ctrl-C here must not leave the run marked running
         mark_stopped(run_dir, e)
         raise
@@ -75,14 +74,23 @@ def mark_stopped(run_dir: Path, error: BaseException) -> None:
         store.update_manifest(run_dir, status="failed", error=str(error))
 
 
-def finish_run(run_dir: Path) -> dict:
-    """Summarize a run whose ranks all finished; mark it complete. Returns the summary."""
-    summary = summarize_run(run_dir)
-    store.write_json_atomic(run_dir / "summary.json", summary)
+def finish_run(run_dir: Path, status: str = "complete", summary: dict | None = None) -> dict:
+    """Summarize a run whose ranks all finished (or write `summary`, made already); mark
+    it `status` (complete, or what a run stopped early stays: fsbench summarize). Returns
+    the summary as written."""
+    summary = store.write_summary(run_dir, summary or summarize_run(run_dir))
     ran = run_dir / "trainer-ran.json"
-    store.update_manifest(run_dir, status="complete",
+    store.update_manifest(run_dir, status=status,
                           **({"trainer_ran": store.read_object(ran)} if ran.exists() else {}))
     return summary
+
+
+def status_after(manifest: dict, summary: dict) -> str:
+    """What a run summarized after the fact is: complete only if it was not stopped and
+    every rank recorded every step; a run that was stopped keeps saying so."""
+    if manifest.get("status") in ("interrupted", "failed"):
+        return manifest["status"]
+    return "complete" if "steps_planned" not in summary else "interrupted"
 
 
 def run_once(run: RunConfig, out_dir: str | Path, timeout_s: float | None = None,

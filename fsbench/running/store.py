@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import re
@@ -24,11 +25,12 @@ import secrets
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
-from typing import Callable
 
 from fsbench.config import ConfigError, RunConfig, to_dict
+# Atomic writes are every layer's (cost fits, ranks' records): fsbench.files; named here
+# too because a run's files are written through the store.
+from fsbench.files import atomic_write, read_json, write_json_atomic  # noqa: F401
 from fsbench.training.trainer import resolve_trainer_class
 
 SCHEMA_VERSION = 1
@@ -36,40 +38,32 @@ _VERSIONED_PACKAGES = ("torch", "numpy", "pandas", "torchrec", "fbgemm-gpu", "fb
                        "deepspeed", "nvidia-ml-py", "fsbench")
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
-    """Have `write(tmp_path)` fill a temp file beside `path`, fsync it and rename it over
-    `path`: a reader sees the old file or the new one, never half of one."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    # The rename is durable only once the directory entry is on disk too.
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+def write_summary(run_dir: str | os.PathLike, summary: dict) -> dict:
+    """Write RUN_DIR/summary.json; NaN and infinity (a diverged loss, a ratio of nothing)
+    are written as null, never as a number JSON does not have, and the keys that held
+    them are listed under `non_finite`. Returns what was written."""
+    bad: list[str] = []
 
+    def finite(value, key):
+        if isinstance(value, float) and not math.isfinite(value):
+            bad.append(key)
+            return None
+        if isinstance(value, dict):
+            return {k: finite(v, key) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(v, key) for v in value]
+        return value
 
-def write_json_atomic(path: str | os.PathLike, obj: object) -> None:
+    clean = {k: finite(v, k) for k, v in summary.items() if k != "non_finite"}
+    if bad:
+        clean["non_finite"] = sorted(set(bad))
+
     def write(tmp: str) -> None:
         with open(tmp, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=True, default=str)
+            json.dump(clean, f, indent=2, sort_keys=True, default=str, allow_nan=False)
             f.write("\n")
-    atomic_write(path, write)
-
-
-def read_json(path: str | os.PathLike) -> dict:
-    with open(path) as f:
-        return json.load(f)
+    atomic_write(Path(run_dir) / "summary.json", write)
+    return clean
 
 
 def new_run_id(run: RunConfig) -> str:
@@ -177,21 +171,6 @@ def create_run_dir(out_dir: str | os.PathLike, run: RunConfig) -> Path:
     return run_dir
 
 
-def check_writable_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
-    """Create `path` if needed and prove it writable, or raise ConfigError in one line
-    naming it (before any rank starts, so nothing is lost later)."""
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".fsbench-write-probe-")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise ConfigError(f"{flag} {path}: cannot write there ({e.strerror or e}); "
-                          "choose another directory") from None
-    return path
-
-
 def update_manifest(run_dir: str | os.PathLike, **fields: object) -> dict:
     path = Path(run_dir) / "manifest.json"
     manifest = read_json(path) | fields
@@ -250,6 +229,9 @@ def _manifest_problem(manifest: dict) -> str | None:
     n = manifest["world_size"]
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         return f"not an fsbench manifest (world_size {n!r} is not a positive integer)"
+    seed = manifest["seed"]  # the table's column is int64: a larger seed breaks every rebuild
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+        return f"not an fsbench manifest (seed {seed!r} is not an integer in 0..2**63-1)"
     return None
 
 

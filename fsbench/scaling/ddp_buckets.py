@@ -31,7 +31,7 @@ def dense_grad_bytes(workload: WorkloadConfig) -> tuple[float, ...]:
 
 @functools.lru_cache(maxsize=16)
 def _grad_ready_bytes(probe: WorkloadConfig, emulated: bool) -> tuple[float, ...]:
-    from fsbench.running.calibrate import CALIBRATION_SEED, encoder_inputs
+    from fsbench.costmodel.timing import CALIBRATION_SEED, encoder_inputs
     from fsbench.models import build_model
     from fsbench.workloads.generator import SyntheticBatches
 

@@ -18,7 +18,7 @@ from typing import Iterator
 
 import numpy as np
 
-from fsbench.config import WorkloadConfig
+from fsbench.config import MAX_GLOBAL_BATCH, WorkloadConfig
 from fsbench.errors import ConfigError
 from fsbench.table import grid
 
@@ -28,6 +28,9 @@ def check_args(samples: int, ranks: int, repeats: int, window: int) -> None:
                                ("--repeats", repeats, 1), ("--window", window, 1)):
         if value < least:
             raise ConfigError(f"{name}={value} must be >= {least}")
+    if samples > MAX_GLOBAL_BATCH:
+        raise ConfigError(f"--samples={samples} must be <= {MAX_GLOBAL_BATCH:,} (2**24, the "
+                          "largest global batch a workload may have)")
     if samples < ranks:
         raise ConfigError(f"--samples={samples} must be >= --ranks={ranks} (every rank gets a sample)")
 

@@ -42,7 +42,7 @@ class Costs:
         self._timeshare = timeshare_efficiency  # None: the fit's
         self.fit = None
         if cluster.encoder_fit:  # a GPU cluster's measured encoder (and optimizer)
-            from fsbench.running.calibrate import model_key
+            from fsbench.costmodel.fit import model_key
             from fsbench.scaling.sim_inputs import read_encoder_fit
 
             self.fit = read_encoder_fit(cluster.encoder_fit)
@@ -54,7 +54,7 @@ class Costs:
                 raise ConfigError(f"--cluster-fit {cluster.encoder_fit}: its table cost is "
                                   f"{self.fit.table_optimizer}'s, the workload steps {workload.table_optimizer}")
         if cluster.compute == "fit":
-            from fsbench.running.calibrate import fit_path, load_fit
+            from fsbench.costmodel.fit import fit_path, load_fit
             from fsbench.scaling.commcal import comm_fit_path, load_comm_fits
 
             self.fit = load_fit(store, workload, "cpu")
@@ -145,7 +145,7 @@ class Costs:
     def step_overhead(self, trainer: str, compute: str, tokens: float | None = None) -> dict[str, float]:
         """`local`: the trainer's measured per-step work beyond this model, in this compute
         mode (wall_ms, cpu_ms, busy_ms, input_ms, worker_ms:
-        fsbench.running.calibrate.CostFit.step_overhead), for a global batch of `tokens`
+        fsbench.costmodel.fit.CostFit.step_overhead), for a global batch of `tokens`
         expected tokens: on the line through its two measurements (at the calibrated batch
         and a quarter of it; input, routing and row work grow with the global batch, on
         every rank, FreeScale's plan included), >= 0, and no more than at the calibrated

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from fsbench.errors import ConfigError
-from fsbench.running.memory import REPLICATED, TableMemory
+from fsbench.training.table_memory import REPLICATED, TableMemory
 
 EXCHANGES = ("none", "blocking", "overlapped", "prioritized")
 INPUT_EXCHANGES = ("none", "requests", "device")
@@ -92,6 +93,8 @@ FIGURES: dict[str, tuple[str, str]] = {
 }
 WHOLE_FIGURES = ("gpus_per_node", "input_workers")
 """Figures that are counts: integers >= 1."""
+DIVISORS = ("intra_gbs", "inter_gbs", "peak_tflops", "host_cpu_speed")
+"""Rates the simulator divides bytes, FLOPs or CPU time by: a cluster must give them > 0."""
 FIT_REPLACES = ("peak_tflops", "mfu", "layer_overhead_ms")
 """The figures a measured encoder fit (`Cluster.encoder_fit`) stands in for: its cost per
 sample and per batch replace FLOPs at mfu x peak and the per-layer launches. It replaces
@@ -175,7 +178,7 @@ def assumption_record(cluster: Cluster) -> dict:
 def read_encoder_fit(path: str | Path, where: str = "--cluster-fit"):
     """The CostFit stored at `path` (a `fsbench calibrate` fit file), or a one-line error
     that starts with `where` (the option or file that named it)."""
-    from fsbench.running.calibrate import REQUIRED_FIT_FIELDS, fit_from_dict
+    from fsbench.costmodel.fit import REQUIRED_FIT_FIELDS, fit_from_dict
 
     where = f"{where} {path}"
     raw = _read_table(Path(path), where)
@@ -240,14 +243,16 @@ def _number(field_name: str, value, where: str) -> float:
         number = float(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{where}: {field_name}={value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise ConfigError(f"{where}: {field_name}={value!r} must be a finite number")
     if field_name in WHOLE_FIGURES:
         if number < 1 or number != int(number):
             raise ConfigError(f"{where}: {field_name}={value!r} must be an integer >= 1")
         return int(number)
-    if field_name == "host_cpu_speed" and number <= 0:
-        raise ConfigError(f"{where}: host_cpu_speed={value!r} must be > 0")
     if field_name == "mfu" and not 0 < number <= 1:
         raise ConfigError(f"{where}: mfu={value!r} must be in (0, 1]")
+    if field_name in DIVISORS and number <= 0:
+        raise ConfigError(f"{where}: {field_name}={value!r} must be > 0 (a time divides by it)")
     if number < 0:
         raise ConfigError(f"{where}: {field_name}={value!r} must be >= 0")
     return number

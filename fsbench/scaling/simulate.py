@@ -359,7 +359,7 @@ def write_simulated(run: RunConfig, cluster: Cluster, out_dir: str | Path, store
     run_dir = runs_store.create_run_dir(out_dir, run)
     summary["run_id"] = run_dir.name
     pd.DataFrame(rows).to_csv(run_dir / "steps.csv", index=False)
-    runs_store.write_json_atomic(run_dir / "summary.json", summary)
+    summary = runs_store.write_summary(run_dir, summary)
     runs_store.update_manifest(run_dir, status="complete", simulated=True, oversubscribed=False,
                                cluster=dataclasses.asdict(cluster), scaling=scaling)
     return run_dir, summary

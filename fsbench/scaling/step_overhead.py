@@ -41,7 +41,8 @@ def calibration_run(workload: WorkloadConfig, trainer: str, store: str | Path, c
     import shutil
     import tempfile
 
-    from fsbench.running.calibrate import CALIBRATION_SEED, fit_path
+    from fsbench.costmodel.fit import fit_path
+    from fsbench.costmodel.timing import CALIBRATION_SEED
     from fsbench.running.runner import run_once
     from fsbench.measurement.timeline import read_timelines
     from fsbench.training.trainer import trainer_options
@@ -93,7 +94,8 @@ def encoder_drift(workload: WorkloadConfig, seed: int, store: str | Path, batche
     takes right now on the run's own batches (the first `batches` after its warm-up),
     per step, and the ratio of the two."""
     from fsbench.models import build_model
-    from fsbench.running.calibrate import load_fit, time_encoder_ms
+    from fsbench.costmodel.fit import load_fit
+    from fsbench.costmodel.timing import time_encoder_ms
     from fsbench.workloads.generator import SyntheticBatches
 
     fit = load_fit(store, workload, "cpu")
@@ -111,7 +113,7 @@ def store_step_overheads(workload: WorkloadConfig, trainers: list[str], store: s
                          progress=lambda it: it) -> dict[str, dict[str, float]]:
     """Measure (measure_step_overhead) what the stored fit lacks of these trainers'
     overheads in both compute modes, and store them in the fit; returns all it holds."""
-    from fsbench.running.calibrate import fit_path, load_fit
+    from fsbench.costmodel.fit import fit_path, load_fit
     from fsbench.running.store import write_json_atomic
 
     fit = load_fit(store, workload, "cpu")

@@ -55,7 +55,7 @@ def measure_timeshare(workload: WorkloadConfig, trainers: list[str], store: str 
     efficiency moves the step three times as much as at 2 x cores (ranks / cores - 1), so
     a run's noise moves it a third as much (at 2 x cores two calibrations of the same fit
     disagreed by several tenths)."""
-    from fsbench.running.calibrate import load_fit
+    from fsbench.costmodel.fit import load_fit
 
     fit = load_fit(store, workload, "cpu")
     if fit is None or not fit.corun_processes:
@@ -84,7 +84,7 @@ def store_timeshare(workload: WorkloadConfig, trainers: list[str], store: str | 
     """The fit's time-sharing efficiency, measured (measure_timeshare) and stored where
     the fit lacks one; None without collective fits (`fsbench calibrate --comm`), which
     simulating the emulated ranks needs."""
-    from fsbench.running.calibrate import fit_path, load_fit
+    from fsbench.costmodel.fit import fit_path, load_fit
     from fsbench.running.store import write_json_atomic
     from fsbench.scaling.commcal import load_comm_fits
 

@@ -2,8 +2,10 @@
 
 Owns the `Trainer` protocol and the trainer registry (`trainer`), process groups (`dist`),
 the DDP reference trainer (`dp`), the optimizers of tables and dense part (`optim`,
-`rowwise_adagrad`) and the input stage (`inputs`:
-the loader that prefetches a step's batch). Trainers in `baselines/` and `freescale_impl/`
+`rowwise_adagrad`), the input stage (`inputs`: the loader that prefetches a step's
+batch), what a rank does with `--eval`: HR@10 and NDCG@10 of the model every trainer hands
+over through `trained_model()` (`evaluate`), and the rule that no child process outlives
+its parent (`lifetime`). Trainers in `baselines/` and `freescale_impl/`
 build on this group.
 
 May import: the top-level leaves, measurement, workloads, models.

@@ -18,6 +18,8 @@ memory, as the inputs are not pinned yet): NOT YET RUN ON A GPU.
 """
 from __future__ import annotations
 
+import functools
+import os
 import time
 from typing import Iterator
 
@@ -25,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fsbench.measurement.timeline import span
+from fsbench.training.lifetime import loader_worker_init
 from fsbench.training.trainer import Preparer, StepInput, map_tensors
 from fsbench.workloads.batch import JaggedBatch
 
@@ -144,7 +147,10 @@ class InputPipeline:
             # (in_order), so the k-th pull is step k's input.
             self._loader = DataLoader(
                 _Steps(prepare, steps, source), batch_size=None, shuffle=False, num_workers=workers,
-                prefetch_factor=prefetch, collate_fn=_keep, persistent_workers=False)
+                prefetch_factor=prefetch, collate_fn=_keep, persistent_workers=False,
+                # A worker must die with its rank (fsbench.training.lifetime): a rank that
+                # is killed cannot tell its workers to stop.
+                worker_init_fn=functools.partial(loader_worker_init, os.getpid()))
             self._it = (_unpack(x) for items in self._loader for x in items)
 
     def _inline(self, prepare: Preparer, step: int, source) -> StepInput:

@@ -113,7 +113,7 @@ class Trainer(Protocol):
     never waits for it). Training state may not go stale: step k+1 computes with the
     parameters step k produced.
 
-    Evaluation (`--eval`, fsbench.running.evaluate): `trained_model()` is called on every rank
+    Evaluation (`--eval`, fsbench.training.evaluate): `trained_model()` is called on every rank
     between steps (outside the step span; a collective where parameters are sharded) and
     returns, on rank 0, the whole trained model as a CPU `fsbench.models.RecModel` (None on
     the other ranks), so that one function scores every trainer. A trainer without it
@@ -166,6 +166,9 @@ def resolve_trainer_class(name: str) -> type:
         raise ConfigError(f"trainer={name!r} is unknown; choose one of: {', '.join(TRAINERS)} "
                           "(or give module:Class)")
     module_name, _, cls_name = target.partition(":")
+    if ":" in name and not (_is_dotted_name(module_name) and cls_name.isidentifier()):
+        raise ConfigError(f"trainer={name!r}: give a registered name ({', '.join(TRAINERS)}) "
+                          "or package.module:Class")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
@@ -174,9 +177,23 @@ def resolve_trainer_class(name: str) -> type:
             raise  # our own code failed to import: a bug, not a missing extra
         hint = f"; install it with: pip install -e '.[{extra}]'" if extra else ""
         raise ConfigError(f"trainer={name!r} needs a package that is missing ({e.name}){hint}") from e
-    if not hasattr(module, cls_name):
+    cls = getattr(module, cls_name, None)
+    if cls is None:
         raise ConfigError(f"trainer={name!r}: module {module_name} has no class {cls_name}")
-    return getattr(module, cls_name)
+    missing = [m for m in TRAINER_METHODS if not callable(getattr(cls, m, None))]
+    if not isinstance(cls, type) or missing:
+        raise ConfigError(f"trainer={name!r}: {module_name}.{cls_name} is not a trainer class "
+                          f"(a class with {', '.join(TRAINER_METHODS)}: fsbench.training.trainer)")
+    return cls
+
+
+# What the harness calls on every trainer (the Trainer protocol above); a user's
+# module:Class lacking one is refused before any rank starts.
+TRAINER_METHODS = ("setup", "step", "close")
+
+
+def _is_dotted_name(text: str) -> bool:
+    return bool(text) and all(part.isidentifier() for part in text.split("."))
 
 
 def check_run(run: "RunConfig") -> None:

@@ -67,7 +67,7 @@ def make_batch_source(workload: WorkloadConfig, seed: int,
                       held_out: int = 0) -> SyntheticBatches | RealDataBatches:
     """The batch source `workload.data` names; both have `global_batch(step)`.
     `held_out` (real data only, a run with evaluation on): train without each user's
-    last `held_out` items, which `fsbench.running.evaluate` validates and tests on."""
+    last `held_out` items, which `fsbench.training.evaluate` validates and tests on."""
     from fsbench.workloads.generator import SyntheticBatches
     from fsbench.workloads.realdata import RealDataBatches, load_histories
 

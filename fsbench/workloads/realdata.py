@@ -12,7 +12,7 @@ chronological item list, ids remapped to 1..V):
 
 Batches stay a pure function of (seed, step), like the synthetic ones, so every rank can
 build the global batch itself. With `held_out` items (a run's `--eval`) they are drawn from
-the histories without each user's last item or two, which `fsbench.running.evaluate` holds
+the histories without each user's last item or two, which `fsbench.training.evaluate` holds
 out to validate and test on.
 """
 from __future__ import annotations
@@ -25,7 +25,6 @@ import torch
 
 from fsbench.config import WorkloadConfig
 from fsbench.errors import ConfigError
-from fsbench.specs import DATA_ALLOWED as _ALLOWED
 from fsbench.specs import DATA_KINDS, DataSpec, parse_data
 from fsbench.workloads.batch import JaggedBatch
 from fsbench.workloads.generator import step_rng
@@ -79,7 +78,7 @@ def histories_from_events(users: np.ndarray, items: np.ndarray,
     """Group interaction events by user, oldest first (ties, or no times: file order),
     and remap user and item keys to contiguous ids in sorted key order."""
     if len(users) == 0:
-        raise ValueError("no interactions")
+        raise ValueError("no interactions (the file is empty or holds only its header)")
     user_keys, user_idx = np.unique(users, return_inverse=True)
     item_keys, item_idx = np.unique(items, return_inverse=True)
     # lexsort and a stable argsort both keep file order among equal keys.
@@ -104,7 +103,7 @@ def _read_sasrec(f) -> Histories:
             items.append(int(fields[1]))
         except ValueError:
             raise ValueError(f"line {line_no}: expected 'user item' (two integers), "
-                             f"got {line.strip()!r}") from None
+                             f"got {line.strip()[:80]!r}") from None
     return histories_from_events(np.asarray(users), np.asarray(items))
 
 
@@ -112,7 +111,8 @@ def _read_recbole(f) -> Histories:
     header = f.readline().rstrip("\r\n")
     names = [h.split(":")[0].strip() for h in header.split("\t")]
     if "user_id" not in names or "item_id" not in names:
-        raise ValueError(f"header {header!r} lacks user_id:token and item_id:token columns")
+        raise ValueError(f"the header {header[:80]!r} lacks the user_id:token and item_id:token "
+                         "columns (tab-separated; timestamp:float optional)")
     u_col, i_col = names.index("user_id"), names.index("item_id")
     t_col = names.index("timestamp") if "timestamp" in names else None
     users, items, times = [], [], []
@@ -120,16 +120,17 @@ def _read_recbole(f) -> Histories:
         row = line.rstrip("\r\n").split("\t")
         if row == [""]:
             continue
-        try:
-            if len(row) != len(names):
-                raise ValueError
-            users.append(row[u_col])
-            items.append(row[i_col])
-            if t_col is not None:
-                times.append(float(row[t_col]))
-        except ValueError:
+        if len(row) != len(names):
             raise ValueError(f"line {line_no}: expected {len(names)} tab-separated fields "
-                             f"matching the header, got {line.strip()!r}") from None
+                             f"matching the header, got {len(row)}: {line.strip()[:80]!r}")
+        users.append(row[u_col])
+        items.append(row[i_col])
+        if t_col is not None:
+            try:
+                times.append(float(row[t_col]))
+            except ValueError:
+                raise ValueError(f"line {line_no}: timestamp {row[t_col][:40]!r} is not a "
+                                 "number") from None
     return histories_from_events(np.asarray(users), np.asarray(items),
                                  None if t_col is None else np.asarray(times))
 
@@ -160,7 +161,8 @@ def load_histories(spec: DataSpec | str) -> Histories:
     if isinstance(spec, str):
         spec = parse_data_spec(spec)
     if spec.kind not in _READERS:
-        raise ConfigError(f"data={str(spec)!r} has no histories to load; {_ALLOWED}")
+        raise ConfigError(f"data={str(spec)!r} has no histories to load; allowed here: "
+                          + ", ".join(f"{kind}:PATH" for kind in DATA_KINDS))
     try:
         with open(spec.path, encoding="utf-8") as f:
             return _READERS[spec.kind](f)

@@ -25,28 +25,16 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import signal
 import subprocess
 import sys
+
+from fsbench.training.lifetime import die_with_parent, lead_own_group
 
 
 def use_forked(device: str) -> bool:
     """Fork CPU ranks on Linux unless FSBENCH_LAUNCH=spawn asks for cold starts."""
     return (sys.platform == "linux" and device == "cpu"
             and os.environ.get("FSBENCH_LAUNCH", "fork") != "spawn")
-
-
-def die_with_launcher() -> None:
-    """In a rank, before it runs: ask Linux to SIGKILL it when its parent dies, so a
-    launcher killed with SIGKILL leaves no orphaned ranks behind. A forked rank's parent
-    is the fork server, which asks the same of its own parent, the launcher (warm.py)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: orphans are then possible after a SIGKILL of the launcher
 
 
 def start_rank(run_dir: str, env: dict[str, str], log_path: str) -> "ForkedRank":
@@ -60,8 +48,11 @@ def start_rank(run_dir: str, env: dict[str, str], log_path: str) -> "ForkedRank"
 
 def _rank_main(run_dir: str, env: dict[str, str], log_path: str) -> None:
     """The child: the rank's log as stdout and stderr, the launcher's environment, then
-    the worker's main, as `python -m fsbench.running.launch.worker RUN_DIR` would run."""
-    die_with_launcher()
+    the worker's main, as `python -m fsbench.running.launch.worker RUN_DIR` would run.
+    It dies with the fork server (which dies with the launcher) and leads its own process
+    group, which the launcher ends on every exit path (fsbench.training.lifetime)."""
+    die_with_parent()
+    lead_own_group()
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)

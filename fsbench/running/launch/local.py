@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from fsbench.running.launch.forked import die_with_launcher, start_rank, use_forked
+from fsbench.running.launch.forked import start_rank, use_forked
+from fsbench.training.lifetime import die_with_parent, lead_own_group
 
 _POLL_S = 0.05
 _GRACE_S = 5.0
@@ -61,17 +62,43 @@ def _error_time(run_dir: Path, rank: int) -> float:
     return err.stat().st_mtime_ns if err.exists() else float("inf")
 
 
+def _signal_group(p, sig: int) -> None:
+    """Signal rank `p` and every process of its group (its loader workers), even after the
+    rank itself exited (a worker can outlive it); a group that is gone is no error."""
+    try:
+        os.killpg(p.pid, sig)
+    except ProcessLookupError:  # no member left, or the rank had no group of its own yet
+        if p.poll() is None:
+            p.send_signal(sig)
+    except PermissionError:  # the rank did not lead a group (lead_own_group failed)
+        p.send_signal(sig)
+
+
 def _stop(procs: list) -> None:  # Popen or ForkedRank
+    """End every rank and whatever it started: SIGTERM to each rank's group, up to
+    _GRACE_S for them to exit, then SIGKILL to every group (also those of ranks that
+    exited: leftover workers). Ctrl-C while waiting skips the grace."""
     for p in procs:
         if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + _GRACE_S
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
+            _signal_group(p, signal.SIGTERM)
+    try:
+        deadline = time.monotonic() + _GRACE_S
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+    finally:  # also on a second Ctrl-C: nothing of the run may stay behind
+        for p in procs:
+            _signal_group(p, signal.SIGKILL)
+        for p in procs:
             p.wait()
+
+
+def _rank_preexec() -> None:
+    """A cold rank, between fork and exec: dies with the launcher, leads its own group."""
+    die_with_parent()
+    lead_own_group()
 
 
 def launch_local(run_dir: Path, world_size: int, threads_per_rank: int = 1,
@@ -88,8 +115,10 @@ def launch_local(run_dir: Path, world_size: int, threads_per_rank: int = 1,
             with open(run_dir / f"rank-{rank}.log", "w") as log:
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "fsbench.running.launch.worker", str(run_dir)],
-                    env=env, stdout=log, stderr=subprocess.STDOUT,
-                    preexec_fn=die_with_launcher if sys.platform == "linux" else None,
+                    # stdin: nothing to read, and a rank in its own process group that
+                    # read the terminal would be stopped (SIGTTIN)
+                    env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    preexec_fn=_rank_preexec if sys.platform == "linux" else None,
                 ))
         start = time.monotonic()
         while True:
@@ -103,6 +132,13 @@ def launch_local(run_dir: Path, world_size: int, threads_per_rank: int = 1,
                 # that lost its connection to it.
                 codes = [p.poll() for p in procs]
                 failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+                # A rank killed by a signal (the OOM killer's SIGKILL) wrote no error: it is
+                # the cause, the others lost their peer.
+                killed = [(r, c) for r, c in failed if c < 0]
+                if killed:
+                    rank, code = killed[0]
+                    raise RankFailed(rank, code, f"killed by {signal.Signals(-code).name} (the "
+                                     "out-of-memory killer sends SIGKILL when memory runs out)")
                 rank, code = min(failed, key=lambda rc: _error_time(run_dir, rc[0]))
                 raise RankFailed(rank, code, _error_detail(run_dir, rank))
             if all(c == 0 for c in codes):

@@ -7,11 +7,11 @@ from __future__ import annotations
 import importlib
 import os
 
-from fsbench.running.launch.forked import die_with_launcher
+from fsbench.training.lifetime import die_with_parent
 
 # The server must not outlive its launcher: its ranks hold the pipe whose end would tell
 # it so (multiprocessing hands each child a copy), and each rank dies with the server.
-die_with_launcher()
+die_with_parent()
 
 # Rank code reads OMP_NUM_THREADS when torch loads, below: one thread per rank is the
 # launcher's default, and the worker sets the run's own count before the first op.

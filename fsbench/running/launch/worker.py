@@ -20,7 +20,7 @@ import torch
 from fsbench.training import dist as fsdist
 from fsbench.measurement.clock import measure_offset, now_ns
 from fsbench.config import run_from_dict
-from fsbench.running.evaluate import Evaluator
+from fsbench.training.evaluate import Evaluator
 from fsbench.measurement.host_syncs import HostSyncCounter
 from fsbench.measurement.monitor import RankMonitor
 from fsbench.running.pacing import Pacer
@@ -48,7 +48,7 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
     timeline = Timeline(run_dir / f"rank-{ctx.rank}.jsonl", rank=ctx.rank, device=ctx.device,
                         emulated=emulated)
     set_current(timeline)
-    # --eval: every trainer trains without each user's last item (fsbench.running.evaluate).
+    # --eval: every trainer trains without each user's last item (fsbench.training.evaluate).
     source = MeteredSource(make_batch_source(run.workload, run.seed, held_out=run.held_out_items),
                            run.workload.synthetic.input_delay_ms)
     cls = resolve_trainer_class(run.trainer)
@@ -206,7 +206,7 @@ def parse_options(cls: type, name: str, given: dict[str, str]):
 def activate_emulation(run, run_dir: Path) -> None:
     """compute=emulated: the cost fit the CLI made sure the store holds (fsbench.models.emulation)."""
     from fsbench.models import emulation
-    from fsbench.running.calibrate import load_fit
+    from fsbench.costmodel.fit import load_fit
 
     fit = load_fit(run_dir.parent, run.workload, run.device)
     if fit is None:
@@ -219,11 +219,21 @@ def record_failure(run_dir: Path, rank: int, error: BaseException, ctx) -> None:
     """The failing rank's error (the launcher reads it to name the rank) and its memory
     peak up to the crash (what an out-of-memory failure needs to be diagnosed)."""
     (run_dir / f"error-rank-{rank}.txt").write_text(
-        f"{type(error).__name__}: {error}\n\n{traceback.format_exc()}")
+        f"{first_line(error)}\n\n{traceback.format_exc()}")
     with contextlib.suppress(Exception):  # never mask the error being reported
         if ctx is not None:
             write_json_atomic(run_dir / f"memory-rank-{rank}.json",
                               {**peak_memory(ctx.device), "crashed": True})
+
+
+def first_line(error: BaseException) -> str:
+    """The error in one line. An error in a loader worker reaches the rank as "Caught X in
+    DataLoader worker process 0." with the worker's traceback below it: its last line
+    is the error itself."""
+    text = str(error)
+    if "Original Traceback" in text:
+        return text.strip().splitlines()[-1]
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
 """cost(L): one sample's encoder cost by its length, the curve `fsbench calibrate` fits
-to batches of one length (fsbench.running.calibrate) and the balancer, the emulation and
+to batches of one length (fsbench.costmodel.calibrate) and the balancer, the emulation and
 the simulator read."""
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ import torch
 
 from fsbench.config import ConfigError, RunConfig
 from fsbench.models.sparse import ITEM
-from fsbench.running.store import write_json_atomic
+from fsbench.files import write_json_atomic
 from fsbench.workloads.batch import JaggedBatch
 from fsbench.workloads.realdata import (Histories, context_ids_for_users, load_histories,
                                         recent_windows, shown_users)

@@ -1,4 +1,5 @@
-"""A batch's encoder cost beyond its samples' cost(L), measured by `fsbench calibrate`:
+"""A batch's encoder cost beyond its samples' cost(L) (the formulas; `fsbench calibrate`
+measures it: fsbench.costmodel.calibrate.measure_batch_terms):
 
     extra = batch_ms + batch_sample_ms x samples + bucket_ms x buckets
             + wide_ms_per_melem x wide excess + footprint_per_ktoken x sum cost(L) x ktokens beyond
@@ -29,7 +30,6 @@ few tokens: what tells a sample's cost from a token's).
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections import Counter
 from dataclasses import dataclass
@@ -92,11 +92,14 @@ def _nonnegative_lstsq(design: np.ndarray, y: np.ndarray, free: tuple[int, ...] 
     return best
 
 
+def bucket_count(lengths, bucketing: Bucketing = Bucketing()) -> int:
+    """Distinct attention buckets of a batch of these lengths (DenseArch's default)."""
+    return len({bucketing.padded_length(int(L)) for L in np.asarray(lengths).ravel()})
+
+
 def fit_batch_terms(batches: list[tuple[np.ndarray, float]], cost_ms) -> BatchTerms:
     """The terms from (lengths, residual ms beyond cost(L)) per timed batch, cost_ms
     being that cost(L); the threshold is the best of 0 and each bucket size seen."""
-    from fsbench.running.calibrate import bucket_count
-
     y = np.array([r for _, r in batches], dtype=np.float64)
     base = np.array([[1.0, len(L), bucket_count(L), footprint_excess(L, cost_ms)] for L, _ in batches],
                     dtype=np.float64)
@@ -112,44 +115,3 @@ def fit_batch_terms(batches: list[tuple[np.ndarray, float]], cost_ms) -> BatchTe
     return BatchTerms(batch_ms=fixed, batch_sample_ms=per_sample, bucket_ms=per_bucket,
                       wide_ms_per_melem=slope, wide_threshold_melem=float(threshold) if slope else 0.0,
                       footprint_per_ktoken=footprint)
-
-
-def measure_batch_terms(workload, cost_ms, device: str = "cpu", batches: int = 3, repeats: int = 3,
-                        max_split: int = 16) -> BatchTerms:
-    """fit_batch_terms over timed batches (see the module docstring) less the sum of
-    cost_ms(L)."""
-    from fsbench.models import build_model
-    from fsbench.running.calibrate import CALIBRATION_SEED, time_encoder_ms
-    from fsbench.workloads.generator import SyntheticBatches
-
-    timed = []
-
-    def time_batch(model, batch) -> None:
-        lengths = batch.lengths.cpu().numpy()
-        took = time_encoder_ms(model, batch.to(device), repeats, warmup=1, device=device)
-        timed.append((lengths, took - float(np.sum(cost_ms(lengths)))))
-
-    def time_fixed(length: int, n: int) -> None:
-        w = dataclasses.replace(workload, lengths=f"fixed:{length}", global_batch_size=n)
-        time_batch(build_model(w, seed=0).to(device), SyntheticBatches(w, seed=0).global_batch(0))
-
-    model = build_model(workload, seed=0).to(device)
-    for size in sorted({max(1, workload.global_batch_size // k) for k in (1, 2, 4, 8, 16) if k <= max_split}):
-        source = SyntheticBatches(dataclasses.replace(workload, global_batch_size=size), seed=CALIBRATION_SEED)
-        for k in range(batches):
-            time_batch(model, source.global_batch(k))
-    for length in sorted({workload.max_seq_len, max(8, workload.max_seq_len // 2)}):
-        n = max(1, TOKENS_PER_POINT // length)
-        while True:
-            time_fixed(length, n)
-            if n >= workload.global_batch_size:
-                break
-            n = min(2 * n, workload.global_batch_size)
-    # Many samples, few tokens: a sample's own cost apart from its tokens'.
-    short = min(8, workload.max_seq_len)
-    for n in sorted({max(1, workload.global_batch_size // 8), workload.global_batch_size}):
-        time_fixed(short, n)
-    terms = fit_batch_terms(timed, cost_ms)
-    # A negative per-sample term corrects cost(L)'s constant; it never makes a sample free.
-    floor = -float(np.asarray(cost_ms(np.array([1])))[0])
-    return dataclasses.replace(terms, batch_sample_ms=max(terms.batch_sample_ms, floor))

@@ -1,6 +1,6 @@
 """The co-run slowdown: how much slower a rank's CPU work runs when every core of the host
 runs it at once (shared caches, memory bandwidth, hyperthread siblings), measured in real
-processes for `fsbench calibrate` (fsbench.running.calibrate stores it in the fit; the
+processes for `fsbench calibrate` (fsbench.costmodel.calibrate stores it in the fit; the
 simulator applies it from 2 ranks on)."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import statistics
 import torch
 
 from fsbench.config import WorkloadConfig
-from fsbench.running.calibrate import (fixed_length_batch, measure_replicated_ns_per_element,
-                                       time_encoder_ms)
+from fsbench.costmodel.timing import (fixed_length_batch, measure_replicated_ns_per_element,
+                                     time_encoder_ms)
 
 
 def _time_encoder(workload: WorkloadConfig, length: int, repeats: int, start=None) -> float:

@@ -3,7 +3,7 @@ trains on real data to convergence, and its model is held against DDP's.
 
 Protocol (RecBole's sequential leave-one-out, `LS: valid_and_test`, full ranking):
 - each user's last item is the test item and the second-to-last the validation item;
-  training sees neither (`eval.split=valid_test`, fsbench.running.evaluate);
+  training sees neither (`eval.split=valid_test`, fsbench.training.evaluate);
 - an epoch trains every training target once (`data_order=epochs`,
   fsbench.workloads.realdata); after each epoch the model is scored on validation and on
   test, every item ranked, seen items not masked;
@@ -124,7 +124,7 @@ class RunQuality:
 
 
 def read_run(run: RunConfig, run_dir: Path, summary: dict) -> RunQuality:
-    from fsbench.running.evaluate import RANKS_DIR
+    from fsbench.training.evaluate import RANKS_DIR
 
     curve = summary.get("quality_curve") or []
     if not curve or SELECT_BY not in curve[0]:
@@ -142,7 +142,7 @@ def read_run(run: RunConfig, run_dir: Path, summary: dict) -> RunQuality:
 
 
 def _hits(ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    from fsbench.running.evaluate import per_user_hit_gain
+    from fsbench.training.evaluate import per_user_hit_gain
 
     return per_user_hit_gain(ranks)
 
@@ -173,7 +173,7 @@ def analyze(results: list[RunQuality], steps_per_epoch: int, baseline: str = "dd
     """The quality table (one row per trainer and world size) and its target.
     `rounding(seed, steps)`: the step (of `steps`) at which the baseline's own training
     departs from a rounding-sized perturbation of itself, or None
-    (fsbench.running.rounding_probe); asked only of a trainer's departure."""
+    (fsbench.quality.rounding_probe); asked only of a trainer's departure."""
     from fsbench.stats import equivalence, mean_interval
 
     groups: dict[tuple[str, int], list[RunQuality]] = {}

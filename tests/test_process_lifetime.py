@@ -1,0 +1,133 @@
+"""No process outlives its run (issue 44). A run at 2 ranks, with a loader worker per rank,
+is started in its own session and ended each way a run can end; 5 s after the
+launcher exited, no process of that session is alive (launcher, fork server, resource
+tracker, ranks, loader workers). Before the fix, Ctrl-C, SIGTERM and a rank's SIGKILL
+each left the loader workers (and with them the resource tracker) alive for good."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.dist
+
+GRACE_S = 5.0
+
+
+def session_processes(sid: int) -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command) of every live process of session `sid` (/proc)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        state, ppid, session = fields[0], int(fields[1]), int(fields[3])
+        if session == sid and state != "Z":
+            found[int(entry.name)] = (ppid, cmd.strip())
+    return found
+
+
+def _start(store: Path, workload: str, *more: str, launch: str = "fork") -> subprocess.Popen:
+    argv = [sys.executable, "-m", "fsbench.cli", "run", "--workload", workload, "--world-size", "2",
+            "--input-workers", "1", "--store", str(store), *more]
+    log = open(store.parent / f"{store.name}.log", "w")
+    return subprocess.Popen(argv, start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "FSBENCH_LAUNCH": launch})
+
+
+def _wait_for_steps(store: Path, launcher: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    """Until rank 1 recorded a step: every process of the run exists by then."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        steps = list(store.glob("*/steps-rank-1.jsonl"))
+        if steps and steps[0].stat().st_size > 0:
+            return
+        assert launcher.poll() is None, "the run ended before it was stopped"
+        time.sleep(0.1)
+    raise AssertionError("rank 1 recorded no step in time")
+
+
+def _ranks(processes: dict[int, tuple[int, str]], launcher: int) -> list[int]:
+    """The ranks: children of the fork server (itself a child of the launcher), or with
+    FSBENCH_LAUNCH=spawn the launcher's own children running the worker."""
+    servers = {pid for pid, (ppid, cmd) in processes.items() if ppid == launcher and "forkserver" in cmd}
+    return sorted(pid for pid, (ppid, cmd) in processes.items() if ppid in servers or (
+        ppid == launcher and "fsbench.running.launch.worker" in cmd))
+
+
+def _left_after(launcher: subprocess.Popen) -> dict[int, tuple[int, str]]:
+    launcher.wait(timeout=120)
+    deadline = time.monotonic() + GRACE_S
+    left = session_processes(launcher.pid)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = session_processes(launcher.pid)
+    for pid in left:  # never leave them to the next test
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def _status(store: Path) -> str:
+    (manifest,) = store.glob("*/manifest.json")
+    return json.loads(manifest.read_text())["status"]
+
+
+@pytest.mark.parametrize("how, code, status, launch", [
+    ("SIGINT to the launcher", 130, "interrupted", "fork"),
+    ("SIGTERM to the launcher", 143, "interrupted", "fork"),
+    ("SIGKILL to a rank", 1, "failed", "fork"),
+    ("SIGKILL to the launcher", -9, "incomplete", "fork"),
+    ("SIGTERM to the launcher", 143, "interrupted", "spawn"),
+    ("SIGKILL to the launcher", -9, "incomplete", "spawn"),
+])
+def test_nothing_of_a_stopped_run_is_alive_5_s_after_its_launcher(how, code, status, launch, tmp_path):
+    store = tmp_path / "store"
+    # `small`: a step's prepared input (~0.3 MB) is more than a pipe holds, so a loader
+    # worker whose rank vanished blocks on its queue for good (as it did before the fix).
+    launcher = _start(store, "small", "--set", "steps=4000", launch=launch)
+    _wait_for_steps(store, launcher)
+    running = session_processes(launcher.pid)
+    ranks = _ranks(running, launcher.pid)
+    # launcher, 2 ranks, a loader worker each; forked: the fork server and its tracker too
+    assert len(ranks) == 2 and len(running) >= (7 if launch == "fork" else 5), running
+    if how == "SIGKILL to a rank":
+        os.kill(ranks[1], signal.SIGKILL)
+    else:
+        launcher.send_signal({"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM,
+                              "SIGKILL": signal.SIGKILL}[how.split()[0]])
+    left = _left_after(launcher)
+    assert not left, f"{how}: alive {GRACE_S:.0f} s after the launcher exited: {left}"
+    assert launcher.returncode == code
+    if status == "incomplete":  # its launcher could record nothing: the store says so
+        from fsbench.running.store import run_status
+
+        (manifest,) = store.glob("*/manifest.json")
+        assert run_status(json.loads(manifest.read_text())) == "incomplete"
+    else:
+        assert _status(store) == status
+    if how == "SIGKILL to a rank":
+        said = (tmp_path / "store.log").read_text()
+        assert "rank 1 failed (exit code -9): killed by SIGKILL" in said, said[-500:]
+
+
+@pytest.mark.parametrize("how", ["normally", "a rank raises"])
+def test_nothing_of_a_run_is_alive_5_s_after_it_ended(how, tmp_path, rank_pythonpath):
+    store = tmp_path / "store"
+    more = ["--trainer", "trainers_for_tests:RaiseOnRank1"] if how == "a rank raises" else []
+    launcher = _start(store, "tiny", *more)
+    left = _left_after(launcher)
+    assert not left, f"{how}: alive {GRACE_S:.0f} s after the launcher exited: {left}"
+    assert launcher.returncode == (0 if how == "normally" else 1)
+    assert _status(store) == ("complete" if how == "normally" else "failed")
