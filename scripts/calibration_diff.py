@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from fsbench.config import RunConfig, override_all
+from fsbench.config import RunConfig
+from fsbench.config_io import override_all
 from fsbench.costmodel.fit import fit_path, load_fit
 from fsbench.running.store import write_json_atomic
 from fsbench.scaling.commcal import comm_fit_path

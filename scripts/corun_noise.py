@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from fsbench.config import override_all
+from fsbench.config_io import override_all
 from fsbench.costmodel import corun
 from fsbench.workloads.presets import get_workload
 

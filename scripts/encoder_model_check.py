@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fsbench.config import override_all
+from fsbench.config_io import override_all
 from fsbench.models import build_model
 from fsbench.costmodel.batch_terms import bucket_count
 from fsbench.costmodel.fit import fit_path, load_fit

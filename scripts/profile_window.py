@@ -19,7 +19,7 @@ from freescale_impl import plan_kernels
 from freescale_impl.partition import karmarkar_karp
 from freescale_impl.trainer import analytical_cost
 from freescale_impl.trainer import FreeScaleTrainer
-from fsbench.config import override_all
+from fsbench.config_io import override_all
 from fsbench.scaling import planner_micro as pm
 from fsbench.workloads.presets import get_workload
 

@@ -31,7 +31,8 @@ from fsbench.costmodel.fit import fit_path, load_fit
 from fsbench.costmodel.corun import measure_corun_slowdown
 from fsbench.running.store import write_json_atomic
 from fsbench.scaling.commcal import calibrate_comm, load_comm_fits
-from fsbench.config import RunConfig, override_all
+from fsbench.config import RunConfig
+from fsbench.config_io import override_all
 from fsbench.running.runner import run_once
 from fsbench.scaling.sim_inputs import CLUSTERS
 from fsbench.scaling.simulate import simulate_run

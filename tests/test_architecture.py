@@ -15,7 +15,7 @@ FSBENCH = Path(__file__).resolve().parents[1] / "fsbench"
 # quality study above it (it starts runs).
 LAYERS = ["", "measurement", "workloads", "models", "training", "costmodel", "running",
           "quality", "scaling", "reporting", "gates", "cli"]
-TOP_LEVEL = {"__init__", "config", "specs", "errors", "options", "columns", "table", "stats",
+TOP_LEVEL = {"__init__", "config", "config_io", "specs", "errors", "options", "columns", "table", "stats",
              "files"}
 # Whole packages whose modules import each other (function-level imports included): no
 # import circle may join them either.

@@ -245,7 +245,7 @@ def test_a_stored_seed_beyond_int64_does_not_break_the_store(tmp_path, capsys):
 # --- any --set value: exit 0 (valid: it would run) or 2 (one line), never a crash -------
 
 def _settable() -> list[str]:
-    from fsbench.config import _settable_keys
+    from fsbench.config_io import _settable_keys
     from fsbench.workloads.presets import tiny
 
     return [k for k in _settable_keys(tiny()) if k != "data"] + [

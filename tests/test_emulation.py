@@ -7,7 +7,7 @@ import pytest
 
 from fsbench.costmodel.fit import load_fit
 from fsbench.cli import main
-from fsbench.config import run_from_dict
+from fsbench.config_io import run_from_dict
 from fsbench.measurement.metrics import rank_step_table
 from fsbench.measurement.timeline import read_timelines
 from fsbench.workloads.batch import contiguous_split

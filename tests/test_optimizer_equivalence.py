@@ -18,7 +18,8 @@ import pytest
 import torch
 from reference_optimizers import torch_optimizer
 
-from fsbench.config import RunConfig, override_all
+from fsbench.config import RunConfig
+from fsbench.config_io import override_all
 from fsbench.measurement.timeline import read_step_stats
 from fsbench.models import build_model
 from fsbench.running.runner import run_once

@@ -7,7 +7,8 @@ import pytest
 import torch
 from reference_optimizers import torch_optimizer
 
-from fsbench.config import ConfigError, TABLE_OPTIMIZERS, override_all, to_dict, workload_from_dict
+from fsbench.config import ConfigError, TABLE_OPTIMIZERS
+from fsbench.config_io import override_all, to_dict, workload_from_dict
 from fsbench.models import table_specs
 from fsbench.training.rowwise_adagrad import EPS, RowwiseAdagrad
 from fsbench.workloads.presets import WORKLOADS, tiny
@@ -40,7 +41,7 @@ def test_stored_workloads_without_parts_read_back_unchanged():
      "adagrad, rowwise_adagrad, adam, sparse_adam, sgd"),
     ("optimizer.dense", "rowwise_adagrad", "optimizer.dense='rowwise_adagrad' is not allowed"),
     ("optimizer.dense_lr", "-1", "optimizer.dense_lr=-1.0 must be > 0"),
-    ("optimizer.tables_lr", "fast", "--set optimizer.tables_lr='fast': expected a value of type float"),
+    ("optimizer.tables_lr", "fast", "--set optimizer.tables_lr='fast': expected a finite number"),
     ("optimizer", "sparse_adam", "optimizer='sparse_adam' is not allowed; choose one of: adam, sgd, adagrad"),
 ])
 def test_bad_optimizer_settings_name_the_field_and_the_allowed_values(key, value, message):

@@ -8,7 +8,8 @@ import argparse
 import dataclasses
 from collections import defaultdict
 
-from fsbench.config import ConfigError, EvalConfig, RunConfig, WorkloadConfig, override_all
+from fsbench.config import ConfigError, EvalConfig, RunConfig, WorkloadConfig
+from fsbench.config_io import override_all
 from fsbench.running import memory
 from fsbench.table import note
 from fsbench.training.trainer import TRAINERS, check_run, resolve_trainer_class, trainer_options

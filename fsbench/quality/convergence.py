@@ -32,7 +32,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from fsbench.config import ConfigError, EvalConfig, RunConfig, WorkloadConfig, override_all
+from fsbench.config import ConfigError, EvalConfig, RunConfig, WorkloadConfig
+from fsbench.config_io import override_all
 
 # RecBole's SASRec as the reference compares it (results/quality_ml100k_cpu.md): 50 items of
 # history, width 64, 2 layers, 2 heads, no user features (the history alone). 16 windows of
@@ -94,7 +95,7 @@ def run_all(runs: list[RunConfig], store: str | Path,
     """Run what the store does not hold complete yet (a stopped `fsbench quality` resumes)."""
     import json
 
-    from fsbench.config import to_dict
+    from fsbench.config_io import to_dict
     from fsbench.running.runner import finished_runs, run_once
 
     done = finished_runs(store)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from fsbench.config import ConfigError, to_dict
+from fsbench.config import ConfigError
+from fsbench.config_io import to_dict
 from fsbench.specs import LENGTH_KINDS
 from fsbench.training.trainer import TRAINERS, option_defaults, resolve_trainer_class
 

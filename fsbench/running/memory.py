@@ -34,7 +34,8 @@ import math
 
 import numpy as np
 
-from fsbench.config import ModelConfig, RunConfig, to_dict
+from fsbench.config import ModelConfig, RunConfig
+from fsbench.config_io import to_dict
 from fsbench.errors import ConfigError
 from fsbench.training.table_memory import REPLICATED, TableMemory
 

@@ -14,7 +14,8 @@ from typing import Callable, Iterable
 import pandas as pd
 
 from fsbench.columns import SUMMARY_KEYS  # noqa: F401  (re-exported: the keys every summary has)
-from fsbench.config import ConfigError, RunConfig, run_from_dict, to_dict
+from fsbench.config import ConfigError, RunConfig
+from fsbench.config_io import run_from_dict, to_dict
 from fsbench.measurement import run_summary
 from fsbench.measurement.kineto import read_run_gpu_busy
 from fsbench.measurement.timeline import read_step_stats, read_timelines

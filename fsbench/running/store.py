@@ -27,7 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fsbench.config import ConfigError, RunConfig, to_dict
+from fsbench.config import ConfigError, RunConfig
+from fsbench.config_io import to_dict
 # Atomic writes are every layer's (cost fits, ranks' records): fsbench.files; named here
 # too because a run's files are written through the store.
 from fsbench.files import atomic_write, read_json, write_json_atomic  # noqa: F401

@@ -19,7 +19,7 @@ import torch
 
 from fsbench.training import dist as fsdist
 from fsbench.measurement.clock import measure_offset, now_ns
-from fsbench.config import run_from_dict
+from fsbench.config_io import run_from_dict
 from fsbench.training.evaluate import Evaluator
 from fsbench.measurement.host_syncs import HostSyncCounter
 from fsbench.measurement.monitor import RankMonitor
