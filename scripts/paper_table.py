@@ -159,25 +159,24 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str) 
     ]
     if timed:
         lines.append(
-            "**As implemented** and **the step alone.** Every configuration here but ddp is "
-            "this repository's FreeScale trainer with switches set, so each has its input "
-            "stage: the balanced plan (where balancing is on) and, with sharded tables and "
-            "every rank holding the global batch, the step's whole all-to-all routing (each "
-            "rank's loader worker computes every rank's request). The simulator times both at "
-            "each point's size on this machine's CPU (one thread of the 2-core VM; the routing "
-            "of a global batch beyond a million tokens on the line through two smaller ones) "
-            "and books the excess over the step as input stall: `as implemented`. The routing "
-            "grows with the ranks and the global batch's tokens and outlasts the projected "
-            "steps from a few dozen GPUs on, so as implemented the sharded configurations wait "
-            "for their input at scale, and their bubbles say more about this host routing than "
-            "about the techniques. `step alone` leaves the input stage out (the step as if its "
-            "input were ready: `fsbench simulate --planner-time off`): what each technique "
-            "does to the step. TorchRec itself routes ids on the GPUs inside the step, which "
-            "is not modelled; the sharded baseline here pays the same host routing as FreeScale.\n")
+            "**As implemented** and **the step alone.** The sharded baseline is TorchRec's "
+            "profile: ids routed on the GPUs in its pipeline's previous-step slot (a split "
+            "all-to-all of lengths and ids, booked at the links' cost, hidden under compute), "
+            "nothing routed on the host. Every other configuration but ddp is this repository's "
+            "FreeScale trainer with switches set, so each has FreeScale's input stage: the "
+            "balanced plan (where balancing is on) and its routing, exchanged from 2 ranks on "
+            "(each rank's loader worker builds its own request; the step exchanges counts, ids "
+            "and fresh masks, pipelined over the steps before, booked at the links' cost). The "
+            "simulator times the stage at each point's size on this machine's CPU (one thread of "
+            "the 2-core VM; beyond four million tokens on the line through two smaller global "
+            "batches), spreads the loader worker's part over `input_workers` workers at "
+            "`host_cpu_speed` (both assumed), and books what outlasts the step as input stall: "
+            "`as implemented`. `step alone` leaves the input stage out (`fsbench simulate "
+            "--planner-time off`): what each technique does to the step.\n")
     lines += [f"## At 256 GPUs, beside the paper's {PAPER_REDUCTION_256}%\n"]
     at = df[df["gpus"] == 256].set_index(["config", "preset", "batch_per_rank"])
     if timed:
-        lines += ["| preset | batch/rank | freescale input stage ms (plan + routing) | freescale step "
+        lines += ["| preset | batch/rank | freescale loader stage ms (plan + route, one worker) | freescale step "
                   "alone ms | as implemented: sharded bubble | freescale bubble | reduction vs "
                   "sharded | ddp bubble | reduction vs ddp | step alone: sharded bubble | freescale "
                   "bubble | reduction vs sharded | reduction vs ddp | window=4 vs sharded |",
@@ -234,7 +233,7 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str) 
             cells.append(f"**{cell}**" if s <= 1.1 * b + 1e-4 else cell)
         lines.append("| bound / freescale straggler | " + " | ".join(cells) + " |")
         if timed:
-            lines.append("| freescale: input stage ms (plan + routing) / step alone ms | " + " | ".join(
+            lines.append("| freescale: loader stage ms (plan + route, one worker) / step alone ms | " + " | ".join(
                 f"{c.loc[n, 'plan_ms'] + c.loc[n, 'route_ms']:.1f} / {c.loc[n, 'step_alone_ms']:.2f}"
                 + ("*" if c.loc[n, "route_extrapolated"] else "") for n in WORLD_SIZES) + " |")
             for name in ("sharded baseline", "ddp", "freescale"):
@@ -244,12 +243,41 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str) 
         lines.append("")
     if timed:
         lines += ["`*`: the routing followed on the line through two smaller global batches "
-                  "(beyond a million tokens).\n"]
+                  "(beyond four million tokens).\n"]
+        lines += stage_limits_section(df)
     else:
         lines += planner_section(df)
     if sens is not None:
         lines += sensitivity_section(sens)
     return "\n".join(lines) + "\n"
+
+
+def stage_limits_section(df: pd.DataFrame, points: float = 2.0) -> list[str]:
+    """Where `as implemented` is more than `points` above `step alone`: the input stage
+    outlasts the step there, and what it spends (plan, route) against the step."""
+    gap = 100 * (df["bubble"] - df["bubble_step_alone"])
+    slow = df[gap > points].assign(gap=gap[gap > points]).sort_values(["preset", "batch_per_rank", "gpus", "config"])
+    lines = ["## Where the input stage sets the pace\n"]
+    if slow.empty:
+        return lines + [f"Nowhere: `as implemented` is within {points:g} points of `step alone` at every point.\n"]
+    sizes = sorted(set(zip(slow["gpus"], slow["batch_per_rank"])))
+    lines += [f"`as implemented` is within {points:g} points of `step alone` everywhere but these "
+              f"{len(slow)} points ({', '.join(f'{n} GPUs x {b}' for n, b in sizes)} samples a GPU). "
+              "What limits them: where balancing is on, the plan, the partitioner over the whole "
+              "global batch's lengths (O(global samples): 524,288 samples at 1,024 x 512), against "
+              "steps of a few milliseconds; with `input_workers` loader workers (assumed 4) the "
+              "stage keeps up while (plan + route) / 4 stays under the step. Where it is off "
+              "(`overlap + SM-free`, `prioritized a2a alone` on `medium` at 1,024 x 512), the rank "
+              "thread's exchange preparation, which is not in these columns and was followed on a "
+              "line from global batches 22 times smaller: rerun alone at `87262dd`, `overlap + "
+              "SM-free` there read 3.3 ms of preparation against its 8.2 ms step and no stall, so "
+              "that line was noisy on this shared machine.\n",
+              "| preset | batch/rank | GPUs | config | plan ms | route ms | step alone ms | as implemented - step alone |",
+              "|---|--:|--:|---|--:|--:|--:|--:|"]
+    for _, r in slow.iterrows():
+        lines.append(f"| {r['preset']} | {r['batch_per_rank']} | {r['gpus']} | {r['config']} | "
+                     f"{r['plan_ms']:.1f} | {r['route_ms']:.1f} | {r['step_alone_ms']:.2f} | {r['gap']:.1f} pts |")
+    return lines + [""]
 
 
 def planner_section(df: pd.DataFrame) -> list[str]:
@@ -278,9 +306,10 @@ def sensitivity_rows() -> pd.DataFrame:
     `h100` at half and twice its value (fsbench.scaling.sensitivity), at one point."""
     preset, batch, n = SENSITIVITY_POINT
     runs = [(CONFIGS[name][0], trainer_options(*CONFIGS[name])) for name in ("sharded baseline", "freescale")]
-    # The step alone: the input stage (timed on this CPU) would swamp every figure's effect.
+    # As implemented: the input stage is timed once, at x1, and charged alike at every
+    # variant, so input_workers and host_cpu_speed show what they do to it.
     rows = sensitivity(CLUSTERS["h100"], workload_of(preset, 12), runs, [n], batch, HERE / "runs",
-                       progress=lambda it: progress(it, "sensitivity", "point"), planner_time=False)
+                       progress=lambda it: progress(it, "sensitivity", "point"), planner_time=True)
     return pd.DataFrame(rows)
 
 
@@ -289,10 +318,10 @@ def sensitivity_section(sens: pd.DataFrame) -> list[str]:
     lines = [f"## Sensitivity: the headline against each assumed figure ({preset}, {batch} per GPU, "
              f"{n} GPUs)\n",
              "FreeScale's bubble reduction against the sharded baseline with one figure of `h100` "
-             "halved, as assumed, and doubled, the rest held, for the step alone (without the "
-             "input stage, which no figure moves; `fsbench simulate --sensitivity --planner-time "
-             "off` computes the same for any two configurations). `swing`: the largest minus the "
-             "smallest of the three.\n",
+             "halved, as assumed, and doubled, the rest held, as implemented (the input stage timed "
+             "once, at x1, and charged alike: `input_workers` and `host_cpu_speed` set how it keeps "
+             "up; `fsbench simulate --sensitivity` computes the same for any two configurations). "
+             "`swing`: the largest minus the smallest of the three.\n",
              "| figure | assumed value | x0.5 | x1 | x2 | swing |", "|---|--:|--:|--:|--:|--:|"]
     for _, r in sens.iterrows():
         unit = r["unit"] if isinstance(r["unit"], str) else ""  # empty: NaN from a CSV
