@@ -25,7 +25,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from fsbench.measurement.kineto import comm_launch
+from fsbench.measurement.comm_annotation import comm_launch
 from fsbench.measurement.timeline import current, span
 
 TRANSPORTS = ("collective", "sm_free")

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 FSBENCH = Path(__file__).resolve().parents[1] / "fsbench"
 
 # Bottom to top. "" is the top level: the shared leaf types (config, specs, errors,
@@ -161,3 +163,14 @@ def test_importing_fsbench_imports_no_trainer_or_framework():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.dist  # a fresh interpreter: what a rank imports, nothing this session loaded
+def test_a_ranks_imports_leave_pandas_out():
+    """A rank imports the worker and its trainer; pandas (the analysis side) costs some 60 MB
+    of every rank's memory, so no module on that path may import it (the sm_free transport
+    once did, through the Kineto analysis: ranks' peak RSS +12.6% in `fsbench gate`)."""
+    code = ("import sys, fsbench.running.launch.worker, freescale_impl.trainer, baselines.ddp; "
+            "print('pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -54,7 +54,7 @@ KINDS = {"kernel": "compute", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 COMM_KERNEL = re.compile(r"nccl|symmetric_memory", re.IGNORECASE)
 PEER_COPY = re.compile(r"\bPtoP\b", re.IGNORECASE)  # CUPTI's peer-to-peer memcpy kind
 # A user annotation around the launch of communication that no kernel name gives away.
-COMM_ANNOTATION = "fsbench.comm."
+from fsbench.measurement.comm_annotation import COMM_ANNOTATION, comm_launch  # noqa: F401 (re-exported)
 # The CPU-side records of a launch: their `correlation` names the GPU activity launched.
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 
@@ -78,17 +78,6 @@ def load_trace(path: str | Path) -> list[dict]:
     with opener(path, "rt") as f:
         trace = json.load(f)
     return trace.get("traceEvents", []) if isinstance(trace, dict) else trace
-
-
-def comm_launch(name: str):
-    """`with comm_launch("sm_free.pull"):` around the launch of communication on its own
-    stream: the profiler's record classes what is launched inside as communication, and
-    everything on a stream that carries nothing else (`comm_activity`). Hazard: wrap only
-    launches on that stream; a launch on the compute stream inside it would be booked as
-    communication. Costs a record_function (microseconds) when no profiler runs."""
-    import torch
-
-    return torch.profiler.record_function(COMM_ANNOTATION + name)
 
 
 def comm_launches(events: list[dict]) -> set:

@@ -18,7 +18,7 @@ On CUDA the same costs are device time, so that the GPU's busy measure (the prof
 compute kernels) is what is checked: the spin is a sleep kernel of that length on the
 compute stream, which the host then waits for (the CPU spin's thread is busy that long
 too); the delay is a sleep kernel on a stream of its own, launched as communication
-(fsbench.measurement.kineto.comm_launch) and flown as a flight ending on that stream,
+(fsbench.measurement.comm_annotation.comm_launch) and flown as a flight ending on that stream,
 which the compute stream and the host wait for. Every wait here is a CPU-GPU sync point
 by design: the closed form adds the parts up. NOT YET RUN ON A GPU.
 """
@@ -32,7 +32,7 @@ from torch import nn
 
 from fsbench.config import SyntheticComputeConfig, WorkloadConfig
 from fsbench.measurement.device_sleep import sleep_kernel
-from fsbench.measurement.kineto import comm_launch
+from fsbench.measurement.comm_annotation import comm_launch
 from fsbench.measurement.timeline import current
 from fsbench.workloads.batch import JaggedBatch
 
