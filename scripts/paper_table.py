@@ -269,9 +269,12 @@ def stage_limits_section(df: pd.DataFrame, points: float = 2.0) -> list[str]:
               "stage keeps up while (plan + route) / 4 stays under the step. Where it is off "
               "(`overlap + SM-free`, `prioritized a2a alone` on `medium` at 1,024 x 512), the rank "
               "thread's exchange preparation, which is not in these columns and was followed on a "
-              "line from global batches 22 times smaller: rerun alone at `87262dd`, `overlap + "
-              "SM-free` there read 3.3 ms of preparation against its 8.2 ms step and no stall, so "
-              "that line was noisy on this shared machine.\n",
+              "line from global batches 22 times smaller: rerun alone at `87262dd` (`fsbench "
+              "simulate --workload medium --trainers freescale --world-sizes 1024 --set "
+              "batch_per_rank=512 --set steps=12 --set warmup=4 --set freescale.balance=off --set "
+              "freescale.transport=sm_free --set freescale.priority=off`), `overlap + SM-free` "
+              "there read 3.3 ms of preparation (`exchange_prep_ms_per_step`) against its 8.2 ms "
+              "step and no stall, so that line was noisy on this shared machine.\n",
               "| preset | batch/rank | GPUs | config | plan ms | route ms | step alone ms | as implemented - step alone |",
               "|---|--:|--:|---|--:|--:|--:|--:|"]
     for _, r in slow.iterrows():

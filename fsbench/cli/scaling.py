@@ -12,7 +12,6 @@ from fsbench.running.output_paths import check_writable_dir
 from fsbench.table import dumps, grid, note
 
 # `--set` keys of the simulator itself (everything else is a workload field or a switch).
-SIM_KEYS = ("batch_per_rank",)
 
 
 def add_parsers(sub, csv: Callable, default_store: str) -> None:
