@@ -401,7 +401,10 @@ class ShardedEmbeddings:
             self._rows_ready(req, {c})
             leaf = req.buffer.index_select(0, req.chunk_entries[c]).detach().requires_grad_(True)
             if self.overlap:
-                leaf.register_post_accumulate_grad_hook(lambda _t, c=c: self._grad_ready(req, c))
+                # The hook lives in C++ on the leaf, out of the garbage collector's sight:
+                # a closure over `req` (whose `leaves` hold the leaf) would be a cycle it
+                # cannot break, and every step's rows, leaves and gradients would stay.
+                leaf.register_post_accumulate_grad_hook(lambda _t, c=c: self._grad_ready(c))
             req.leaves[c] = leaf
         return req.leaves[c]
 
@@ -427,9 +430,9 @@ class ShardedEmbeddings:
         self._svc, self._grad_req = svc, req
         self._dense_issued = not self.grads_after_dense
 
-    def _grad_ready(self, req: Request, c: int) -> None:
+    def _grad_ready(self, c: int) -> None:
         self._ready[c] = True
-        self._send_grads(req)
+        self._send_grads(self._grad_req)
 
     def dense_gradients_issued(self) -> None:
         """DDP issued the step's last dense all-reduce (fsbench.training.dp.wrap_ddp's
@@ -472,6 +475,10 @@ class ShardedEmbeddings:
             locals_.append(svc.local.index_select(0, svc.grad_entries[c]))
         with span("sparse_optimizer", kind="compute"):
             self.shard.apply_gradients(torch.cat(locals_), torch.cat(grads))
+        # The step's autograd leaves and the engine's hold on it go now: nothing reads
+        # them after the update, and the look-ahead keeps later steps' requests alive.
+        req.leaves, req.tables = [], {}
+        self._grad_sends, self._svc, self._grad_req = [], None, None
 
 
 class LazyLookups:

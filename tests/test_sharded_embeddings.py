@@ -108,6 +108,51 @@ def test_sharded_lookups_and_updates_equal_replicated(tmp_path, world_size, layo
     assert covered == ref_rows.shape[0]  # every row lives on exactly one rank
 
 
+def _rank_released(rank, world_size, port, out):
+    """Five steps of the overlapped engine; then whether any step's request is still alive."""
+    import gc
+    import weakref
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        specs = table_specs(WORKLOAD.model.dim, WORKLOAD.item_vocab, WORKLOAD.user_vocab,
+                            WORKLOAD.context_vocabs)
+        layout = RowLayout(specs, world_size, "row")
+        shard = LocalShard(layout, rank, SEED, "adagrad", LR, torch.device("cpu"))
+        group = dist.group.WORLD
+        engine = ShardedEmbeddings(layout, shard, CollectiveTransport(group), group, rank,
+                                   chunks=3, overlap=True, priority=False)
+        source = make_batch_source(WORKLOAD, SEED)
+        requests = []
+        for step in range(5):
+            batch = source.global_batch(step).select(rank_samples(world_size)[rank])
+            req, svc, ids = engine.request(batch)
+            engine.serve(svc, ids)
+            engine.fetch_all(req, svc)
+            loss = toy_loss(engine.lookups(req))
+            engine.prepare_gradients(req, svc)
+            loss.backward()
+            engine.finish_gradients(req, svc)
+            requests.append(weakref.ref(req))
+            del req, svc, ids, loss
+        gc.collect()
+        with open(f"{out}/alive-{rank}.json", "w") as f:
+            json.dump([r() is not None for r in requests], f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_finished_step_leaves_nothing_behind(tmp_path):
+    """Each step's request (its rows, leaves and gradients) is freed once the step is
+    done. Gradient hooks live on the leaves in C++, where the garbage collector cannot
+    see: a hook that held its request kept every step's tensors (about 2 MB a step on
+    `small`, the peak memory `fsbench gate` saw grow)."""
+    mp.spawn(_rank_released, args=(2, free_port(), str(tmp_path)), nprocs=2)
+    for rank in range(2):
+        assert json.loads((tmp_path / f"alive-{rank}.json").read_text()) == [False] * 5
+
+
 def test_table_layout_places_whole_tables():
     specs = table_specs(8, 1000, 100, (10, 5))
     layout = RowLayout(specs, 2, "table")
