@@ -21,6 +21,10 @@ def _yes(v: object) -> str:
     return "yes" if v else "no"
 
 
+def _or_text(v: object, spec: str) -> str:
+    return v if isinstance(v, str) else format(v, spec)
+
+
 @dataclass(frozen=True, slots=True)
 class Column:
     key: str
@@ -80,6 +84,11 @@ COLUMNS: tuple[Column, ...] = (
     Column("ndcg_at_10_logq", "NDCG@10 logq", lambda v: f"{v:.4f}", summary=True),
     Column("eval_users", "eval users", summary=True),
     Column("time_to_target_s", "time to HR@10 target s", lambda v: f"{v:.2f}", summary=True),
+    # Time to quality (fsbench.quality.time_to_quality): a number where every seed reached
+    # the target, else the reason as text ("not reached (best X)", "2/3 seeds; ...").
+    Column("target_valid_ndcg_at_10", "val NDCG@10 target", lambda v: _or_text(v, ".4f")),
+    Column("time_to_quality_s", "train s to quality", lambda v: _or_text(v, ".1f")),
+    Column("samples_to_quality", "samples to quality", lambda v: _or_text(v, ".0f")),
     Column("scaling_efficiency", "scaling eff %", _pct, wall_clock=True),
     Column("simulated", "simulated", _yes),
     Column("emulated", "emulated", _yes, summary=True, flag=True),

@@ -6,6 +6,7 @@ import math
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -228,6 +229,15 @@ def test_time_to_target_sums_step_times_through_the_first_evaluation_reaching_it
     never = run_summary.quality({"eval_users": 7, "target_hr10": 0.9, "evaluations": evals}, step_ms)
     assert never["time_to_target_s"] is None and never["steps_to_target"] is None
     assert set(run_summary.quality(None, {}).values()) == {None}
+    # the curve counts the global samples trained through each evaluation: what the ranks
+    # counted (a window re-packs steps of uneven size), None from a step nobody recorded on
+    counted = run_summary.quality({"eval_users": 7, "evaluations": evals}, step_ms,
+                                  {0: 16, 1: 12, 2: 20, 3: 16, 5: 16})["quality_curve"]
+    assert [(e["step"], e["samples"], e["train_s"]) for e in counted] == [
+        (1, 28, pytest.approx(0.3)), (3, 64, pytest.approx(1.0)), (5, None, pytest.approx(2.1))]
+    stats = pd.DataFrame({"rank": [0, 1, 0, 1, 0], "step": [0, 0, 1, 1, 2],
+                          "num_samples": [9, 7, 5, 7, 8]})
+    assert run_summary.samples_per_step(stats, 2) == {0: 16, 1: 12}  # step 2: rank 1 missing
 
 
 # ----------------------------------------------- every trainer: the same trained model
@@ -305,3 +315,6 @@ def test_every_trainer_hands_over_the_reference_model_and_scores_the_same(
         assert summary["time_to_target_s"] is None
     else:
         assert summary["steps_to_target"] == first["step"] + 1 and summary["time_to_target_s"] > 0
+    # every trainer counts the global batch's samples once a step, however it splits them
+    assert [e["samples"] for e in summary["quality_curve"]] == [3 * w.global_batch_size,
+                                                                 6 * w.global_batch_size]

@@ -9,16 +9,21 @@ import numpy as np
 import pytest
 
 from fsbench.cli import main
-from fsbench.quality.convergence import LOSS_RTOL, RunQuality, analyze, first_reaching, trajectory
+from fsbench.quality import time_to_quality as ttq
+from fsbench.quality.convergence import LOSS_RTOL, RunQuality, analyze, trajectory
 from fsbench.stats import equivalence, mean_interval
 
 SPE = 4  # steps per epoch of the made-up runs
 
 
-def run(trainer: str, ranks: np.ndarray, losses=None, seed: int = 0, hr=(0.1, 0.2, 0.3)) -> RunQuality:
-    curve = [{"step": SPE * (k + 1) - 1, "train_s": 1.0 * (k + 1), "hr_at_10": h,
-              "valid_ndcg_at_10": h / 2} for k, h in enumerate(hr)]
-    return RunQuality(trainer, 2, seed, curve, curve[-1], np.asarray(ranks),
+def run(trainer: str, ranks: np.ndarray, losses=None, seed: int = 0, hr=(0.1, 0.2, 0.3),
+        valid=None, world_size: int = 2) -> RunQuality:
+    """A made-up run: an evaluation every SPE steps, 1 s of training and 16 samples a step
+    (`valid`: its validation NDCG@10s; default half the test HR@10s)."""
+    valid = valid if valid is not None else [h / 2 for h in hr]
+    curve = [{"step": SPE * (k + 1) - 1, "train_s": 1.0 * (k + 1), "samples": 16 * SPE * (k + 1),
+              "hr_at_10": h, "valid_ndcg_at_10": v} for k, (h, v) in enumerate(zip(hr, valid))]
+    return RunQuality(trainer, world_size, seed, curve, curve[-1], np.asarray(ranks),
                       list(losses if losses is not None else [5.0, 4.0, 3.5, 3.2, 3.0]))
 
 
@@ -68,7 +73,6 @@ def test_analyze_flags_a_trainer_that_departs_or_scores_worse():
     assert rows["copy"]["equivalent"] == "equivalent"
     assert rows["stale"]["equivalent"].startswith("NOT equivalent: trajectory departs at step 1")
     assert rows["weak"]["equivalent"].startswith("NOT equivalent: test HR@10 differs")
-    assert out["target_hr10"] == pytest.approx(0.9 * float((good <= 10).mean()))
     assert rows["ddp"]["hr_at_10"] == pytest.approx(float((good <= 10).mean()))
     # a baseline that hits nothing leaves no margin, and a run without losses no
     # trajectory: neither can tell, and each says so (not "equivalent", not "NOT")
@@ -131,13 +135,108 @@ def test_the_rounding_probe_finds_where_training_amplifies_rounding(tmp_path):
         assert (baseline_departure(run_, 4, LOSS_RTOL) is not None) == departs, lr
 
 
-def test_time_to_target_is_the_first_evaluation_reaching_it():
-    r = run("ddp", [1] * 3 + [20] * 7, hr=(0.1, 0.25, 0.2, 0.3))  # HR@10 0.3: target 0.27
-    assert first_reaching(r.curve, 0.2)["step"] == 2 * SPE - 1
-    assert first_reaching(r.curve, 0.5) is None
-    out = analyze([r], SPE)
-    row = out["rows"][0]
-    assert row["steps_to_target"] == 4 * SPE and row["time_to_target_s"] == 4.0
+def test_the_target_is_a_fraction_of_the_baselines_best_validation_ndcg_per_seed():
+    """Each baseline seed's best validation NDCG@10 (not its last, not test), averaged over
+    seeds, times the fraction; per world size; a world size without a baseline has none."""
+    users = [1, 20]
+    runs_ = [run("ddp", users, seed=0, valid=(0.1, 0.3, 0.2)),   # best 0.3 (not the last)
+             run("ddp", users, seed=1, valid=(0.1, 0.5, 0.4)),   # best 0.5
+             run("ddp", users, valid=(0.2, 0.2, 0.2), world_size=4),
+             run("x", users, valid=(0.0, 0.0, 0.9), world_size=8)]  # no ddp at 8 ranks
+    out = analyze(runs_, SPE, target_fraction=0.9)
+    assert out["target_valid_ndcg_at_10"] == {2: pytest.approx(0.9 * 0.4), 4: pytest.approx(0.18),
+                                              8: None}
+    rows = {(r["trainer"], r["world_size"]): r for r in out["rows"]}
+    # seed 0 first reaches 0.36? never (best 0.3); seed 1 at its second evaluation
+    assert rows[("ddp", 2)]["seeds_reached_quality"] == 1
+    assert ttq.cells(rows[("ddp", 2)]) == ("2.0 (1/2 seeds; the others not reached, best 0.3000)",
+                                           "128 (1/2 seeds)")
+    assert ttq.cells(rows[("ddp", 4)]) == ("1.0", "64")  # first evaluation, 4 steps x 16
+    assert ttq.cells(rows[("x", 8)])[0] == "n/a (no baseline run with validation scores)"
+    assert analyze(runs_, SPE)["target_fraction"] == ttq.TARGET_FRACTION == 0.95  # the default
+
+
+def test_time_to_quality_reached_not_reached_and_partial():
+    users = [1, 20]
+    base = [run("ddp", users, seed=s, valid=(0.1, 0.2, 0.4)) for s in (0, 1, 2)]  # target 0.38
+    fast = [run("fast", users, seed=s, valid=(0.39, 0.5, 0.5)) for s in (0, 1, 2)]
+    never = [run("never", users, seed=s, valid=(0.1, 0.2 + s / 100, 0.1)) for s in (0, 1, 2)]
+    some = [run("some", users, seed=0, valid=(0.1, 0.385, 0.1)),  # reached at 2 evaluations
+            run("some", users, seed=1, valid=(0.1, 0.1, 0.4)),   # at 3
+            run("some", users, seed=2, valid=(0.1, 0.3, 0.37))]  # never: best 0.37
+    rows = {r["trainer"]: r for r in analyze(base + fast + never + some, SPE)["rows"]}
+    assert rows["ddp"]["target_valid_ndcg_at_10"] == pytest.approx(0.95 * 0.4)
+    assert (rows["ddp"]["time_to_quality_s"], rows["ddp"]["samples_to_quality"]) == (3.0, 16 * 3 * SPE)
+    assert (rows["fast"]["time_to_quality_s"], rows["fast"]["samples_to_quality"]) == (1.0, 16 * SPE)
+    assert rows["fast"]["seeds_reached_quality"] == 3
+    assert rows["never"]["time_to_quality_s"] is None and rows["never"]["seeds_reached_quality"] == 0
+    assert ttq.cells(rows["never"]) == ("not reached (best 0.2200)", "not reached")
+    # median over the seeds that reached it: 2.0 and 3.0 s, 128 and 192 samples
+    assert ttq.cells(rows["some"]) == ("2.5 (2/3 seeds; the others not reached, best 0.3700)",
+                                       "160 (2/3 seeds)")
+
+
+def test_samples_to_quality_are_the_samples_the_curve_counted():
+    """Not steps x batch: what the run counted (a window that re-packs trains steps of
+    uneven size), and n/a, saying why, in a run stored before samples were counted."""
+    r = run("ddp", [1, 20], valid=(0.1, 0.5, 0.5))
+    r.curve[1]["samples"] = 123  # the real count through the second evaluation
+    row = analyze([r], SPE)["rows"][0]
+    assert row["samples_to_quality"] == 123 and row["time_to_quality_s"] == 2.0
+    for e in r.curve:
+        del e["samples"]  # a run stored before samples were counted
+    assert ttq.cells(analyze([r], SPE)["rows"][0]) == ("2.0", "n/a (not counted when stored)")
+
+
+def test_quality_tables_read_results_stored_before_time_to_quality():
+    """A quality.json from before (an HR@10 target, no validation target) still renders:
+    its time-to-quality cells say why they are empty."""
+    from fsbench.cli.quality import markdown
+
+    old = {"data": "recbole:x", "model": "sasrec", "loss": "full", "epochs": 2,
+           "steps_per_epoch": 4, "seeds": [0], "baseline": "ddp", "target_hr10": 0.2,
+           "target_fraction": 0.9, "margin": 0.1,
+           "rows": [{"trainer": "ddp", "world_size": 2, "seeds": 1, "hr_at_10": 0.3,
+                     "hr_at_10_ci": [0.2, 0.4], "ndcg_at_10": 0.2, "ndcg_at_10_ci": [0.1, 0.3],
+                     "epochs_selected": [2], "steps_to_target": 8, "time_to_target_s": 1.5,
+                     "reached_target": 1, "loss_max_rel_diff": 0.0, "equivalent": "(baseline)"}]}
+    text = markdown(old)
+    assert text.count(ttq.STORED_BEFORE) == 3, text  # the header and both cells
+    new = analyze([run("ddp", [1, 20], valid=(0.1, 0.5, 0.5))], SPE)
+    new.update(data="recbole:x", model="sasrec", loss="full", epochs=3, seeds=[0])
+    text = markdown(json.loads(json.dumps(new)))  # as stored: world sizes become strings
+    assert "95% of ddp's best" in text and "2 ranks 0.4750" in text and "| 2.0 | 128 |" in text
+
+
+def test_the_report_shows_time_to_quality_from_the_runs_curves(tmp_path):
+    """`fsbench report` over a quality store: the target and time to quality per row, from
+    the runs' stored learning curves; runs stored before samples were counted say so."""
+    import pandas as pd
+
+    from fsbench.reporting.report import report_table
+
+    rows = []
+    for i, (trainer, valid, counted) in enumerate([("ddp", (0.1, 0.4), True), ("ddp", (0.2, 0.4), True),
+                                                    ("freescale", (0.39, 0.4), False),
+                                                    ("freescale", (0.1, 0.2), False)]):
+        curve = [{"step": 3 + 4 * k, "train_s": 1.0 + k, "hr_at_10": 0.1, "valid_ndcg_at_10": v,
+                  **({"samples": 64 * (k + 1)} if counted else {})} for k, v in enumerate(valid)]
+        d = tmp_path / f"run{i}"
+        d.mkdir()
+        (d / "summary.json").write_text(json.dumps({"quality_curve": curve}))
+        rows.append({"workload": "w", "trainer": trainer, "world_size": 2, "status": "complete",
+                     "samples_per_s": 10.0, "hr_at_10": 0.1, "ndcg_at_10": 0.05, "run_dir": str(d)})
+    table = report_table(pd.DataFrame(rows), "ddp").set_index("trainer")
+    assert table.loc["ddp", "target_valid_ndcg_at_10"] == pytest.approx(0.38)
+    assert (table.loc["ddp", "time_to_quality_s"], table.loc["ddp", "samples_to_quality"]) == (2.0, 128)
+    assert table.loc["freescale", "time_to_quality_s"] == \
+        "1.0 (1/2 seeds; the others not reached, best 0.2000)"
+    assert table.loc["freescale", "samples_to_quality"] == "n/a (not counted when stored) (1/2 seeds)"
+    # a store of speed runs (no validation scores) keeps its table as it was
+    for r in rows:
+        (Path(r["run_dir"]) / "summary.json").write_text(json.dumps({"quality_curve": [
+            {"step": 3, "train_s": 1.0, "hr_at_10": 0.1}]}))
+    assert "time_to_quality_s" not in report_table(pd.DataFrame(rows), "ddp")
 
 
 def test_quality_rejects_bad_input_in_one_line(tmp_path, capsys):
@@ -148,6 +247,10 @@ def test_quality_rejects_bad_input_in_one_line(tmp_path, capsys):
     assert "--epochs=0 must be >= 1" in capsys.readouterr().err
     assert main(["quality", "--data", data, "--margin", "0"]) == 2
     assert "--margin=0.0 must be > 0" in capsys.readouterr().err
+    for bad in ("0", "1.5", "nan"):
+        assert main(["quality", "--data", data, "--target-fraction", bad]) == 2
+        err = capsys.readouterr().err
+        assert f"--target-fraction={float(bad)} must be in (0, 1]" in err and err.count("\n") == 1
 
 
 def write_learnable(path: Path, users: int = 240, items: int = 60, seed: int = 0) -> str:
@@ -186,9 +289,13 @@ def test_quality_passes_the_real_trainers_and_flags_the_broken_ones(tmp_path, ra
         assert not rows[real]["equivalent"].startswith("NOT"), rows[real]
     assert rows["ddp"]["hr_at_10"] > 0.3  # it learned the ring (random: 10/60)
     assert (tmp_path / "q" / "quality" / "quality.md").read_text().count("NOT equivalent") == 2
+    assert json.loads((tmp_path / "q" / "quality" / "quality.json").read_text())["rows"] == doc["rows"]
+    assert rows["ddp"]["seeds_reached_quality"] == 1  # it reaches 95% of its own best
+    assert rows["ddp"]["samples_to_quality"] % 16 == 0 and rows["ddp"]["time_to_quality_s"] > 0
     # the store is a store like any: its report shows quality and the learning curves
     assert main(["report", "--store", str(tmp_path / "q"), "--out", str(tmp_path / "rep")]) == 0
     assert "HR@10" in (tmp_path / "rep" / "report.md").read_text()
+    assert "samples to quality" in (tmp_path / "rep" / "report.md").read_text()
     assert (tmp_path / "rep" / "learning_curves.png").stat().st_size > 1000
 
 

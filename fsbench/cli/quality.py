@@ -12,6 +12,8 @@ from typing import Callable
 from fsbench.cli.args import add_format, add_store, path_arg
 from fsbench.cli.run_config import parse_sets
 from fsbench.config import ConfigError
+from fsbench.quality.time_to_quality import (STORED_BEFORE, TARGET_FRACTION, cells, check_fraction,
+                                             describe_target)
 from fsbench.table import dumps, note, progress
 
 DEFAULT_STORE = "runs/quality"
@@ -24,8 +26,10 @@ def add_parsers(sub, _csv: Callable) -> None:
                     "training target once per epoch), with RecBole's leave-one-out protocol: "
                     "each user's second-to-last item validates (picks the epoch), the last "
                     "tests; all items ranked, seen items kept. Prints HR@10 and NDCG@10 per "
-                    "trainer (mean over seeds, 95% interval over users), steps and time to a "
-                    "target HR@10, and whether each trainer is equivalent to the baseline: the "
+                    "trainer (mean over seeds, 95% interval over users), time to quality (training "
+                    "seconds, evaluation excluded, and samples until validation NDCG@10 first "
+                    "reaches a fraction of the baseline's best), and whether each trainer is "
+                    "equivalent to the baseline: the "
                     "same losses over the first epoch (the same function) and a test HR@10 "
                     "within the margin (paired over users). Exit 0 all equivalent, 1 one is "
                     "not, 3 inconclusive.")
@@ -49,9 +53,10 @@ def add_parsers(sub, _csv: Callable) -> None:
                         "model.dim=64, 2 layers, 2 heads, model.user_features=false, Adagrad "
                         "lr 0.01, 16 windows a step, model.loss=full up to 50,000 items) or a "
                         "trainer switch (<trainer>.<key>=value)")
-    p.add_argument("--target-fraction", type=float, default=0.9,
-                   help="time to quality: the target HR@10 is this fraction of the best "
-                        "trainer's")
+    p.add_argument("--target-fraction", type=float, default=TARGET_FRACTION,
+                   help="time to quality: the target validation NDCG@10 is this fraction, in "
+                        "(0, 1], of the baseline's best at the same world size (each seed's "
+                        "best, averaged over seeds; default %(default)s)")
     p.add_argument("--margin", type=float, default=0.1,
                    help="equivalence margin on test HR@10, relative to the baseline's")
     add_store(p, "the store the runs go to (a stopped quality run resumes from it)",
@@ -72,8 +77,7 @@ def cmd_quality(args: argparse.Namespace) -> int:
     from fsbench.training.evaluate import check_trainer
     from fsbench.running.output_paths import check_writable_dir
 
-    if not 0 < args.target_fraction <= 1:
-        raise ConfigError(f"--target-fraction={args.target_fraction} must be in (0, 1]")
+    check_fraction(args.target_fraction)
     if args.margin <= 0:
         raise ConfigError(f"--margin={args.margin} must be > 0")
     if not args.seeds or not args.world_sizes or not args.trainers:
@@ -101,6 +105,7 @@ def cmd_quality(args: argparse.Namespace) -> int:
                   data=args.data, model=args.model, loss=workload.model.loss)
     text = markdown(result)
     (out / "quality.md").write_text(text + "\n")
+    (out / "quality.json").write_text(dumps(result) + "\n")
     if not args.no_plots:
         (out / "learning_curves.png").write_bytes(learning_curves(done))
     print(dumps(result) if args.format == "json" else text)
@@ -112,29 +117,32 @@ def cmd_quality(args: argparse.Namespace) -> int:
 
 
 def markdown(result: dict) -> str:
+    """The quality table; a result stored before time to quality (no targets) says so in
+    those columns."""
     def ci(pair) -> str:
         return f"[{pair[0]:.4f}, {pair[1]:.4f}]"
 
-    def opt(v, fmt: str) -> str:
-        return "not reached" if v is None else format(v, fmt)
-
+    targets = result.get("target_valid_ndcg_at_10")
+    quality = (STORED_BEFORE if targets is None else
+               describe_target(result["target_fraction"], result["baseline"],
+                               {int(n): t for n, t in targets.items()}))
     lines = [
         f"Quality on {result['data']} ({result['model']}, model.loss={result['loss']}, "
         f"{result['epochs']} epochs of {result['steps_per_epoch']} steps, seeds "
         f"{','.join(map(str, result['seeds']))}); test scores at each run's best-validation "
-        f"epoch; target HR@10 {result['target_hr10']:.4f} ({result['target_fraction']:.0%} of "
-        f"the best trainer's).", "",
+        f"epoch; {quality}.", "",
         "| trainer | ranks | HR@10 | 95% interval | NDCG@10 | 95% interval | epoch picked "
-        "| steps to target | train s to target | loss vs baseline (max rel.) | equivalent to "
+        "| train s to quality | samples to quality | loss vs baseline (max rel.) | equivalent to "
         f"{result['baseline']} |",
         "|---|--:|--:|---|--:|---|---|--:|--:|--:|---|",
     ]
     for r in result["rows"]:
+        time, samples = cells(r)
         lines.append(
             f"| {r['trainer']} | {r['world_size']} | {r['hr_at_10']:.4f} | {ci(r['hr_at_10_ci'])} "
             f"| {r['ndcg_at_10']:.4f} | {ci(r['ndcg_at_10_ci'])} | "
-            f"{','.join(map(str, r['epochs_selected']))} | {opt(r['steps_to_target'], '.0f')} | "
-            f"{opt(r['time_to_target_s'], '.1f')} | {r['loss_max_rel_diff']:.1e} | {r['equivalent']} |")
+            f"{','.join(map(str, r['epochs_selected']))} | {time} | {samples} "
+            f"| {r['loss_max_rel_diff']:.1e} | {r['equivalent']} |")
     return "\n".join(lines)
 
 

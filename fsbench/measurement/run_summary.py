@@ -85,7 +85,11 @@ def summarize(files: RunFiles) -> dict:
     summary.update(host_syncs.per_step(stats[~stats["step"].isin(warmup_steps(spans))]))
     summary.update(merge_monitors(files.monitors))
     summary.update(peak_memory(files.memories))
-    summary.update(quality(files.evaluation, step_times_ms(spans, files.gpu_busy) if files.evaluation else {}))
+    if files.evaluation:
+        summary.update(quality(files.evaluation, step_times_ms(spans, files.gpu_busy),
+                               samples_per_step(stats, manifest["world_size"])))
+    else:
+        summary.update(quality(None, {}))
     if files.inputs:  # 0 on every rank: no trainer generated data in its training process
         summary["batches_generated_in_rank"] = max(i["batches_generated_in_rank"] for _, i in files.inputs)
         summary["input_workers"] = files.inputs[0][1]["input_workers"]
@@ -98,6 +102,15 @@ def step_times_ms(spans: pd.DataFrame, gpu_busy: pd.DataFrame | None) -> dict[in
     """T per step (ms), warm-up steps included: what time to quality sums."""
     steps = metrics.step_metrics(spans, gpu_busy)
     return dict(zip(steps["step"].astype(int), steps["step_time_ms"]))
+
+
+def samples_per_step(stats: pd.DataFrame, world_size: int) -> dict[int, int]:
+    """The samples each step trained, summed over the ranks' own counts (a trainer that
+    re-packs samples, FreeScale's window, reports what it trained); steps some rank did not
+    record are left out."""
+    by_step = stats.groupby("step")["num_samples"].agg(["sum", "size"])
+    whole = by_step[by_step["size"] == world_size]
+    return {int(s): int(n) for s, n in zip(whole.index, whole["sum"])}
 
 
 def merge_monitors(ranks: list[dict]) -> dict:
@@ -144,9 +157,11 @@ def peak_memory(per_rank: list[dict]) -> dict:
             "peak_memory_kind": kind.removesuffix("_mb")}
 
 
-def quality(record: dict | None, step_time_ms: dict[int, float]) -> dict:
-    """The summary's evaluation keys from `eval.json` (None without one) and the run's
-    step times T per step (ms): the last evaluation's metrics, and time to quality."""
+def quality(record: dict | None, step_time_ms: dict[int, float],
+            step_samples: dict[int, int] | None = None) -> dict:
+    """The summary's evaluation keys from `eval.json` (None without one), the run's step
+    times T per step (ms) and samples trained per step (global): the last evaluation's
+    metrics, time to quality, and the learning curve."""
     out = dict.fromkeys(QUALITY_KEYS)
     if not record or not record.get("evaluations"):
         return out
@@ -156,13 +171,18 @@ def quality(record: dict | None, step_time_ms: dict[int, float]) -> dict:
                hr_at_10_logq=final.get("hr_at_10_logq"),
                ndcg_at_10_logq=final.get("ndcg_at_10_logq"),
                eval_users=record["eval_users"], target_hr10=target)
-    # The learning curve: every evaluation with the training time through its step (None
-    # where a step's timeline is missing), for `fsbench quality` and the report.
-    elapsed, through = {}, 0.0
+    # The learning curve: every evaluation with the training time through its step and the
+    # global samples trained through it, warm-up steps included (None where a step's
+    # record is missing), for `fsbench quality` and the report.
+    elapsed, samples, through, counted = {}, {}, 0.0, 0
+    step_samples = step_samples or {}
     for s in range(evals[-1]["step"] + 1):
         through = None if through is None or s not in step_time_ms else through + step_time_ms[s]
+        counted = None if counted is None or s not in step_samples else counted + step_samples[s]
         elapsed[s] = None if through is None else through / 1e3
-    out["quality_curve"] = [{**e, "train_s": elapsed[e["step"]]} for e in evals]
+        samples[s] = counted
+    out["quality_curve"] = [{**e, "train_s": elapsed[e["step"]], "samples": samples[e["step"]]}
+                            for e in evals]
     reached = next((e for e in evals if target is not None and e["hr_at_10"] >= target), None)
     if reached is not None:
         out["steps_to_target"] = reached["step"] + 1

@@ -12,8 +12,9 @@ Protocol (RecBole's sequential leave-one-out, `LS: valid_and_test`, full ranking
 - seeds repeat the whole run (initial weights and batch order).
 
 Per trainer and world size: HR@10 and NDCG@10 (mean over seeds, 95% bootstrap interval
-over users), the steps and training time to a target HR@10 (default: 90% of the best
-trainer's), and whether the trainer is equivalent to DDP, by two checks:
+over users), the time and samples to quality (until validation NDCG@10 first reaches, by
+default, 95% of the baseline's best: fsbench.quality.time_to_quality), and whether the
+trainer is equivalent to DDP, by two checks:
 - trajectory: every trainer computes the same function on the same global batch, so its
   per-step losses over the first epoch are DDP's up to float rounding (`LOSS_RTOL`). A
   trainer that trains on stale embeddings or drops a rank's gradients leaves them.
@@ -34,6 +35,7 @@ import numpy as np
 
 from fsbench.config import ConfigError, EvalConfig, RunConfig, WorkloadConfig
 from fsbench.config_io import override_all
+from fsbench.quality.time_to_quality import TARGET_FRACTION, rows_by_key
 
 # RecBole's SASRec as the reference compares it (results/quality_ml100k_cpu.md): 50 items of
 # history, width 64, 2 layers, 2 heads, no user features (the history alone). 16 windows of
@@ -117,7 +119,7 @@ class RunQuality:
     trainer: str
     world_size: int
     seed: int
-    curve: list[dict]          # per evaluation: step, train_s, test and validation scores
+    curve: list[dict]          # per evaluation: step, train_s, samples, test and validation scores
     selected: dict             # the evaluation with the best validation score
     ranks: np.ndarray          # (U,) test rank of each user's item at `selected`
     losses: list[float]        # per step, the global loss
@@ -148,10 +150,6 @@ def _hits(ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return per_user_hit_gain(ranks)
 
 
-def first_reaching(curve: list[dict], target: float) -> dict | None:
-    return next((e for e in curve if e["hr_at_10"] >= target), None)
-
-
 def trajectory(run: RunQuality, base: RunQuality, steps: int) -> tuple[str, float]:
     """(`same` | `departs at step K`, largest relative loss difference) over `steps`.
     A trainer that re-packs samples across steps (a look-ahead window) trains other
@@ -169,9 +167,10 @@ def trajectory(run: RunQuality, base: RunQuality, steps: int) -> tuple[str, floa
 
 
 def analyze(results: list[RunQuality], steps_per_epoch: int, baseline: str = "ddp",
-            target_fraction: float = 0.9, margin: float = 0.1,
+            target_fraction: float = TARGET_FRACTION, margin: float = 0.1,
             rounding: Callable[[int, int], int | None] | None = None) -> dict:
-    """The quality table (one row per trainer and world size) and its target.
+    """The quality table (one row per trainer and world size) and its time-to-quality
+    targets (`target_fraction` of the baseline's best validation NDCG@10, per world size).
     `rounding(seed, steps)`: the step (of `steps`) at which the baseline's own training
     departs from a rounding-sized perturbation of itself, or None
     (fsbench.quality.rounding_probe); asked only of a trainer's departure."""
@@ -180,26 +179,24 @@ def analyze(results: list[RunQuality], steps_per_epoch: int, baseline: str = "dd
     groups: dict[tuple[str, int], list[RunQuality]] = {}
     for r in results:
         groups.setdefault((r.trainer, r.world_size), []).append(r)
-    mean_hr = {k: float(np.mean([_hits(r.ranks)[0].mean() for r in rs])) for k, rs in groups.items()}
-    target = target_fraction * max(mean_hr.values())
+    to_quality = rows_by_key({k: [r.curve for r in rs] for k, rs in groups.items()},
+                             baseline, target_fraction)
     rows = []
     for (trainer, n), runs in groups.items():
         runs = sorted(runs, key=lambda r: r.seed)
         hit, gain = (np.mean(a, axis=0) for a in zip(*(_hits(r.ranks) for r in runs)))
-        reached = [first_reaching(r.curve, target) for r in runs]
         row = {"trainer": trainer, "world_size": n, "seeds": len(runs),
                "hr_at_10": float(hit.mean()), "hr_at_10_ci": mean_interval(hit),
                "ndcg_at_10": float(gain.mean()), "ndcg_at_10_ci": mean_interval(gain),
                "epochs_selected": [r.selected["step"] // steps_per_epoch + 1 for r in runs],
-               "steps_to_target": _median([e["step"] + 1 if e else None for e in reached]),
-               "time_to_target_s": _median([e["train_s"] if e else None for e in reached]),
-               "reached_target": sum(e is not None for e in reached),
+               **to_quality[(trainer, n)],
                "train_s": _median([r.curve[-1]["train_s"] for r in runs])}
         row.update(_against(runs, groups.get((baseline, n), []), trainer == baseline,
                             steps_per_epoch, margin, equivalence, rounding))
         rows.append(row)
     rows.sort(key=lambda r: (r["world_size"], r["trainer"] != baseline, r["trainer"]))
-    return {"rows": rows, "target_hr10": target, "target_fraction": target_fraction,
+    targets = {r["world_size"]: r["target_valid_ndcg_at_10"] for r in rows}
+    return {"rows": rows, "target_valid_ndcg_at_10": targets, "target_fraction": target_fraction,
             "margin": margin, "baseline": baseline, "loss_rtol": LOSS_RTOL,
             "steps_per_epoch": steps_per_epoch}
 

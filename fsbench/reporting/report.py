@@ -149,7 +149,39 @@ def report_table(runs: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
         quality = runs[KEYS].join(scores).groupby(KEYS, sort=False).median()
         table = table.join(quality, on=KEYS)
         cols += list(QUALITY)
+        to_quality = _time_to_quality(runs, baseline)
+        if to_quality:  # runs that scored validation: fsbench quality's store
+            for i, col in enumerate(TO_QUALITY):
+                table[col] = [to_quality.get(tuple(k), (None,) * 3)[i]
+                              for k in table[KEYS].itertuples(index=False)]
+            cols += list(TO_QUALITY)
     return table[cols].reset_index(drop=True)
+
+
+TO_QUALITY = ("target_valid_ndcg_at_10", "time_to_quality_s", "samples_to_quality")
+
+
+def _time_to_quality(runs: pd.DataFrame, baseline: str) -> dict[tuple, tuple]:
+    """Per report row (KEYS), (target, time, samples) to quality over its runs' learning
+    curves (fsbench.quality.time_to_quality.values); empty where no run scored validation."""
+    import json
+
+    from fsbench.quality import time_to_quality as ttq
+
+    if "run_dir" not in runs:
+        return {}
+    curves: dict[tuple, list] = {}
+    evaluated = runs[pd.to_numeric(runs["hr_at_10"], errors="coerce").notna()]
+    for _, run in evaluated.iterrows():
+        try:
+            curve = json.loads((Path(run["run_dir"]) / "summary.json").read_text()).get("quality_curve")
+        except (OSError, ValueError):
+            continue
+        if curve and ttq.best(curve) is not None:  # (trainer, world size) last, as rows_by_key reads
+            key = (run["workload"], bool(run["simulated"]), run["trainer"], int(run["world_size"]))
+            curves.setdefault(key, []).append(curve)
+    return {(w, trainer, n, sim): ttq.values(r)
+            for (w, sim, trainer, n), r in ttq.rows_by_key(curves, baseline).items()}
 
 
 # ---------------------------------------------------------------------------- rendering
@@ -169,6 +201,10 @@ def footnotes(table: pd.DataFrame, symbols: bool = False) -> list[str]:
              f"(N x throughput(1)), same trainer and workload; {ratio.replace('_', ' ')} = "
              f"samples/s ratio at the same world size, [its 95% interval]: a bootstrap over "
              f"both trainers' repeats (none with fewer than 2 repeats a side); n/a = not available."]
+    if "time_to_quality_s" in table:
+        from fsbench.quality.time_to_quality import report_note
+
+        notes.append(report_note(ratio.removeprefix("throughput_vs_")))
     if table["oversubscribed"].any():
         notes.append("† oversubscribed (ranks x threads > cores): step time, throughput, bubble, "
                      "straggler, exposed comm and the ratios built on them measure time-sharing, "
