@@ -208,6 +208,23 @@ def test_quality_tables_read_results_stored_before_time_to_quality():
     assert "95% of ddp's best" in text and "2 ranks 0.4750" in text and "| 2.0 | 128 |" in text
 
 
+def test_a_trainer_that_cannot_run_the_protocol_says_why(tmp_path, capsys):
+    """TorchRec's CPU tables have no Adam: as the baseline that is a one-line error before
+    any rank starts; beside the baseline it is a row of the table, with the reason."""
+    from fsbench.cli.quality import markdown
+
+    data = write_learnable(tmp_path / "d.txt")
+    args = ["quality", "--data", data, "--set", "optimizer.tables=adam", "--store", str(tmp_path / "q")]
+    assert main([*args, "--trainers", "torchrec,ddp"]) == 2
+    err = capsys.readouterr().err
+    assert "optimizer.tables=adam" in err and err.count("\n") == 1
+    assert not (tmp_path / "q").exists()
+    result = analyze([run("ddp", [1, 20], valid=(0.1, 0.5, 0.5))], SPE)
+    result.update(data="recbole:x", model="sasrec", loss="full", epochs=3, seeds=[0],
+                  not_run={"torchrec": "optimizer.tables=adam: the torchrec trainer runs sgd"})
+    assert "| torchrec | | | | | | | | | | not run: optimizer.tables=adam" in markdown(result)
+
+
 def test_the_report_shows_time_to_quality_from_the_runs_curves(tmp_path):
     """`fsbench report` over a quality store: the target and time to quality per row, from
     the runs' stored learning curves; runs stored before samples were counted say so."""

@@ -2,7 +2,8 @@
 against DDP's (fsbench.quality.convergence); fsbench.cli dispatches here through `COMMANDS`.
 
 Exit codes: 0 every trainer equivalent to the baseline; 1 one is NOT equivalent (it
-trains another function, or a worse model); 3 one is inconclusive (and why)."""
+trains another function, or a worse model); 3 one is inconclusive (and why), or cannot run
+the protocol (its row says why)."""
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,8 @@ def add_parsers(sub, _csv: Callable) -> None:
                     "equivalent to the baseline: the "
                     "same losses over the first epoch (the same function) and a test HR@10 "
                     "within the margin (paired over users). Exit 0 all equivalent, 1 one is "
-                    "not, 3 inconclusive.")
+                    "not, 3 inconclusive or a trainer that cannot run the protocol (its row "
+                    "says why).")
     p.add_argument("--data", required=True, metavar="KIND:PATH",
                    help="interaction data: recbole:PATH (a RecBole .inter file), sasrec:PATH "
                         "or otto:PATH")
@@ -86,9 +88,19 @@ def cmd_quality(args: argparse.Namespace) -> int:
     workload, per_epoch = quality_workload(args.workload, args.data, args.model, args.epochs, sets)
     options = {t: trainer_options(t, trainer_sets.get(t, {})) for t in args.trainers}
     runs = quality_runs(workload, per_epoch, args.trainers, args.world_sizes, args.seeds, options)
-    for run in runs[:len(args.trainers) * len(args.world_sizes)]:  # every check before any rank
-        check_run(run)
-        check_trainer(run, resolve_trainer_class(run.trainer))
+    # Every check before any rank. A trainer that cannot run the protocol (TorchRec's CPU
+    # tables have no Adam) is left out with its reason, in the table and the exit code;
+    # the baseline must run, or nothing can be compared.
+    not_run: dict[str, str] = {}
+    for run in runs[:len(args.trainers) * len(args.world_sizes)]:
+        try:
+            check_run(run)
+            check_trainer(run, resolve_trainer_class(run.trainer))
+        except ConfigError as e:
+            if run.trainer == args.trainers[0]:
+                raise
+            not_run.setdefault(run.trainer, str(e))
+    runs = [r for r in runs if r.trainer not in not_run]
     # Where the runs and the report go, before the first run: not after hours of training.
     check_writable_dir(args.store, "--store")
     out = check_writable_dir(args.out or Path(args.store) / "quality", "--out" if args.out else "--store")
@@ -102,7 +114,7 @@ def cmd_quality(args: argparse.Namespace) -> int:
                      rounding=functools.cache(lambda seed, steps: baseline_departure(
                          baseline_runs[seed], steps, LOSS_RTOL)))
     result.update(workload=workload.name, epochs=args.epochs, seeds=args.seeds, store=args.store,
-                  data=args.data, model=args.model, loss=workload.model.loss)
+                  data=args.data, model=args.model, loss=workload.model.loss, not_run=not_run)
     text = markdown(result)
     (out / "quality.md").write_text(text + "\n")
     (out / "quality.json").write_text(dumps(result) + "\n")
@@ -113,7 +125,7 @@ def cmd_quality(args: argparse.Namespace) -> int:
     verdicts = [r["equivalent"] for r in result["rows"] if r["equivalent"] != "(baseline)"]
     if any(v.startswith("NOT") for v in verdicts):
         return 1
-    return 3 if any(v.startswith("inconclusive") for v in verdicts) else 0
+    return 3 if not_run or any(v.startswith("inconclusive") for v in verdicts) else 0
 
 
 def markdown(result: dict) -> str:
@@ -143,6 +155,8 @@ def markdown(result: dict) -> str:
             f"| {r['ndcg_at_10']:.4f} | {ci(r['ndcg_at_10_ci'])} | "
             f"{','.join(map(str, r['epochs_selected']))} | {time} | {samples} "
             f"| {r['loss_max_rel_diff']:.1e} | {r['equivalent']} |")
+    for trainer, reason in (result.get("not_run") or {}).items():  # absent before: none
+        lines.append(f"| {trainer} | | | | | | | | | | not run: {reason} |")
     return "\n".join(lines)
 
 
