@@ -292,9 +292,12 @@ def test_quality_passes_the_real_trainers_and_flags_the_broken_ones(tmp_path, ra
     data = write_learnable(tmp_path / "d.txt")
     trainers = ["ddp", "freescale", "torchrec", "deepspeed",
                 "trainers_for_tests:StaleEmbeddingDDP", "trainers_for_tests:DroppedRankDDP"]
+    # Adagrad at lr 0.01 (the protocol before Adam), which every trainer runs on CPU and
+    # which learns this ring in 3 epochs.
     code = main(["quality", "--data", data, "--trainers", ",".join(trainers), "--epochs", "3",
-                 "--seeds", "0", "--set", "global_batch_size=16", "--store", str(tmp_path / "q"),
-                 "--format", "json", "--no-plots"])
+                 "--seeds", "0", "--set", "global_batch_size=16", "--set", "optimizer=adagrad",
+                 "--set", "lr=0.01", "--store", str(tmp_path / "q"), "--format", "json",
+                 "--no-plots"])
     doc = json.loads(capsys.readouterr().out)
     rows = {r["trainer"]: r for r in doc["rows"]}
     assert code == 1
@@ -314,6 +317,24 @@ def test_quality_passes_the_real_trainers_and_flags_the_broken_ones(tmp_path, ra
     assert "HR@10" in (tmp_path / "rep" / "report.md").read_text()
     assert "samples to quality" in (tmp_path / "rep" / "report.md").read_text()
     assert (tmp_path / "rep" / "learning_curves.png").stat().st_size > 1000
+
+
+@pytest.mark.dist
+def test_the_adam_protocol_runs_every_trainer_that_can_and_says_why_not(tmp_path, capsys):
+    """The default protocol (Adam on the dense part and on the tables): FreeScale's
+    sharded tables and DeepSpeed follow DDP's losses over the first epoch; TorchRec, whose
+    fused CPU tables have no Adam, is a row that says so, and the exit code is 3."""
+    data = write_learnable(tmp_path / "d.txt", users=120)
+    code = main(["quality", "--data", data, "--trainers", "ddp,freescale,deepspeed,torchrec",
+                 "--epochs", "1", "--seeds", "0", "--store", str(tmp_path / "q"),
+                 "--format", "json", "--no-plots"])
+    doc = json.loads(capsys.readouterr().out)
+    rows = {r["trainer"]: r for r in doc["rows"]}
+    assert code == 3, doc
+    assert set(rows) == {"ddp", "freescale", "deepspeed"}
+    for trainer in ("freescale", "deepspeed"):
+        assert rows[trainer]["trajectory"] == "same", rows[trainer]
+    assert "optimizer.tables=adam" in doc["not_run"]["torchrec"]
 
 
 def test_the_protocol_trains_on_the_history_alone(tmp_path):

@@ -45,16 +45,17 @@ def add_parsers(sub, _csv: Callable) -> None:
     p.add_argument("--model", default="sasrec", choices=["sasrec", "hstu"], help="encoder family")
     p.add_argument("--epochs", type=int, default=20,
                    help="epochs to train; the reported test score is the best-validation epoch's")
-    p.add_argument("--seeds", type=_csv(int), default=[0, 1],
+    p.add_argument("--seeds", type=_csv(int), default=[0, 1, 2],
                    help="comma-separated seeds (weights and batch order); each is a run per "
                         "trainer and world size")
     p.add_argument("--workload", default="small",
                    help="preset the protocol starts from (its other fields)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a workload field (after the protocol: max_seq_len=50, "
-                        "model.dim=64, 2 layers, 2 heads, model.user_features=false, Adagrad "
-                        "lr 0.01, 16 windows a step, model.loss=full up to 50,000 items) or a "
-                        "trainer switch (<trainer>.<key>=value)")
+                        "model.dim=64, 2 layers, 2 heads, model.user_features=false, Adam "
+                        "lr 0.001 on the dense part and the tables, 16 windows a step, "
+                        "model.loss=full up to 50,000 items) or a trainer switch "
+                        "(<trainer>.<key>=value)")
     p.add_argument("--target-fraction", type=float, default=TARGET_FRACTION,
                    help="time to quality: the target validation NDCG@10 is this fraction, in "
                         "(0, 1], of the baseline's best at the same world size (each seed's "
