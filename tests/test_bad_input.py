@@ -171,6 +171,18 @@ def test_gate_in_another_git_repository_is_refused(tmp_path, capsys, monkeypatch
     assert len(err) == 1 and "is another repository" in err[0], err
 
 
+def test_gate_refuses_a_store_that_holds_an_earlier_gates_runs(tmp_path, capsys):
+    """A second gate into the same --store would compare the first one's runs (another
+    commit's) with its own: refused before any run, the earlier runs untouched."""
+    old = tmp_path / "g" / "new" / "20261206-172339-small-freescale-n2-85f926"
+    old.mkdir(parents=True)
+    (old / "summary.json").write_text("{}")
+    assert main(["gate", "--base", "HEAD", "--store", str(tmp_path / "g")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "already holds a gate's runs (new/)" in err[0], err
+    assert sorted(p.name for p in (tmp_path / "g").rglob("*")) == [old.name, "new", "summary.json"]
+
+
 def test_bisect_outside_git_names_bisect(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))

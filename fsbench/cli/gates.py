@@ -215,6 +215,12 @@ def cmd_gate(args: argparse.Namespace) -> int:
     base_sha = gate.resolve_rev(root, args.base, "--base")
     new_sha = gate.resolve_rev(root, args.new, "--new") if args.new else None
     out = _store_of(args, "gate")
+    # The comparison reads every run under base/ and new/: an earlier gate's runs there
+    # (another commit's, another day's) would be compared as this one's.
+    held = [side for side in ("base", "new") if (out / side).is_dir() and any((out / side).iterdir())]
+    if held:
+        raise ConfigError(f"--store {out} already holds a gate's runs ({', '.join(held)}/), which "
+                          "would be compared with this one's: give a new directory")
     verdict = gate.run_gate(root, base_sha, new_sha, sweep, out, args.retries, alpha, thresholds,
                             args.allow_cross_machine,
                             progress=lambda it: progress(it, "gate run pairs", "pair"))
