@@ -201,17 +201,24 @@ def verdict(kind: str, better: str, effect: float, ci: tuple[float, float], p_ad
             alpha: float, threshold: float) -> str:
     """regressed / improved: significant (Holm-adjusted p below alpha), beyond the
     threshold, and the interval entirely on that side of "no change". unchanged: the
-    whole interval within the threshold (evidence of no change that matters). Anything
-    else is inconclusive: the data allow a change beyond the threshold but do not show one."""
+    whole interval within the threshold (evidence of no change that matters). Also
+    improved: significant with the whole interval on the better side, reaching past the
+    threshold there (an improvement of about the threshold's size: no regression is left
+    in the interval, so a gate has nothing to wait for; on the worse side the same reach
+    stays inconclusive). Anything else is inconclusive: the data allow a regression
+    beyond the threshold, or a change, but do not show one."""
     none = 0.0 if kind == "ratio" else 1.0
     if not all(map(math.isfinite, (effect, *ci))):
         return "inconclusive"
     change = effect - none  # + means the metric went up
-    if p_adj < alpha and abs(change) > threshold and (ci[0] > none or ci[1] < none):
-        worse = change > 0 if better == "lower" else change < 0
+    one_side = ci[0] > none or ci[1] < none
+    worse = change > 0 if better == "lower" else change < 0
+    if p_adj < alpha and abs(change) > threshold and one_side:
         return "regressed" if worse else "improved"
     if none - threshold <= ci[0] and ci[1] <= none + threshold:
         return "unchanged"
+    if p_adj < alpha and one_side and not worse:
+        return "improved"
     return "inconclusive"
 
 

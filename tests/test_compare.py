@@ -32,6 +32,13 @@ def test_holm_adjusts_monotonically():
     ("ratio", "lower", 0.05, (0.03, 0.07), 0.001, "regressed"),    # +5 bubble points
     ("ratio", "lower", -0.05, (-0.07, -0.03), 0.001, "improved"),
     ("ratio", "lower", 0.01, (0.005, 0.015), 0.001, "unchanged"),  # 1 point < 2 points
+    # significant, all on the better side, reaching past the threshold: an improvement of
+    # about the threshold's size (a gate measured -1.5 pp [-2.1, -1.0]); the same reach on
+    # the worse side stays inconclusive (above: could be 7% slower)
+    ("ratio", "lower", -0.015, (-0.021, -0.010), 0.0007, "improved"),
+    ("time", "higher", 1.04, (1.029, 1.051), 0.0007, "improved"),
+    ("ratio", "lower", 0.015, (0.010, 0.021), 0.0007, "inconclusive"),
+    ("ratio", "lower", -0.015, (-0.021, -0.010), 0.2, "inconclusive"),  # not significant
 ])
 def test_verdict_calls_unchanged_only_on_an_interval_within_the_threshold(kind, better, effect, ci, p, want):
     assert stats.verdict(kind, better, effect, ci, p, 0.01, compare.DEFAULT_THRESHOLDS[kind]) == want

@@ -5,7 +5,9 @@ For each (workload, trainer, world size) and each metric, four outcomes:
 
   regressed / improved  the Holm-adjusted p (over the metrics of one key) below `alpha`,
                         the change beyond the metric's threshold, and its 95% interval
-                        entirely on that side of "no change";
+                        entirely on that side of "no change"; improved also when
+                        significant with the whole interval on the better side but reaching
+                        past the threshold (no regression left in the interval);
   unchanged             the whole interval within the threshold: evidence that nothing
                         moved by more than the threshold;
   inconclusive          anything else, named with its reason and what would settle it: the

@@ -189,6 +189,10 @@ def analyze(results: list[RunQuality], steps_per_epoch: int, baseline: str = "dd
         row = {"trainer": trainer, "world_size": n, "seeds": len(runs),
                "hr_at_10": float(hit.mean()), "hr_at_10_ci": mean_interval(hit),
                "ndcg_at_10": float(gain.mean()), "ndcg_at_10_ci": mean_interval(gain),
+               # per seed, in seed order: what a comparison with another system's seeds needs
+               "hr_at_10_per_seed": [float(_hits(r.ranks)[0].mean()) for r in runs],
+               "ndcg_at_10_per_seed": [float(_hits(r.ranks)[1].mean()) for r in runs],
+               "seed_list": [r.seed for r in runs],
                "epochs_selected": [r.selected["step"] // steps_per_epoch + 1 for r in runs],
                **to_quality[(trainer, n)],
                "train_s": _median([r.curve[-1]["train_s"] for r in runs])}
