@@ -65,9 +65,9 @@ def _rank_main(rank, port, gated, out):
         ready = []  # the order gradients became ready in, as the hooks saw it
         hooked = engine._grad_ready
 
-        def grad_ready(req, c):
+        def grad_ready(c):
             ready.append(f"chunk {c}")
-            hooked(req, c)
+            hooked(c)
         engine._grad_ready = grad_ready
 
         def last_bucket():

@@ -60,18 +60,27 @@ def reference(world_size: int, optimizer: str):
             for lk in lookups], rows
 
 
-def _rank_main(rank, world_size, port, layout_kind, optimizer, overlap, out):
+def _join(rank: int, world_size: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+def _engine(rank, world_size, layout_kind, optimizer, overlap):
+    """This rank's (layout, shard, engine): 3 chunks, no priority, on the world group."""
+    specs = table_specs(WORKLOAD.model.dim, WORKLOAD.item_vocab, WORKLOAD.user_vocab,
+                        WORKLOAD.context_vocabs)
+    layout = RowLayout(specs, world_size, layout_kind)
+    shard = LocalShard(layout, rank, SEED, optimizer, LR, torch.device("cpu"))
+    group = dist.group.WORLD
+    return layout, shard, ShardedEmbeddings(layout, shard, CollectiveTransport(group), group,
+                                            rank, chunks=3, overlap=overlap, priority=False)
+
+
+def _rank_main(rank, world_size, port, layout_kind, optimizer, overlap, out):
+    _join(rank, world_size, port)
     try:
-        specs = table_specs(WORKLOAD.model.dim, WORKLOAD.item_vocab, WORKLOAD.user_vocab,
-                            WORKLOAD.context_vocabs)
-        layout = RowLayout(specs, world_size, layout_kind)
-        shard = LocalShard(layout, rank, SEED, optimizer, LR, torch.device("cpu"))
-        group = dist.group.WORLD
-        engine = ShardedEmbeddings(layout, shard, CollectiveTransport(group), group, rank,
-                                   chunks=3, overlap=overlap, priority=False)
+        layout, shard, engine = _engine(rank, world_size, layout_kind, optimizer, overlap)
         batch = make_batch_source(WORKLOAD, SEED).global_batch(0).select(rank_samples(world_size)[rank])
         req, svc, ids = engine.request(batch)
         engine.serve(svc, ids)
@@ -112,17 +121,9 @@ def _rank_released(rank, world_size, port, out):
     """Five steps of the overlapped engine; then whether any step's request is still alive."""
     import gc
     import weakref
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    _join(rank, world_size, port)
     try:
-        specs = table_specs(WORKLOAD.model.dim, WORKLOAD.item_vocab, WORKLOAD.user_vocab,
-                            WORKLOAD.context_vocabs)
-        layout = RowLayout(specs, world_size, "row")
-        shard = LocalShard(layout, rank, SEED, "adagrad", LR, torch.device("cpu"))
-        group = dist.group.WORLD
-        engine = ShardedEmbeddings(layout, shard, CollectiveTransport(group), group, rank,
-                                   chunks=3, overlap=True, priority=False)
+        _, _, engine = _engine(rank, world_size, "row", "adagrad", overlap=True)
         source = make_batch_source(WORKLOAD, SEED)
         requests = []
         for step in range(5):

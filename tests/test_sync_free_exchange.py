@@ -69,7 +69,7 @@ def _rank(rank, world_size, port, out):
         with recorder, live:  # the backward, chunk gradients sent from their hooks
             loss.backward()
         engine.finish_gradients(req, svc)
-        sent = sum(1 for p, _ in engine._grad_sends)
+        sent = engine._sent  # chunk gradients sent this step (the exchanges themselves are freed)
         with open(f"{out}/rank-{rank}.json", "w") as f:
             json.dump({"found": recorder.found, "live": live.found, "grad_sends": sent,
                        "fresh": int(req.fresh.sum()), "final": int((~req.fresh).sum())}, f)
