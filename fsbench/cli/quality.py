@@ -43,7 +43,7 @@ def add_parsers(sub, _csv: Callable) -> None:
                         "held against")
     p.add_argument("--world-sizes", type=_csv(int), default=[2], help="comma-separated world sizes")
     p.add_argument("--model", default="sasrec", choices=["sasrec", "hstu"], help="encoder family")
-    p.add_argument("--epochs", type=int, default=20,
+    p.add_argument("--epochs", type=int, default=40,
                    help="epochs to train; the reported test score is the best-validation epoch's")
     p.add_argument("--seeds", type=_csv(int), default=[0, 1, 2],
                    help="comma-separated seeds (weights and batch order); each is a run per "
@@ -54,6 +54,7 @@ def add_parsers(sub, _csv: Callable) -> None:
                    help="override a workload field (after the protocol: max_seq_len=50, "
                         "model.dim=64, 2 layers, 2 heads, model.user_features=false, Adam "
                         "lr 0.001 on the dense part and the tables, 16 windows a step, "
+                        "model.dropout=0.2, "
                         "model.loss=full up to 50,000 items) or a trainer switch "
                         "(<trainer>.<key>=value)")
     p.add_argument("--target-fraction", type=float, default=TARGET_FRACTION,
