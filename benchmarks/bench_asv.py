@@ -78,7 +78,7 @@ class InputStage:
         from fsbench.models.sparse import table_specs
         from fsbench.workloads.generator import SyntheticBatches
         from fsbench.workloads.presets import medium
-        from freescale_impl.embedding_exchange import build_request, plan_fetches, service_of, touched_mask
+        from freescale_impl.exchange_plan import build_request, plan_fetches, service_of, touched_mask
         from freescale_impl.sharded_tables import RowLayout
 
         w = dataclasses.replace(medium(), global_batch_size=ranks * 128)

@@ -23,7 +23,7 @@ import torch
 
 from fsbench.training.trainer import StepInput
 from fsbench.workloads.batch import JaggedBatch
-from freescale_impl.embedding_exchange import Request, Service, all_rows, build_request, plan_fetches
+from freescale_impl.exchange_plan import Request, Service, all_rows, build_request, plan_fetches
 from freescale_impl.sharded_tables import RowLayout
 
 

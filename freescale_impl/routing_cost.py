@@ -106,7 +106,7 @@ class _Owner:
     def arrivals(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(counts each requester sends me per chunk, the ids in arrival order, every global
         row read at this step)."""
-        from freescale_impl.embedding_exchange import all_rows, build_request
+        from freescale_impl.exchange_plan import all_rows, build_request
 
         counts, ids = [], []
         for r in range(self.balanced.world_size):
@@ -118,7 +118,7 @@ class _Owner:
 
     def prepare(self, req, served) -> float:
         """CPU ms of the owner's preparation of one step, as the step does it."""
-        from freescale_impl.embedding_exchange import plan_fetches, service_of, touched_mask
+        from freescale_impl.exchange_plan import plan_fetches, service_of, touched_mask
 
         counts_in, ids, read_now = served
         n = self.layout.world_size

@@ -28,7 +28,8 @@ from fsbench.models.init import materialize
 from fsbench.training.optim import make_dense_optimizer
 from fsbench.measurement.timeline import span
 from fsbench.training.trainer import StepInput, StepStats
-from freescale_impl.embedding_exchange import Request, Service, ShardedEmbeddings, build_request
+from freescale_impl.embedding_exchange import ShardedEmbeddings
+from freescale_impl.exchange_plan import Request, Service, build_request
 from freescale_impl.sharded_tables import LocalShard, RowLayout, gather_tables
 from freescale_impl.transport import Pending, make_transport
 

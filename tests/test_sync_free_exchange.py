@@ -28,7 +28,7 @@ from freescale_impl.transport import CollectiveTransport
 
 pytestmark = pytest.mark.dist
 WORKLOAD = dataclasses.replace(tiny(), global_batch_size=12, lengths="yelp")
-EXCHANGE_FILES = ("embedding_exchange.py", "transport.py")
+EXCHANGE_FILES = ("embedding_exchange.py", "exchange_plan.py", "transport.py")
 
 
 def _shares(step: int, n: int):

@@ -1,0 +1,201 @@
+"""The host side of the sharded-embedding exchange: who asks which owner for which rows,
+in which chunk, and which of them must wait for the previous update. Pure planning on
+tensors and numpy, no collective: the loader's input stage builds a step's `Request`
+(freescale_impl.routing), the step fills in the `Service` from the exchanged counts, and
+freescale_impl.embedding_exchange's `ShardedEmbeddings` carries both out."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from fsbench.models.sparse import ITEM, USER, context_table
+from fsbench.workloads.batch import JaggedBatch
+from freescale_impl.sharded_tables import RowLayout
+from freescale_impl.transport import Pending
+
+USES = ("users", "contexts", "items", "targets", "negatives")  # the model's reading order
+
+def _counts(index, n: int) -> list[int]:
+    """Entries per peer, on the host: for planning only, never inside forward or backward."""
+    if isinstance(index, torch.Tensor):
+        index = index.cpu().numpy()
+    return np.bincount(index, minlength=n).tolist()
+
+
+def touched_mask(local: torch.Tensor, touched: torch.Tensor, rows_held: int) -> torch.Tensor:
+    """Which of an owner's entries (`local`: local rows) are among `touched` (local rows, any
+    order, repeats allowed): a table of the rows it holds, O(entries + rows held), where a
+    sorted `isin` took ~1 ms a step at 11k entries."""
+    table = torch.zeros(rows_held, dtype=torch.bool, device=local.device)
+    table[touched] = True
+    return table[local]
+
+
+@dataclass
+class Fetch:
+    """One message of rows, planned on the host: the owner looks up its service entries
+    `svc_entries` and sends `send_splits[r]` rows to each rank r; the requester receives
+    `recv_splits[o]` from each owner o into its entries `req_entries`, which belong to
+    `chunks`."""
+
+    name: str
+    req_entries: torch.Tensor
+    svc_entries: torch.Tensor
+    send_splits: list[int]
+    recv_splits: list[int]
+    chunks: set[int]
+
+
+@dataclass
+class Request:
+    """A requester's view of one step: entry e asks owner[e] for global row rows[e]."""
+
+    batch: JaggedBatch
+    rows: torch.Tensor       # (E,) by owner, then chunk, then first use
+    owner: torch.Tensor      # (E,)
+    chunk: torch.Tensor      # (E,)
+    counts: torch.Tensor     # (N, chunks) entries per (owner, chunk)
+    send_counts: list[int]   # host: entries per owner (the ids' splits)
+    grad_splits: list[list[int]]  # host: per chunk, its entries per owner (the gradients' splits)
+    chunk_sizes: list[int]   # host: entries per chunk
+    chunk_entries: list[torch.Tensor]  # per chunk, its entries in entry order (its leaf's rows)
+    use_chunks: dict[str, list[int]]   # host: per use, the chunks it reads (ascending)
+    use_index: dict[str, torch.Tensor]  # per use: each id's row in its chunks' concatenated leaves
+    # planned once the fresh rows are known (`plan_fetches`)
+    fresh: torch.Tensor | None = None  # (E,) rows that must wait for the previous update
+    final_fetch: Fetch | None = None   # priority: rows the previous step cannot change
+    fresh_fetches: list[Fetch] = field(default_factory=list)  # per chunk, in reading order
+    # filled as the protocol runs
+    pending: list[tuple[Pending, torch.Tensor, set[int]]] = field(default_factory=list)
+    buffer: torch.Tensor | None = None  # (E, D) fetched rows
+    leaves: list[torch.Tensor | None] = field(default_factory=list)
+    tables: dict = field(default_factory=dict)  # chunks read together -> their leaves concatenated
+
+
+@dataclass
+class Service:
+    """An owner's view of one step: entry f of its receive order is row local[f] of its
+    shard, asked for by rank src[f] in chunk chunk[f]."""
+
+    local: torch.Tensor
+    src: torch.Tensor
+    chunk: torch.Tensor
+    fresh: torch.Tensor | None = None
+    # planned with the fetches: per chunk, its entries and the gradients' splits per rank
+    grad_entries: list[torch.Tensor] = field(default_factory=list)
+    grad_splits: list[list[int]] = field(default_factory=list)
+
+
+def rows_by_use(batch: JaggedBatch, layout: RowLayout) -> dict[str, torch.Tensor]:
+    """The global rows each use of the model reads, in reading order."""
+    ctx_base = torch.tensor([layout.table_base(context_table(i))
+                             for i in range(batch.context_ids.shape[1])], dtype=torch.int64)
+    item, user = layout.table_base(ITEM), layout.table_base(USER)
+    return {"users": user + batch.user_ids,
+            "contexts": (ctx_base.to(batch.context_ids.device) + batch.context_ids).reshape(-1),
+            "items": item + batch.item_ids, "targets": item + batch.targets,
+            "negatives": item + batch.negative_ids}
+
+
+def all_rows(batch: JaggedBatch, layout: RowLayout) -> torch.Tensor:
+    return torch.cat(list(rows_by_use(batch, layout).values()))
+
+
+def build_request(batch: JaggedBatch, layout: RowLayout, chunks: int) -> Request:
+    """The step's request and its host plan (ahead of the step: reads values to the host).
+
+    O(local ids + N). In numpy on the host: its sorts are several times faster than
+    torch's at these sizes (a rank's ~20k ids: `fsbench micro input-stage`); the tensors
+    are zero-copy views, moved to the batch's device at the end."""
+    ids = rows_by_use(batch, layout)
+    use_sizes = [ids[u].numel() for u in USES]
+    # A host copy of the ids: on a GPU a sync, outside any forward or backward.
+    flat = torch.cat([ids[u] for u in USES]).cpu().numpy()
+    uniq, inverse = np.unique(flat, return_inverse=True)
+    n_uniq = uniq.size
+    # Each unique row's first use (the smallest position of its ids), then its rank in
+    # reading order.
+    first_use = torch.full((n_uniq,), flat.size, dtype=torch.int64).scatter_reduce_(
+        0, torch.from_numpy(inverse), torch.arange(flat.size), reduce="amin").numpy()
+    order_rank = np.empty(n_uniq, dtype=np.int64)
+    order_rank[np.argsort(first_use)] = np.arange(n_uniq)  # first uses are distinct
+    chunk = order_rank * chunks // max(n_uniq, 1)  # equal pieces in reading order
+    owner = layout.owner(torch.from_numpy(uniq)).numpy()
+    # Entries by owner, then chunk, then first use (keys distinct: any sort will do).
+    send_order = np.argsort((owner * chunks + chunk) * max(n_uniq, 1) + order_rank)
+    entry_of_uniq = np.empty(n_uniq, dtype=np.int64)
+    entry_of_uniq[send_order] = np.arange(n_uniq)
+    entry_of_id = entry_of_uniq[inverse]
+    use_entry = dict(zip(USES, np.split(entry_of_id, np.cumsum(use_sizes)[:-1])))
+    counts = np.bincount(owner * chunks + chunk, minlength=layout.world_size * chunks)
+    counts = counts.reshape(layout.world_size, chunks)
+    chunk = chunk[send_order]
+    # A chunk's leaf holds its entries in entry order (by owner: the gradients' send order).
+    arange = np.arange(n_uniq)
+    by_chunk = np.argsort(chunk, kind="stable") if chunks > 1 else arange
+    sizes = np.bincount(chunk, minlength=chunks)
+    starts = np.cumsum(sizes) - sizes
+    pos_in_chunk = np.empty(n_uniq, dtype=np.int64)
+    pos_in_chunk[by_chunk] = arange - starts[chunk[by_chunk]]
+    sizes_h = sizes.tolist()
+    # Each use reads the concatenation of the leaves of the chunks it touches, ascending.
+    # (Host lists of N entries come from one array call each: Python loops over the
+    # ranks would make the request O(N) in interpreter time at 1,024 ranks.)
+    use_chunks, use_index = {}, {}
+    for u in USES:
+        used = chunk[use_entry[u]]
+        needed = np.flatnonzero(np.bincount(used, minlength=chunks)).tolist()
+        offset = np.zeros(chunks, dtype=np.int64)
+        offset[needed] = np.cumsum([0] + [sizes_h[c] for c in needed[:-1]])
+        use_chunks[u] = needed
+        use_index[u] = offset[used] + pos_in_chunk[use_entry[u]]
+    device = batch.item_ids.device
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+    return Request(batch, t(uniq[send_order]), t(owner[send_order]), t(chunk), t(counts),
+                   counts.sum(1).tolist(), counts.T.tolist(), sizes_h,
+                   [t(e) for e in np.split(by_chunk, np.cumsum(sizes)[:-1])],
+                   use_chunks, {u: t(i) for u, i in use_index.items()})
+
+
+def service_of(counts_in: torch.Tensor, n: int, chunks: int) -> Service:
+    """An owner's service, its rows still unknown, from the counts each of the n requesters
+    sends it per chunk ((n, chunks), on the host): entries arrive by requester, then chunk,
+    so each entry's (src, chunk) label follows from the counts alone. O(entries + n)."""
+    per = counts_in.reshape(-1).cpu().numpy()
+    return Service(local=torch.empty(0, dtype=torch.int64),
+                   src=torch.from_numpy(np.repeat(np.repeat(np.arange(n), chunks), per)),
+                   chunk=torch.from_numpy(np.repeat(np.tile(np.arange(chunks), n), per)))
+
+
+def _fetch(name: str, sel_req: np.ndarray, sel_srv: np.ndarray, req_owner: np.ndarray,
+           req_chunk: np.ndarray, svc_src: np.ndarray, n: int, chunks: int) -> Fetch:
+    """One message from host masks over the request's and the service's entries."""
+    req_entries, svc_entries = np.flatnonzero(sel_req), np.flatnonzero(sel_srv)
+    carried = np.flatnonzero(np.bincount(req_chunk[req_entries], minlength=chunks))
+    return Fetch(name, torch.from_numpy(req_entries), torch.from_numpy(svc_entries),
+                 _counts(svc_src[svc_entries], n), _counts(req_owner[req_entries], n),
+                 set(carried.tolist()))
+
+
+def plan_fetches(req: Request, svc: Service, n: int, chunks: int, final: bool) -> None:
+    """The step's messages from its fresh masks, on the host: with `final` one message of
+    the rows the previous step cannot change, then (always) the fresh rows chunk by chunk;
+    and the gradients' receive plan per chunk. Index tensors are on the CPU: the input
+    stage moves them to the device with the step's input (else `ShardedEmbeddings`).
+    In numpy (as `build_request`): O(entries + n)."""
+    host = lambda t: t.cpu().numpy()  # noqa: E731
+    req_chunk, req_owner, svc_chunk, svc_src = host(req.chunk), host(req.owner), host(svc.chunk), host(svc.src)
+    req_fresh, svc_fresh = host(req.fresh), host(svc.fresh)
+    on_host = (req_owner, req_chunk, svc_src, n, chunks)
+    req.final_fetch = _fetch("emb.fetch_final", ~req_fresh, ~svc_fresh, *on_host) if final else None
+    if chunks == 1:  # every entry is in chunk 0
+        req.fresh_fetches = [_fetch("emb.fetch_c0", req_fresh, svc_fresh, *on_host)]
+        entries = [np.arange(svc_chunk.size)]
+    else:
+        req.fresh_fetches = [_fetch(f"emb.fetch_c{c}", req_fresh & (req_chunk == c),
+                                    svc_fresh & (svc_chunk == c), *on_host) for c in range(chunks)]
+        entries = [np.flatnonzero(svc_chunk == c) for c in range(chunks)]
+    svc.grad_entries = [torch.from_numpy(e) for e in entries]
+    svc.grad_splits = [_counts(svc_src[e], n) for e in entries]
