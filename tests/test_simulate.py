@@ -2,12 +2,15 @@
 labels, and the alpha-beta fit of `calibrate --comm`."""
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fsbench.cli import main
+from fsbench.measurement.metrics import CONTENDED_CPU_WAIT
+from fsbench.measurement.schedstat import runqueue_wait_ns
 from fsbench.scaling.commcal import fit as fit_comm
 from fsbench.config import RunConfig
 from fsbench.scaling.sim_inputs import CLUSTERS, SimProfile
@@ -16,6 +19,8 @@ from fsbench.scaling.simulate import profile_of, simulate_run
 from fsbench.running.store import load_runs
 from fsbench.workloads.generator import SyntheticBatches
 from fsbench.workloads.presets import get_workload
+
+from timing import judged_under_contention
 
 H100 = CLUSTERS["h100"]
 H100_ONE_WORKER = dataclasses.replace(H100, input_workers=1)  # the stage's pace is its own time
@@ -117,7 +122,19 @@ def test_calibrate_measures_batch_terms_and_a_replicas_table_work():
     # against a model that says "free", no sample can cost less than nothing
     assert min(dataclasses.astuple(terms)) >= 0
     assert terms.batch_ms + terms.batch_sample_ms + terms.bucket_ms + terms.wide_ms_per_melem > 0
-    assert 0.01 < measure_replicated_ns_per_element(w, repeats=2) < 1000
+    # Wall time per element: its upper bound (a unit slip is 1e3-1e6 off) is judged only on
+    # a try whose thread did not wait for a CPU; a neighbour cannot make it cheaper.
+    waits = []
+    for _ in range(3):
+        wait0, t0 = runqueue_wait_ns(), time.perf_counter_ns()
+        ns = measure_replicated_ns_per_element(w, repeats=2)
+        waits.append((runqueue_wait_ns() - wait0) / (time.perf_counter_ns() - t0))
+        assert ns > 0.01
+        if waits[-1] <= CONTENDED_CPU_WAIT:
+            assert ns < 1000
+            return
+    judged_under_contention(f"CPU wait {', '.join(f'{w:.0%}' for w in waits)} of each try; "
+                            f"the last measured {ns:.0f} ns per element, upper bound not judged")
 
 
 def test_cost_fit_squares_the_padded_length_as_the_model_does():

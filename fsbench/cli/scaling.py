@@ -112,6 +112,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from fsbench.scaling.simulate import scaled_workload, write_simulated
     from fsbench.table import format_table, progress, records
     from fsbench.training.trainer import trainer_options
+    from fsbench.running import store
 
     batch_per_rank = pop_batch_per_rank(args)
     if not args.world_sizes or min(args.world_sizes) < 1:
@@ -126,7 +127,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     Costs(cluster, workload, args.store)  # a missing calibration fails here, in one line
     if args.sensitivity:
         return _print_sensitivity(args, cluster, workload, trainer_sets, batch_per_rank)
-    sim_store = args.sim_store or f"{args.store}/simulated"
+    sim_store = args.sim_store or f"{args.store}/{store.SIMULATED_DIR}"
     check_writable_dir(sim_store, "--sim-store" if args.sim_store else "--store")
     rows = []
     for trainer in progress([(t, n) for n in args.world_sizes for t in args.trainers], "simulating", "run"):

@@ -29,7 +29,7 @@ def load_side(path: str | Path) -> pd.DataFrame:
         row = store.run_row(path)
         runs = pd.DataFrame([row] if row else [])
     else:
-        runs = store.scan_runs(path)
+        runs = store.scan_store(path)  # simulated runs too: named below as unusable
     if len(runs):
         runs = runs[runs["status"] == "complete"]
     if not len(runs):

@@ -23,7 +23,7 @@ from fsbench.errors import ConfigError
 
 METRICS = ("step_time_ms_median", "samples_per_s", "bubble_ratio", "straggler_bubble_ratio",
            "exposed_comm_ratio", "input_stall_ratio", "other_idle_ratio", "peak_memory_mb")
-KEY = ["workload", "trainer", "world_size"]
+KEY = ["workload", "trainer", "world_size", "simulated"]  # a projection is no point of a measured series
 
 
 def commit_dates(shas: list[str]) -> dict[str, str]:
@@ -71,7 +71,7 @@ def history(runs: pd.DataFrame) -> list[dict]:
             points = change_points(series)
             bounds = [0, *points, len(series)]
             segments = [float(np.nanmedian(series[a:b])) for a, b in zip(bounds, bounds[1:])]
-            out.append({"key": dict(zip(KEY, key)), "metric": metric, "values": series.tolist(),
+            out.append({"key": {**dict(zip(KEY, key)), "simulated": bool(key[-1])}, "metric": metric, "values": series.tolist(),
                         "shas": g["git_sha"].fillna("").str[:10].tolist(),
                         "change_points": points, "segment_medians": segments})
     return out
@@ -96,6 +96,10 @@ def _plot(item: dict) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def ranks(key: dict) -> str:
+    return f"{key['world_size']}" + (" (simulated)" if key.get("simulated") else "")
+
+
 def changes(item: dict) -> str:
     """An item's change points as text: `run (sha): median before -> median after`."""
     return ", ".join(f"{cp} ({item['shas'][cp]}): {item['segment_medians'][i]:.4g} -> "
@@ -107,7 +111,7 @@ def table(items: list[dict]) -> str:
     """One row per (workload, trainer, ranks, metric): how many runs, where it changed."""
     from fsbench.table import grid
 
-    rows = [[str(it["key"]["workload"]), str(it["key"]["trainer"]), str(it["key"]["world_size"]),
+    rows = [[str(it["key"]["workload"]), str(it["key"]["trainer"]), ranks(it["key"]),
              it["metric"], str(len(it["values"])), changes(it)] for it in items]
     return grid(["workload", "trainer", "ranks", "metric", "runs",
                  "change points (run: before -> after)"], rows,
@@ -122,7 +126,7 @@ def write(items: list[dict], out: Path) -> tuple[Path, Path]:
     for it in items:
         k = it["key"]
         body.append(f"<h2>{html.escape(str(k['workload']))} / {html.escape(str(k['trainer']))} / "
-                    f"{k['world_size']} ranks: {it['metric']}</h2><p>change points: "
+                    f"{ranks(k)} ranks: {it['metric']}</h2><p>change points: "
                     f"{html.escape(changes(it))}</p><img alt='{it['metric']}' "
                     f"src='data:image/png;base64,{_plot(it)}'>")
     body.append("</body></html>")

@@ -335,7 +335,7 @@ def select_runs(run_dirs: list[str], runs_root: str | os.PathLike, workload: str
         root = Path(runs_root)
         if not root.is_dir():
             raise ConfigError(f"--store {root}: no such directory")
-        dirs = sorted(d for d in root.iterdir() if d.is_dir())
+        dirs = store.store_run_dirs(root)  # fsbench simulate's too: rows marked simulated
     rows = []
     for d in progress(dirs, "reading runs", "run", min_items=PROGRESS_MIN_RUNS):
         row = store.run_row(d)
@@ -361,7 +361,7 @@ def select_runs(run_dirs: list[str], runs_root: str | os.PathLike, workload: str
 def _is_store(path: Path) -> bool:
     """A directory of run directories (not itself a run)."""
     return (path.is_dir() and not (path / "manifest.json").exists()
-            and any((d / "manifest.json").is_file() for d in path.iterdir() if d.is_dir()))
+            and any((d / "manifest.json").is_file() for d in store.store_run_dirs(path)))
 
 
 # ---------------------------------------------------------------------------- writing

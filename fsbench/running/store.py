@@ -35,6 +35,8 @@ from fsbench.files import atomic_write, read_json, write_json_atomic  # noqa: F4
 from fsbench.training.trainer import resolve_trainer_class
 
 SCHEMA_VERSION = 1
+# Where `fsbench simulate` puts its runs inside a store: apart from the measured ones.
+SIMULATED_DIR = "simulated"
 _VERSIONED_PACKAGES = ("torch", "numpy", "pandas", "torchrec", "fbgemm-gpu", "fbgemm-gpu-cpu",
                        "deepspeed", "nvidia-ml-py", "fsbench")
 
@@ -323,6 +325,26 @@ def scan_runs(out_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
     return df.sort_values("created", kind="stable").reset_index(drop=True) if len(df) else df
 
 
+def store_run_dirs(store_dir: str | os.PathLike) -> list[Path]:
+    """The folders a user reads as a store's runs: its own and those `fsbench simulate`
+    wrote into its SIMULATED_DIR (their manifests say simulated, so readers keep them apart
+    from measured rows). A store holding only simulated runs is still a store."""
+    root = Path(store_dir)
+    dirs = sorted(d for d in root.iterdir() if d.is_dir() and d.name != SIMULATED_DIR)
+    sim = root / SIMULATED_DIR
+    if sim.is_dir() and not (sim / "manifest.json").is_file():  # not a run named so
+        dirs += sorted(d for d in sim.iterdir() if d.is_dir())
+    return dirs
+
+
+def scan_store(store_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
+    """Every run of a store (store_run_dirs) as a DataFrame, newest last."""
+    import pandas as pd
+
+    df = pd.DataFrame([r for d in store_run_dirs(store_dir) if (r := run_row(d))])
+    return df.sort_values("created", kind="stable").reset_index(drop=True) if len(df) else df
+
+
 def write_table_atomic(df: "pd.DataFrame", path: Path) -> None:  # noqa: F821
     if path.suffix == ".parquet":
         atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
@@ -340,9 +362,9 @@ def refresh_table(out_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
 
 
 def load_runs(out_dir: str | os.PathLike, status: str | None = "complete") -> "pd.DataFrame":  # noqa: F821
-    """The runs table of `out_dir` (rescanned, so it reflects runs killed since the last
-    refresh), optionally only runs with `status`."""
-    df = scan_runs(out_dir)
+    """The runs of the store `out_dir`, its simulated ones included (scan_store; rescanned,
+    so it reflects runs killed since the last refresh), optionally only runs with `status`."""
+    df = scan_store(out_dir)
     if status is not None and len(df):
         df = df[df["status"] == status].reset_index(drop=True)
     return df
