@@ -154,15 +154,14 @@ def build(shape: str, store: Path, sources) -> Path:
 
 
 SHAPES = ["one_run", pytest.param("only_2_ranks", marks=pytest.mark.dist), "simulated_only",
-          "measured_and_simulated", "simulate_store", "measured_and_simulate_store", *DAMAGES, "old_schema:alone", "missing_rank_files:alone",
+          "measured_and_simulated", *DAMAGES, "old_schema:alone", "missing_rank_files:alone",
           "manifest_not_json:alone"]
 # The one shape without a complete run that has a readable manifest: report and history
 # refuse it; every other store holds one, and they must work on it.
 UNUSABLE = {"manifest_not_json:alone"}
 # Shapes whose one-run readers see intact rank files: trace must work on them (a garbage
 # clock file is refused: the spans' placement would be wrong).
-TRACEABLE = {"one_run", "only_2_ranks", "measured_and_simulated", "measured_and_simulate_store",
-             "manifest_not_json",
+TRACEABLE = {"one_run", "only_2_ranks", "measured_and_simulated", "manifest_not_json",
              "manifest_without_world_size", "summary_not_json", "summary_wrong_types",
              "old_schema", "old_schema:alone", "manifest_not_json:alone"}
 # ... and summarize, which needs a readable manifest too.
@@ -236,19 +235,25 @@ def test_summarize(shape, tmp_path, sources, capsys):
 
 # ---------------------------------------------------------------------------- specific cases
 
-def test_readers_of_a_store_include_what_fsbench_simulate_put_in_it(tmp_path, sources, capsys):
-    """`fsbench simulate --store S` writes S/simulated/; `report --store S` shows those rows
-    (marked simulated, apart from the measured one), history keeps them a series of their
-    own, and compare names them as no measurement."""
+@pytest.mark.parametrize("shape", ["simulate_store", "measured_and_simulate_store"])
+def test_readers_of_a_store_include_what_fsbench_simulate_put_in_it(shape, tmp_path, sources, capsys):
+    """`fsbench simulate --store S` writes S/simulated/ (the store shapes above copy
+    simulated runs into S itself); `report --store S` shows those rows marked simulated,
+    apart from the measured one, with its plots; history keeps them a series of their own;
+    compare names them as no measurement."""
     store = tmp_path / "store"
-    build("measured_and_simulate_store", store, sources)
-    run_cli(["report", "--store", str(store), "--format", "csv", "--out", str(tmp_path / "r"),
-             "--no-plots"], capsys, {0})
-    table = (tmp_path / "r" / "report.csv").read_text().splitlines()
+    build(shape, store, sources)
+    for fmt in ("csv", "md"):
+        run_cli(["report", "--store", str(store), "--format", fmt, "--out", str(tmp_path / fmt),
+                 *(["--no-plots"] if fmt == "csv" else [])], capsys, {0})
+    for name in PLOT_FILES:
+        assert (tmp_path / "md" / name).stat().st_size > 0, name
+    table = (tmp_path / "csv" / "report.csv").read_text().splitlines()
     header = table[0].split(",")
     rows = [dict(zip(header, line.split(","))) for line in table[1:]]
+    measured = [("1", "False")] if shape.startswith("measured") else []
     assert sorted((r["world_size"], r["simulated"]) for r in rows) == \
-        [("1", "False"), ("16", "True"), ("8", "True")]
+        measured + [("16", "True"), ("8", "True")]
     run_cli(["history", "--store", str(store), "--out", str(tmp_path / "h")], capsys, {0})
     md = (tmp_path / "h" / "history.md").read_text()
     assert "8 (simulated)" in md and "16 (simulated)" in md
