@@ -6,7 +6,9 @@ import time
 import pytest
 import torch
 
+from fsbench.measurement.metrics import CONTENDED_CPU_WAIT
 from fsbench.measurement.monitor import GPM_MIN_WINDOW_NS, SAMPLE_KEYS, RankMonitor
+from timing import judged_under_contention, with_cpu_wait_share
 
 SUMMARY_KEYS = {"sm_occupancy", "sm_util", "sm_occupancy_reason", "gpu_util_percent",
                 "gpu_mem_used_peak_mib", "gpu_proc_mem_peak_mib", "cpu_util_percent", "rss_peak_mib",
@@ -30,24 +32,45 @@ def _monitor_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("fsbench-monitor")]
 
 
-def test_busy_cpu_run_is_measured_and_the_thread_ends():
+def _busy_window() -> tuple[dict, float]:
+    """A monitored window of spinning: the monitor's summary, and this process's own CPU
+    share over it (CPU time / wall time, in percent) as the kernel counts it."""
     mon = RankMonitor(device=torch.device("cpu"), interval_s=0.05)
+    cpu0, t0 = time.process_time(), time.perf_counter()
     mon.start()
     assert mon.running
     _until_samples(mon, 0.3, 3, busy=True)
     mon.stop()
-    s = mon.summary()
+    own = 100 * (time.process_time() - cpu0) / (time.perf_counter() - t0)
+    assert not mon.running and not _monitor_threads()
+    assert mon.errors == []
+    return mon.summary(), own
+
+
+def test_busy_cpu_run_is_measured_and_the_thread_ends():
+    # A spinning thread uses a core unless a neighbour takes it: "> 50%" is judged on a try
+    # whose thread did not wait for a CPU; a contended one is judged against what the
+    # kernel says the process got.
+    waits = []
+    for _ in range(3):
+        (s, own), wait = with_cpu_wait_share(_busy_window)
+        waits.append(wait)
+        assert s["cpu_util_percent"] > 0.5 * own
+        if wait <= CONTENDED_CPU_WAIT:
+            assert s["cpu_util_percent"] > 50
+            break
+    else:
+        judged_under_contention(f"CPU wait {', '.join(f'{w:.0%}' for w in waits)} of each try; "
+                                f"the monitor read {s['cpu_util_percent']:.0f}% where the process "
+                                f"got {own:.0f}%")
 
     assert set(s) == SUMMARY_KEYS
-    assert s["cpu_util_percent"] > 50
     assert s["rss_peak_mib"] > 10
     assert s["monitor_samples"] >= 3
     assert s["monitor_interval_s"] == 0.05
     assert s["sm_occupancy"] is None and s["sm_util"] is None
     assert s["sm_occupancy_reason"] and "CPU run" in s["sm_occupancy_reason"]
     assert s["gpu_util_percent"] is None and s["gpu_mem_used_peak_mib"] is None
-    assert not mon.running and not _monitor_threads()
-    assert mon.errors == []
     json.dumps(s)  # flat and JSON-able
 
 

@@ -2,7 +2,6 @@
 labels, and the alpha-beta fit of `calibrate --comm`."""
 import dataclasses
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +9,6 @@ import pytest
 
 from fsbench.cli import main
 from fsbench.measurement.metrics import CONTENDED_CPU_WAIT
-from fsbench.measurement.schedstat import runqueue_wait_ns
 from fsbench.scaling.commcal import fit as fit_comm
 from fsbench.config import RunConfig
 from fsbench.scaling.sim_inputs import CLUSTERS, SimProfile
@@ -20,7 +18,7 @@ from fsbench.running.store import load_runs
 from fsbench.workloads.generator import SyntheticBatches
 from fsbench.workloads.presets import get_workload
 
-from timing import judged_under_contention
+from timing import judged_under_contention, with_cpu_wait_share
 
 H100 = CLUSTERS["h100"]
 H100_ONE_WORKER = dataclasses.replace(H100, input_workers=1)  # the stage's pace is its own time
@@ -126,9 +124,8 @@ def test_calibrate_measures_batch_terms_and_a_replicas_table_work():
     # a try whose thread did not wait for a CPU; a neighbour cannot make it cheaper.
     waits = []
     for _ in range(3):
-        wait0, t0 = runqueue_wait_ns(), time.perf_counter_ns()
-        ns = measure_replicated_ns_per_element(w, repeats=2)
-        waits.append((runqueue_wait_ns() - wait0) / (time.perf_counter_ns() - t0))
+        ns, wait = with_cpu_wait_share(lambda: measure_replicated_ns_per_element(w, repeats=2))
+        waits.append(wait)
         assert ns > 0.01
         if waits[-1] <= CONTENDED_CPU_WAIT:
             assert ns < 1000

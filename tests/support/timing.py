@@ -56,3 +56,14 @@ def with_foreign_cpu_share(fn: Callable[[], T]) -> tuple[T, float]:
     capacity = (time.monotonic() - t0) * (os.cpu_count() or 1)
     foreign = max(0.0, (busy1 - busy0) - (_own_cpu_s() - own0)) + (steal1 - steal0)
     return out, foreign / capacity if capacity > 0 else 0.0
+
+
+def with_cpu_wait_share(fn: Callable[[], T]) -> tuple[T, float]:
+    """fn's result and the share of its wall time the calling thread spent runnable but
+    waiting for a CPU (Linux schedstat; 0 where it cannot be read): how contended a
+    single-threaded measurement was."""
+    from fsbench.measurement.schedstat import runqueue_wait_ns
+
+    wait0, t0 = runqueue_wait_ns(), time.perf_counter_ns()
+    out = fn()
+    return out, (runqueue_wait_ns() - wait0) / max(1, time.perf_counter_ns() - t0)
