@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from fsbench.errors import ConfigError
 from fsbench.training.trainer import StepInput
 from fsbench.workloads.batch import JaggedBatch
 from freescale_impl.exchange_plan import Request, Service, all_rows, build_request, plan_fetches
@@ -60,6 +61,22 @@ def route(batches: list[JaggedBatch], rank: int, layout: RowLayout, chunks: int,
 # step times 252/473/504 ms host against 251/437/446 ms exchanged). Only a single rank,
 # which exchanges nothing, keeps it.
 HOST_ROUTING_MAX_RANKS = 1
+
+
+# `routing=host` when asked: refused beyond one node's ranks. It reads every rank's samples
+# and builds every rank's request, O(N x local batch) a step on every rank: `fsbench micro
+# input-stage --workload medium --ranks 8,256,1024 --routing exchanged,host --set
+# batch_per_rank=128` measured its route at 531 ms, 5.0 s and 21.6 s a step, against 5.2,
+# 3.0 and 6.8 ms exchanged (results/input_stage_cpu.md). The input stage bypasses this
+# check (freescale_impl.routing_cost), so the micro-benchmark still shows that growth.
+HOST_ROUTING_LIMIT_RANKS = 8
+
+
+def check_routing(routing: str, world_size: int) -> None:
+    if routing == "host" and world_size > HOST_ROUTING_LIMIT_RANKS:
+        raise ConfigError(f"freescale.routing=host at {world_size} ranks: it routes every rank's "
+                          f"samples on every rank (O(N x local batch) a step), allowed up to "
+                          f"{HOST_ROUTING_LIMIT_RANKS} ranks; use freescale.routing=exchanged or auto")
 
 
 def choose_routing(routing: str, world_size: int, data: str) -> tuple[str, str]:

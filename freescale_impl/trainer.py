@@ -50,7 +50,7 @@ from freescale_impl import partition
 from freescale_impl.window import lookahead_window
 from freescale_impl.balance import analytical_cost, cost_model
 from freescale_impl.balanced_share import PARTITIONERS, BalancedShare
-from freescale_impl.routing import OwnRequest, RoutedShare, choose_routing
+from freescale_impl.routing import OwnRequest, RoutedShare, check_routing, choose_routing
 from freescale_impl.sample_exchange import exchange_samples
 from freescale_impl.sharded_step import ShardedTableTrainer
 from freescale_impl.transport import sm_free_unavailable
@@ -224,6 +224,7 @@ class FreeScaleTrainer(DataParallelTrainer):
         step every table optimizer exactly: freescale_impl.sharded_tables.)"""
         opts = cls.Options.parse(run.trainer_options, prefix="freescale")
         measured_steps(run.workload.warmup, run.workload.steps, opts.window)
+        check_routing(opts.routing, run.world_size)
         if opts.tables == "sharded" and run.workload.compute != "synthetic":
             if opts.transport == "sm_free":
                 why = sm_free_unavailable(run.device, run.world_size)

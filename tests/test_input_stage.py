@@ -128,3 +128,22 @@ def test_micro_input_stage_command_prints_each_size_and_routing(capsys):
     assert got == [(1, "host"), (1, "host"), (4, "exchanged"), (4, "host")]  # auto: the rule
     assert all(r["local_samples"] >= 1 for r in record["rows"])
     assert record["batch_per_rank"] == 3
+
+
+def test_host_routing_is_refused_beyond_one_node_in_one_line():
+    """routing=host is O(N x local batch) a step on every rank: asked for at more ranks than
+    one node holds, the run is refused before any rank starts, naming what to use."""
+    from fsbench.config import ConfigError, RunConfig
+    from fsbench.training.trainer import check_run
+    from fsbench.workloads.presets import tiny
+    from freescale_impl.routing import HOST_ROUTING_LIMIT_RANKS
+
+    def run(n: int, routing: str) -> RunConfig:
+        return RunConfig(workload=dataclasses.replace(tiny(), global_batch_size=n), trainer="freescale", world_size=n,
+                         trainer_options={"routing": routing})
+
+    check_run(run(HOST_ROUTING_LIMIT_RANKS, "host"))
+    check_run(run(1024, "exchanged"))
+    check_run(run(1024, "auto"))
+    with pytest.raises(ConfigError, match=r"routing=host at 16 ranks: .*use freescale.routing=exchanged or auto"):
+        check_run(run(16, "host"))

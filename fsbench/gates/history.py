@@ -71,7 +71,8 @@ def history(runs: pd.DataFrame) -> list[dict]:
             points = change_points(series)
             bounds = [0, *points, len(series)]
             segments = [float(np.nanmedian(series[a:b])) for a, b in zip(bounds, bounds[1:])]
-            out.append({"key": {**dict(zip(KEY, key)), "simulated": bool(key[-1])}, "metric": metric, "values": series.tolist(),
+            named = {**dict(zip(KEY, key)), "simulated": bool(key[-1])}  # numpy bool -> JSON
+            out.append({"key": named, "metric": metric, "values": series.tolist(),
                         "shas": g["git_sha"].fillna("").str[:10].tolist(),
                         "change_points": points, "segment_medians": segments})
     return out

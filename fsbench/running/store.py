@@ -314,15 +314,20 @@ def run_row(run_dir: Path) -> dict | None:
     return row
 
 
-def scan_runs(out_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
-    """Every run under `out_dir` as a DataFrame (one row per run), newest last."""
+def _runs_table(dirs: list[Path]) -> "pd.DataFrame":  # noqa: F821
+    """The runs among `dirs` as a DataFrame (one row per run), newest last. Stray files
+    (notes, other tools' output) and directories that are not runs are simply not rows;
+    run_row warns about run directories it cannot read."""
     import pandas as pd
 
-    # Stray files (notes, other tools' output) and directories that are not runs are
-    # simply not rows; run_row warns about run directories it cannot read.
-    rows = [r for d in sorted(Path(out_dir).iterdir()) if d.is_dir() and (r := run_row(d))]
-    df = pd.DataFrame(rows)
+    df = pd.DataFrame([r for d in dirs if d.is_dir() and (r := run_row(d))])
     return df.sort_values("created", kind="stable").reset_index(drop=True) if len(df) else df
+
+
+def scan_runs(out_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
+    """Every run directly under `out_dir` as a DataFrame, newest last (the runs table a
+    store keeps of its own runs: refresh_table)."""
+    return _runs_table(sorted(Path(out_dir).iterdir()))
 
 
 def store_run_dirs(store_dir: str | os.PathLike) -> list[Path]:
@@ -339,10 +344,7 @@ def store_run_dirs(store_dir: str | os.PathLike) -> list[Path]:
 
 def scan_store(store_dir: str | os.PathLike) -> "pd.DataFrame":  # noqa: F821
     """Every run of a store (store_run_dirs) as a DataFrame, newest last."""
-    import pandas as pd
-
-    df = pd.DataFrame([r for d in store_run_dirs(store_dir) if (r := run_row(d))])
-    return df.sort_values("created", kind="stable").reset_index(drop=True) if len(df) else df
+    return _runs_table(store_run_dirs(store_dir))
 
 
 def write_table_atomic(df: "pd.DataFrame", path: Path) -> None:  # noqa: F821
