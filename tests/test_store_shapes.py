@@ -238,6 +238,15 @@ def test_summarize(shape, tmp_path, sources, capsys):
 
 # ---------------------------------------------------------------------------- specific cases
 
+def test_trace_says_which_rank_it_could_not_show(two_rank, tmp_path, capsys):
+    """A 2-rank run whose rank 1 timeline is one unreadable line: the trace of rank 0 is
+    written (exit 0) and a warning names rank 1, so its missing lane is not read as idle."""
+    run = copy_run(two_rank, tmp_path / "store")
+    (run / "rank-1.jsonl").write_bytes(b"\x00\xff garbage\n")
+    _, err = run_cli(["trace", str(run), "--out", str(tmp_path / "t.json")], capsys, {0})
+    assert "no timeline spans of rank(s) 1" in err
+
+
 @pytest.mark.parametrize("shape", ["simulate_store", "measured_and_simulate_store"])
 def test_readers_of_a_store_include_what_fsbench_simulate_put_in_it(shape, tmp_path, sources, capsys):
     """`fsbench simulate --store S` writes S/simulated/ (the store shapes above copy

@@ -24,6 +24,7 @@ import pandas as pd
 from fsbench.running import store
 from fsbench.config import ConfigError
 from fsbench.measurement.timeline import SPAN_KINDS, read_timelines
+from fsbench.table import warn
 
 # Track order in a rank: the step frames everything, compute and comm sit side by side so
 # overlap (or its absence) is visible at a glance; collectives in flight right below them.
@@ -122,6 +123,14 @@ def write_trace(run_dir: str | os.PathLike, out: str | os.PathLike | None = None
             raise ConfigError(f"{run_dir} has no rank timelines (rank-*.jsonl) to trace")
         raise ConfigError(f"{run_dir} is not a run directory (no rank-*.jsonl timelines)")
     spans = read_timelines(run_dir)
+    # A rank whose file held no readable span (cut short, damaged) is not in the trace:
+    # said, so that a missing lane is not read as an idle rank.
+    world = m.get("world_size")
+    traced = set(spans["rank"]) if "rank" in spans else set()
+    silent = [r for r in range(world) if r not in traced] if isinstance(world, int) else []
+    if silent:
+        warn(f"{run_dir}: no timeline spans of rank(s) {', '.join(map(str, silent))}; "
+             "the trace shows the other ranks only")
     trace = chrome_trace(spans)
     trace["otherData"].update({k: m.get(k) for k in ("run_id", "trainer", "workload", "world_size")
                                if k in m})
