@@ -47,7 +47,26 @@ def _busy_window() -> tuple[dict, float]:
     return mon.summary(), own
 
 
-def test_busy_cpu_run_is_measured_and_the_thread_ends():
+def test_a_cpu_runs_summary_has_every_key_and_the_thread_ends():
+    # What the monitor records, not how much CPU it read: that is a measured share a
+    # neighbour moves, judged in the dist tier (test_busy_cpu_run_is_measured_as_busy).
+    s, _ = _busy_window()  # the thread started, ran, ended, and raised nothing
+    assert set(s) == SUMMARY_KEYS
+    assert s["cpu_util_percent"] is not None
+    assert s["rss_peak_mib"] > 10
+    assert s["monitor_samples"] >= 3
+    assert s["monitor_interval_s"] == 0.05
+    assert s["sm_occupancy"] is None and s["sm_util"] is None
+    assert s["sm_occupancy_reason"] and "CPU run" in s["sm_occupancy_reason"]
+    assert s["gpu_util_percent"] is None and s["gpu_mem_used_peak_mib"] is None
+    json.dumps(s)  # flat and JSON-able
+
+
+# dist: compares the monitor's measured CPU share with the process's (two measured times
+# over a window a neighbour moves unevenly) and with 50%; the fast tier asserts nothing
+# noise can move. Its contention rules are tests/support/timing.py's.
+@pytest.mark.dist
+def test_busy_cpu_run_is_measured_as_busy():
     # A spinning thread uses a core unless a neighbour takes it: "> 50%" is judged on a try
     # whose thread did not wait for a CPU; a contended one is judged against what the
     # kernel says the process got.
@@ -63,15 +82,6 @@ def test_busy_cpu_run_is_measured_and_the_thread_ends():
         judged_under_contention(f"CPU wait {', '.join(f'{w:.0%}' for w in waits)} of each try; "
                                 f"the monitor read {s['cpu_util_percent']:.0f}% where the process "
                                 f"got {own:.0f}%")
-
-    assert set(s) == SUMMARY_KEYS
-    assert s["rss_peak_mib"] > 10
-    assert s["monitor_samples"] >= 3
-    assert s["monitor_interval_s"] == 0.05
-    assert s["sm_occupancy"] is None and s["sm_util"] is None
-    assert s["sm_occupancy_reason"] and "CPU run" in s["sm_occupancy_reason"]
-    assert s["gpu_util_percent"] is None and s["gpu_mem_used_peak_mib"] is None
-    json.dumps(s)  # flat and JSON-able
 
 
 def test_idle_sleep_shows_low_cpu_utilization():

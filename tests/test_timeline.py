@@ -3,6 +3,7 @@ import time
 
 import pytest
 
+from fsbench.measurement.clock import now_ns
 from fsbench.measurement.timeline import Timeline, gpu_flight, read_timelines
 
 
@@ -16,8 +17,10 @@ def _spin(seconds: float) -> None:
 def test_span_records_wall_and_thread_cpu_time(tmp_path):
     tl = Timeline(tmp_path / "rank-0.jsonl", rank=0)
     tl.begin_step(3, warmup=False)
+    before = now_ns()  # the spans' clock
     with tl.span("forward"):
         _spin(0.03)
+    after = now_ns()
     with tl.span("wait"):
         time.sleep(0.03)  # blocked: wall time passes, CPU time does not
     tl.flush()
@@ -27,7 +30,14 @@ def test_span_records_wall_and_thread_cpu_time(tmp_path):
     # Thread CPU time, not wall time: all of the spin, and never more than the wall time
     # (a busy neighbour only adds wall time, as run-queue wait).
     assert 30e6 <= fwd["cpu_ns"] <= fwd["dur_ns"]
-    assert fwd["dur_ns"] - fwd["cpu_ns"] < 0.2 * fwd["dur_ns"] or fwd["runq_ns"] > 0
+    # The wall interval is the span's own: inside what this test saw around the `with`, on
+    # the same clock. (This replaced `dur - cpu < 20% of dur unless runq_ns > 0`, which
+    # compared two measured times: hypervisor steal, or a machine without schedstat
+    # (runq_ns 0), widens that gap with no run-queue wait, and the fast tier asserts
+    # nothing noise can move. What a neighbour does to the ranks' wall time is the dist
+    # tier's to judge: tests/test_contention.py.)
+    assert before <= fwd["start_ns"] and fwd["start_ns"] + fwd["dur_ns"] <= after
+    assert fwd["runq_ns"] >= 0
     assert wait["kind"] == "wait" and wait["dur_ns"] >= 25e6 and wait["cpu_ns"] < 0.2 * wait["dur_ns"]
     assert wait["start_ns"] >= fwd["start_ns"] + fwd["dur_ns"]
 
