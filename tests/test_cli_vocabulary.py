@@ -23,10 +23,10 @@ FORMATS = {"run": TEXT_JSON, "summarize": TEXT_JSON, "sweep": TEXT_JSON, "list":
            "validate": TEXT_JSON, "overhead": TEXT_JSON, "history": TEXT_JSON,
            "reference": TEXT_JSON, "micro sm-contention": TEXT_JSON, "micro planner": TEXT_JSON,
            "micro input-stage": TEXT_JSON,
-           "quality": TEXT_JSON, "trace": None}  # trace writes a file and prints where: no table to format
+           "quality": TEXT_JSON, "cluster": TEXT_JSON, "trace": None}  # trace writes a file and prints where: no table to format
 # Commands that read or write a store of runs (`--store`).
 STORES = {"run", "sweep", "calibrate", "validate", "report", "history", "simulate", "gate", "bisect",
-          "quality"}
+          "quality", "cluster"}
 # Commands whose `--out` is an artifact (a folder or file that is not a store of runs).
 ARTIFACTS = {"report", "history", "trace", "compare", "micro sm-contention", "quality"}
 # Positional or required arguments, to parse a command line of each command.

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from fsbench.cli import main
-from fsbench.measurement.metrics import CONTENDED_CPU_WAIT
 from fsbench.scaling.commcal import fit as fit_comm
 from fsbench.config import RunConfig
 from fsbench.scaling.sim_inputs import CLUSTERS, SimProfile
@@ -18,7 +17,7 @@ from fsbench.running.store import load_runs
 from fsbench.workloads.generator import SyntheticBatches
 from fsbench.workloads.presets import get_workload
 
-from timing import judged_under_contention, with_cpu_wait_share
+from timing import first_quiet_try, judged_under_contention
 
 H100 = CLUSTERS["h100"]
 H100_ONE_WORKER = dataclasses.replace(H100, input_workers=1)  # the stage's pace is its own time
@@ -83,25 +82,45 @@ def test_replicated_tables_cost_every_rank_their_whole_optimizer_step():
     assert 0 < max(extra) < elements / 1e6 / 20  # touched rows only, half each
 
 
+# dist: a slope of wall times, bounded both ways (a burst on the large table's timing can
+# floor it), judged on a try whose thread did not wait for a CPU (tests/support/timing.py).
+@pytest.mark.dist
 def test_calibrate_measures_the_optimizer_step_per_table_element():
     from fsbench.costmodel.timing import measure_table_ns_per_element
 
     w = get_workload("tiny")
-    ns = measure_table_ns_per_element(w, rows=(2_000, 40_000), repeats=3)
+    ns, quiet, waits = first_quiet_try(lambda: measure_table_ns_per_element(w, rows=(2_000, 40_000), repeats=3))
+    assert ns >= 0
+    if not quiet:
+        judged_under_contention(f"CPU wait {', '.join(f'{x:.0%}' for x in waits)}; the last try measured "
+                                f"{ns:.3g} ns per element, bounds not judged")
+        return
     # A CPU's optimizer step touches a few floats per element: well above zero, well
     # under a microsecond per element on any machine this runs on.
     assert 0.01 < ns < 1000
 
 
-def test_corun_slowdown_is_measured_in_real_processes_and_applies_from_two_ranks():
-    from types import SimpleNamespace
-
+# dist: a ratio of wall times of real processes (the pattern of the encoder-drift flake),
+# judged on a try whose thread did not wait for a CPU.
+@pytest.mark.dist
+def test_corun_slowdown_is_measured_in_real_processes():
     from fsbench.costmodel.corun import measure_corun_slowdown
 
-    factor, processes = measure_corun_slowdown(get_workload("tiny"), processes=2, repeats=3)
-    # Two processes computing at once on this host: not faster than one alone (the noise
-    # of a busy neighbour aside), and not absurdly slower on a machine with 2+ cores.
-    assert processes == 2 and 0.7 < factor < 10
+    (factor, processes), quiet, waits = first_quiet_try(
+        lambda: measure_corun_slowdown(get_workload("tiny"), processes=2, repeats=3))
+    assert processes == 2 and factor > 0
+    if not quiet:
+        judged_under_contention(f"CPU wait {', '.join(f'{x:.0%}' for x in waits)}; co-run factor "
+                                f"{factor:.2f} not judged")
+        return
+    # Two processes computing at once on this host: not faster than one alone, and not
+    # absurdly slower on a machine with 2+ cores.
+    assert 0.7 < factor < 10
+
+
+def test_the_corun_slowdown_applies_from_two_ranks_on_the_local_host_only():
+    from types import SimpleNamespace
+
     costs = object.__new__(Costs)
     costs.cluster, costs.fit = CLUSTERS["local"], SimpleNamespace(corun_slowdown=1.4)
     assert [costs.corun_factor(n) for n in (1, 2, 16)] == [1.0, 1.4, 1.4]
@@ -109,9 +128,8 @@ def test_corun_slowdown_is_measured_in_real_processes_and_applies_from_two_ranks
     assert costs.corun_factor(16) == 1.0
 
 
-def test_calibrate_measures_batch_terms_and_a_replicas_table_work():
+def test_calibrate_measures_batch_terms():
     from fsbench.costmodel.calibrate import measure_batch_terms
-    from fsbench.costmodel.timing import measure_replicated_ns_per_element
 
     w = get_workload("tiny")
     # Against a per-sample model that says "free", the whole encoder time is residual: the
@@ -120,17 +138,22 @@ def test_calibrate_measures_batch_terms_and_a_replicas_table_work():
     # against a model that says "free", no sample can cost less than nothing
     assert min(dataclasses.astuple(terms)) >= 0
     assert terms.batch_ms + terms.batch_sample_ms + terms.bucket_ms + terms.wide_ms_per_melem > 0
+
+
+# dist: an upper bound on a wall time per element, judged on an uncontended try only.
+@pytest.mark.dist
+def test_calibrate_measures_a_replicas_table_work():
+    from fsbench.costmodel.timing import measure_replicated_ns_per_element
+
+    w = get_workload("tiny")
     # Wall time per element: its upper bound (a unit slip is 1e3-1e6 off) is judged only on
     # a try whose thread did not wait for a CPU; a neighbour cannot make it cheaper.
-    waits = []
-    for _ in range(3):
-        ns, wait = with_cpu_wait_share(lambda: measure_replicated_ns_per_element(w, repeats=2))
-        waits.append(wait)
-        assert ns > 0.01
-        if waits[-1] <= CONTENDED_CPU_WAIT:
-            assert ns < 1000
-            return
-    judged_under_contention(f"CPU wait {', '.join(f'{w:.0%}' for w in waits)} of each try; "
+    ns, quiet, waits = first_quiet_try(lambda: measure_replicated_ns_per_element(w, repeats=2))
+    assert ns > 0.01
+    if quiet:
+        assert ns < 1000
+        return
+    judged_under_contention(f"CPU wait {', '.join(f'{x:.0%}' for x in waits)} of each try; "
                             f"the last measured {ns:.0f} ns per element, upper bound not judged")
 
 
@@ -750,17 +773,21 @@ def test_every_simulated_output_names_the_clusters_assumed_figures(tmp_path, cap
             "--steps", "3", "--warmup", "1", "--set", "batch_per_rank=8", "--sim-store", str(out)]
     assert main(args) == 0
     text = capsys.readouterr().out
-    assert "h100 (preset): ASSUMED gpus_per_node=8, intra_gbs=370 GB/s" in text
+    # the collectives are fitted on published nccl-tests results: measured, not assumed
+    assert "h100 (preset): ASSUMED peak_tflops=989 TFLOPS" in text
+    assert "measured gpus_per_node=8, intra_gbs=" in text
     runs = load_runs(out)
     assert runs["assumptions"].str.contains("ASSUMED .*sm_slowdown=0.1", regex=True).all()
     summary = json.loads((Path(runs["run_dir"].iloc[0]) / "summary.json").read_text())
     assert summary["assumptions"] == runs["assumptions"].iloc[0]
     assert main([*args, "--format", "json"]) == 0
     record = json.loads(capsys.readouterr().out)["assumptions"]
-    assert record["assumed"] == list(record["figures"]) and record["figures"]["inter_gbs"] == 50.0
+    assert record["assumed"] == ["peak_tflops", "mfu", "layer_overhead_ms", "sm_slowdown",
+                                 "table_ns_per_element", "input_workers", "host_cpu_speed"]
+    assert record["figures"]["inter_gbs"] == CLUSTERS["h100"].inter_gbs
     table = report_table(runs, "ddp")
-    for fmt, figure in (("md", "intra_gbs=370 GB/s"), ("html", "intra_gbs=370 GB/s"),
-                        ("latex", r"intra\_gbs=370 GB/s")):
+    for fmt, figure in (("md", "ASSUMED peak_tflops=989 TFLOPS"), ("html", "ASSUMED peak_tflops=989 TFLOPS"),
+                        ("latex", r"ASSUMED peak\_tflops=989 TFLOPS")):
         assert figure in render(table, fmt), fmt
     assert "ASSUMED" in render(table, "csv").splitlines()[1]
     from matplotlib.figure import Figure
@@ -818,8 +845,7 @@ def test_a_measured_encoder_fit_replaces_the_gpu_clusters_compute_figures(tmp_pa
     path = gpu_fit_file(tmp_path, w, table_ns_per_element=2.0, replicated_ns_per_element=3.0)
     cluster = load_cluster("h100", [], str(path))
     assert cluster.replaced == (*FIT_REPLACES, "table_ns_per_element")
-    assert set(cluster.assumed) == {"gpus_per_node", "intra_gbs", "inter_gbs", "alpha_s", "sm_slowdown",
-                                    "input_workers", "host_cpu_speed"}
+    assert set(cluster.assumed) == {"sm_slowdown", "input_workers", "host_cpu_speed"}
     line = assumptions(cluster)
     assert f"encoder measured: the fit {path}" in line and "mfu=" not in line
     assert assumption_record(cluster)["replaced_by_fit"] == [*FIT_REPLACES, "table_ns_per_element"]
@@ -921,14 +947,12 @@ def test_sensitivity_takes_each_assumed_figure_at_half_and_twice(tmp_path, capsy
     reduction (freescale's bubble against ddp's) whatever the figure. Without the
     planner's time: timed on this CPU in each command, it made the two differ on a busy
     machine."""
-    from fsbench.scaling.sim_inputs import FIGURES
-
     common = ["--workload", "small", "--trainers", "ddp,freescale", "--world-sizes", "16",
               "--steps", "3", "--warmup", "1", "--set", "batch_per_rank=8", "--format", "json",
               "--planner-time", "off"]
     assert main(["simulate", "--sensitivity", *common]) == 0
     rows = json.loads(capsys.readouterr().out)["sensitivity"]
-    assert [r["figure"] for r in rows] == list(FIGURES)
+    assert [r["figure"] for r in rows] == list(H100.assumed)  # the collectives are measured
     assert main(["simulate", *common, "--sim-store", str(tmp_path)]) == 0
     bubble = {r["trainer"]: r["bubble_ratio"] for r in json.loads(capsys.readouterr().out)["table"]}
     plain = 1 - bubble["freescale"] / bubble["ddp"]
@@ -977,7 +1001,8 @@ def test_sensitivity_charges_every_variant_the_planning_time_timed_at_x1(monkeyp
 
 def test_halving_the_network_slows_ddp_across_nodes():
     """The figures reach the model: ddp's step at 16 GPUs (2 nodes) takes longer as the
-    inter-node bandwidth halves, and less as it doubles."""
+    inter-node bandwidth halves, and no longer as it doubles (8 NICs at twice the speed
+    outrun NVLink, which then bounds the all-reduce: fsbench.scaling.collectives)."""
     from fsbench.scaling.sensitivity import varied
     from fsbench.scaling.simulate import scaled_workload
     from fsbench.workloads.presets import get_workload
@@ -986,7 +1011,7 @@ def test_halving_the_network_slows_ddp_across_nodes():
     run = RunConfig(workload=w, trainer="ddp", world_size=16)
     t = [simulate_run(run, varied(CLUSTERS["h100"], "inter_gbs", k), "unused")[0]["step_time_ms_median"]
          for k in (0.5, 1.0, 2.0)]
-    assert t[0] > t[1] > t[2], t
+    assert t[0] > t[1] >= t[2], t
 
 
 @pytest.mark.parametrize("argv, expected", [

@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 
-from fsbench.cli import gates, micro, quality, results, runs, scaling
+from fsbench.cli import cluster, gates, micro, quality, results, runs, scaling
 from fsbench.cli.args import DEFAULT_STORE, Parser
 from fsbench.config import ConfigError
 from fsbench.errors import Terminated
@@ -84,12 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
     results.add_parsers(sub, _csv, DEFAULT_STORE)
     gates.add_parsers(sub, _csv, DEFAULT_STORE)
     scaling.add_parsers(sub, _csv, DEFAULT_STORE)
+    cluster.add_parsers(sub, _csv, DEFAULT_STORE)
     quality.add_parsers(sub, _csv)
 
     return parser
 
 
 COMMANDS = {**runs.COMMANDS, **micro.COMMANDS, **results.COMMANDS, **scaling.COMMANDS,
+            **cluster.COMMANDS,
             **gates.COMMANDS, **quality.COMMANDS}
 
 

@@ -92,6 +92,14 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
                         "an alpha-beta model per collective (for fsbench simulate --cluster local)")
     p.add_argument("--comm-world-sizes", type=csv(int), default=[2, 4, 8],
                    help="world sizes --comm measures")
+    p.add_argument("--from-nccl-tests", nargs="+", metavar="LOG",
+                   help="with --comm: measure nothing; fit the collectives on a GPU cluster's "
+                        "nccl-tests logs (all_reduce_perf, alltoall_perf, all_gather_perf, "
+                        "reduce_scatter_perf output, any 2.x version; COLLECTIVE=LOG where neither "
+                        "the log nor its name says which ran). At the world sizes and GPUs per node "
+                        "the logs measured their curves, elsewhere the model of "
+                        "fsbench/scaling/collectives.py fitted on them; stored where --cluster local "
+                        "finds a comm fit (it replaces one there)")
     p.add_argument("--overhead", type=csv(str), default=[], metavar="TRAINERS",
                    help="also measure these trainers' per-step overhead beyond the cost model "
                         "(a real 1-rank run each, with the model and emulated) and how much "
@@ -191,10 +199,40 @@ def _print_sensitivity(args, cluster, workload, trainer_sets: dict, batch_per_ra
     return 0
 
 
+def cmd_calibrate_nccl_tests(args: argparse.Namespace) -> int:
+    from fsbench.scaling.commcal import comm_fit_path
+    from fsbench.scaling.nccl_fit import store_nccl_fits
+    from fsbench.scaling.nccl_tests import read_logs
+    from fsbench.scaling.sim_inputs import FIGURES
+
+    runs = read_logs(args.from_nccl_tests)
+    check_writable_dir(f"{args.store}/calibrations", "--store")
+    path = comm_fit_path(args.store)
+    replaced = path.exists()
+    fits, figures, how = store_nccl_fits(path, runs)
+    if args.format == "json":
+        print(dumps({"figures": figures, "figures_from": how, "collectives": sorted(fits),
+                     "logs": [{"path": r.path, "collective": r.collective, "world_size": r.world_size,
+                               "gpus_per_node": r.gpus_per_node, "points": len(r.points),
+                               "nccl_version": r.nccl_version} for r in runs],
+                     "stored_in": path}))
+    else:
+        print(grid(["log", "collective", "ranks", "GPUs a node", "points", "NCCL"],
+                   [[r.path, r.collective, str(r.world_size), str(r.gpus_per_node), str(len(r.points)),
+                     r.nccl_version or "-"] for r in runs], align=["left", "left", *["right"] * 4]))
+        print(grid(["figure", "value", "unit", "from"],
+                   [[k, f"{v:.4g}", FIGURES[k][0], how.get(k, "")] for k, v in figures.items()],
+                   align=["left", "right", "left", "left"]))
+    note(f"stored in {path}" + (" (it replaced the comm fit there)" if replaced else ""))
+    return 0
+
+
 def cmd_calibrate_comm(args: argparse.Namespace) -> int:
     from fsbench.scaling.commcal import calibrate_comm, comm_fit_path
     from fsbench.table import progress
 
+    if args.from_nccl_tests:
+        return cmd_calibrate_nccl_tests(args)
     sizes = args.comm_world_sizes
     if not sizes or min(sizes) < 2:
         raise ConfigError(f"--comm-world-sizes={sizes}: give world sizes >= 2")
@@ -226,6 +264,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     if args.comm:
         return cmd_calibrate_comm(args)
+    if args.from_nccl_tests:
+        raise ConfigError("--from-nccl-tests fits collectives: give it with --comm "
+                          "(fsbench calibrate --comm --from-nccl-tests LOG...)")
 
     from fsbench.cli.run_config import build_workload
 

@@ -217,8 +217,16 @@ def calibrate_comm(store: str | Path, world_sizes: list[int], sizes=DEFAULT_SIZE
     return fits
 
 
-def load_comm_fits(store: str | Path) -> dict[str, CommFit] | None:
+def load_comm_fits(store: str | Path) -> dict | None:
+    """The store's collective fits, collective -> fit (a CommFit measured here with gloo, or
+    an NcclTestsFit from a cluster's nccl-tests logs: `calibrate --comm --from-nccl-tests`);
+    None where none was made."""
     path = comm_fit_path(store)
     if not path.exists():
         return None
-    return {c: CommFit(**f) for c, f in json.loads(path.read_text())["fits"].items()}
+    raw = json.loads(path.read_text())
+    if raw.get("backend") == "nccl-tests":
+        from fsbench.scaling.nccl_fit import read_nccl_fits
+
+        return read_nccl_fits(raw)
+    return {c: CommFit(**f) for c, f in raw["fits"].items()}

@@ -5,7 +5,6 @@ distinct and of freshly updated embedding rows under the workload's Zipf popular
 from __future__ import annotations
 
 import functools
-import math
 from pathlib import Path
 
 import numpy as np
@@ -194,25 +193,20 @@ class Costs:
             if self.comm is None:
                 raise ConfigError(f"--cluster local needs collective fits ({self.comm_path}): "
                                   f"run fsbench calibrate --comm --store {self.comm_path.parent.parent}")
+            if collective not in self.comm:
+                raise ConfigError(f"--cluster local: the collective fits in {self.comm_path} have no "
+                                  f"{collective} (they hold {', '.join(sorted(self.comm))}): add its "
+                                  f"nccl-tests log, or run fsbench calibrate --comm")
             return self.comm[collective].seconds(n, nbytes) * 1e3
-        c = self.cluster
-        from fsbench.scaling.commcal import volume_factor
+        from fsbench.scaling.collectives import collective_s
 
-        alpha = c.alpha_s * math.ceil(math.log2(n))
-        if collective == "all_to_all":  # intra-node peers over NVLink, the rest over the NICs
-            local = min(n, c.gpus_per_node)
-            seconds = alpha + nbytes * ((local - 1) / n / (c.intra_gbs * 1e9)
-                                        + (n - local) / n / (c.inter_gbs * 1e9))
-        else:  # ring all-reduce, limited by the slowest link in the ring
-            bw = c.intra_gbs if n <= c.gpus_per_node else c.inter_gbs
-            seconds = alpha + volume_factor(collective, n) * nbytes / (bw * 1e9)
-        return seconds * 1e3
+        return collective_s(self.cluster, collective, n, nbytes) * 1e3
 
     def collective_cpu_ms(self, collective: str, n: int, nbytes: float) -> float:
         """`local`: the CPU a collective takes on a rank's other threads (gloo's), from the
         comm fit (0 in a fit from before it was measured). GPU presets: 0 (NCCL's work is
         on the GPU; its host threads are not modelled)."""
-        if n <= 1 or nbytes <= 0 or self.cluster.compute != "fit" or self.comm is None:
+        if n <= 1 or nbytes <= 0 or self.cluster.compute != "fit" or collective not in (self.comm or {}):
             return 0.0
         return self.comm[collective].cpu_seconds(n, nbytes) * 1e3
 

@@ -80,9 +80,13 @@ class PlanInputs:
 # that are assumed rather than measured (`assumptions`).
 FIGURES: dict[str, tuple[str, str]] = {
     "gpus_per_node": ("", "GPUs per node"),
-    "intra_gbs": ("GB/s", "bus bandwidth per GPU inside a node"),
-    "inter_gbs": ("GB/s", "bandwidth per GPU across nodes"),
+    "intra_gbs": ("GB/s", "bus bandwidth per GPU inside a node (NVLink)"),
+    "nvls_gbs": ("GB/s", "all-reduce bus bandwidth inside a node with NVLink SHARP (0: none)"),
+    "inter_gbs": ("GB/s", "one NIC's bandwidth per GPU across nodes (an all-to-all's limit)"),
+    "nic_share": ("", "share of a node's NICs' bandwidth that all-reduce, all-gather and reduce-scatter reach across nodes"),
     "alpha_s": ("s", "collective latency per log2(N) step"),
+    "ring_peer_s": ("s", "a ring collective's fixed cost per rank across nodes (messages of 32 MiB and more)"),
+    "a2a_peer_s": ("s", "an all-to-all's fixed cost per peer"),
     "peak_tflops": ("TFLOPS", "encoder peak"),
     "mfu": ("", "share of peak the encoder reaches"),
     "layer_overhead_ms": ("ms", "launches per encoder layer and step"),
@@ -93,7 +97,7 @@ FIGURES: dict[str, tuple[str, str]] = {
 }
 WHOLE_FIGURES = ("gpus_per_node", "input_workers")
 """Figures that are counts: integers >= 1."""
-DIVISORS = ("intra_gbs", "inter_gbs", "peak_tflops", "host_cpu_speed")
+DIVISORS = ("intra_gbs", "inter_gbs", "nic_share", "peak_tflops", "host_cpu_speed")
 """Rates the simulator divides bytes, FLOPs or CPU time by: a cluster must give them > 0."""
 FIT_REPLACES = ("peak_tflops", "mfu", "layer_overhead_ms")
 """The figures a measured encoder fit (`Cluster.encoder_fit`) stands in for: its cost per
@@ -107,9 +111,14 @@ class Cluster:
     description: str
     compute: str                 # "fit": the store's calibrated cost; "flops": FLOPs at mfu x peak
     gpus_per_node: int = 1
-    intra_gbs: float = 0.0       # GB/s per GPU inside a node (bus bandwidth)
-    inter_gbs: float = 0.0       # GB/s per GPU across nodes
+    # How collectives are priced: fsbench.scaling.collectives (its docstring has the model)
+    intra_gbs: float = 0.0       # GB/s bus bandwidth per GPU inside a node
+    nvls_gbs: float = 0.0        # GB/s all-reduce bus bandwidth in a node with NVLink SHARP
+    inter_gbs: float = 0.0       # GB/s of one NIC per GPU across nodes
+    nic_share: float = 1.0       # ring collectives across nodes: G x inter_gbs x nic_share
     alpha_s: float = 0.0         # per-collective latency per log2(N) step
+    ring_peer_s: float = 0.0     # a ring's fixed cost per rank across nodes
+    a2a_peer_s: float = 0.0      # an all-to-all's fixed cost per peer
     peak_tflops: float = 0.0
     mfu: float = 0.0
     layer_overhead_ms: float = 0.0
@@ -219,19 +228,36 @@ def with_encoder_fit(cluster: Cluster, path: str | Path, where: str = "--cluster
                                source=f"{cluster.source} + --cluster-fit")
 
 
-CLUSTERS = {
-    "h100": Cluster(
-        "h100", "8x H100 per node, NVLink 4 (370 GB/s bus bandwidth per GPU), 400 Gb/s (50 GB/s) "
-        "per GPU across nodes, 10 us per log2(N) step; encoder at 20% of 989 TFLOPS (bf16 dense) "
-        "plus 0.3 ms per layer and step of launches; SM-contention slowdown 10% of overlapped "
-        "compute; an optimizer step of 28 bytes per table element at 3.35 TB/s; 4 loader workers "
-        "per GPU on host cores as fast as this machine's (ASSUMED figures, not yet measured on a GPU: `fsbench calibrate --device cuda` "
-        "and `fsbench micro sm-contention` measure them; `fsbench micro input-stage` on the host "
-        "times its cores)",
-        "flops", gpus_per_node=8, intra_gbs=370.0, inter_gbs=50.0, alpha_s=10e-6,
+def _h100() -> Cluster:
+    """The h100 preset: its collectives fitted on published nccl-tests results of H100
+    clusters (fsbench/scaling/data/h100_nccl_tests.json, each source with its address,
+    date, NCCL version and topology; results/cluster_h100_nccl_tests.md holds the fit
+    against held-out logs), its compute, launches, SM contention, optimizer and input
+    workers still assumed."""
+    from fsbench.scaling.collectives import published_figures
+
+    figures, _, sources = published_figures()
+    return Cluster(
+        "h100", "8x H100 SXM per node, NVLink 4 + NVSwitch, a 400 Gb/s InfiniBand NIC per GPU: "
+        f"collectives MEASURED (fitted on {len(sources)} published nccl-tests results: "
+        f"NVLink {figures['intra_gbs']:.0f} GB/s, NVLS all-reduce {figures['nvls_gbs']:.0f} GB/s, "
+        f"a NIC {figures['inter_gbs']:.1f} GB/s, ring collectives across nodes at "
+        f"{figures['nic_share']:.2f} of a node's NICs, latency {figures['alpha_s'] * 1e6:.1f} us per log2(N) "
+        f"step, {figures['ring_peer_s'] * 1e6:.1f} us per rank of a ring across nodes, "
+        f"{figures['a2a_peer_s'] * 1e6:.1f} us per all-to-all peer); ASSUMED, not yet measured on a GPU "
+        "(`fsbench calibrate --device cuda` and `fsbench micro sm-contention` measure them; "
+        "`fsbench micro input-stage` on the host times its cores): encoder at 20% of 989 TFLOPS "
+        "(bf16 dense) plus 0.3 ms per layer and step of launches, SM-contention slowdown 10% of "
+        "overlapped compute, an optimizer step of 28 bytes per table element at 3.35 TB/s, 4 loader "
+        "workers per GPU on host cores as fast as this machine's",
+        "flops", **{k: (int(v) if k in WHOLE_FIGURES else v) for k, v in figures.items()},
         peak_tflops=989.0, mfu=0.20, layer_overhead_ms=0.3, sm_slowdown=0.10,
         table_ns_per_element=28 / 3.35e12 * 1e9, input_workers=4, host_cpu_speed=1.0,
-        assumed=tuple(FIGURES)),
+        assumed=tuple(f for f in FIGURES if f not in figures))
+
+
+CLUSTERS = {
+    "h100": _h100(),
     "local": Cluster(
         "local", "this machine: gloo collectives fitted by `fsbench calibrate --comm`, encoder "
         "cost from `fsbench calibrate` (CPU: no SMs to contend for)", "fit"),
