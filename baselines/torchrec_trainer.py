@@ -50,35 +50,26 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-import torch.distributed as dist
-from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.nn.parallel import DistributedDataParallel
 from torchrec.distributed.comm_ops import set_gradient_division
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
-from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.sharding_plan import (
-    construct_module_sharding_plan,
-    row_wise,
-    table_wise,
-)
 from torchrec.distributed.train_pipeline import (
     TrainPipelineBase,
     TrainPipelineSparseDist,
 )
-from torchrec.distributed.types import ShardingPlan, ShardingType
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 
 from baselines.torchrec_model import TorchRecBatch, TorchRecModel
-from fsbench.config import ConfigError, RunConfig, WorkloadConfig
+from baselines.torchrec_sharding import (collections_of, fused_params, initial_dense, load_initial_tables,
+                                         manual_plan, planner_plan, recmodel_key)
+from fsbench.config import ConfigError, RunConfig
 from fsbench.training.dist import RankContext
 from fsbench.measurement.flights import FrameworkFlights, allreduce_in_python
-from fsbench.models import DenseArch, model_from_state, table_specs
-from fsbench.models.init import materialize
-from fsbench.models.sparse import ITEM, initial_table_weight
+from fsbench.models import model_from_state, table_specs
 from fsbench.training.optim import make_dense_optimizer
 from fsbench.measurement.timeline import span
 from fsbench.training.inputs import ContiguousShare
@@ -86,30 +77,12 @@ from fsbench.training.table_memory import TableMemory, sharded
 from fsbench.options import TrainerOptions
 from fsbench.training.trainer import Preparer, StepInput, StepStats
 
-SHARDINGS = {"table_wise": ShardingType.TABLE_WISE, "row_wise": ShardingType.ROW_WISE}
-
 
 @dataclass(frozen=True, kw_only=True)
 class TorchRecOptions(TrainerOptions):
     sharding: Literal["table_wise", "row_wise"] = "table_wise"
     pipeline: Literal["sparse", "base"] = "sparse"
     """sparse: TrainPipelineSparseDist (next batch's input dist overlapped); base: none."""
-
-# The fused (in-backward) optimizer for each table optimizer it runs, with the constants of the
-# torch optimizer `fsbench.training.optim` builds for the dense part (and for the
-# DDP trainer's tables), so that both compute the same update. Exact* variants: duplicate
-# ids in a batch are summed before one update, as autograd does for nn.Embedding.
-FUSED_OPTIMIZERS: dict[str, tuple[EmbOptimType, dict[str, float]]] = {
-    "sgd": (EmbOptimType.EXACT_SGD, {}),
-    "adagrad": (EmbOptimType.EXACT_ADAGRAD, {"eps": 1e-10}),
-    "rowwise_adagrad": (EmbOptimType.EXACT_ROWWISE_ADAGRAD, {"eps": 1e-10}),
-    "sparse_adam": (EmbOptimType.ADAM, {"eps": 1e-8, "beta1": 0.9, "beta2": 0.999,
-                                        "weight_decay": 0.0}),
-}
-# What fbgemm 1.8's CPU kernels lack (its TBE asserts at construction).
-NO_FUSED_CPU = {"sparse_adam"}
-FUSED = EmbeddingComputeKernel.FUSED.value
-
 
 class _PipelineBatches:
     """The pipeline's data iterator over the harness's prepared inputs: each pull takes
@@ -181,139 +154,6 @@ class _SpannedBasePipeline(TrainPipelineBase):
     def _backward(self, losses: torch.Tensor) -> None:
         with span("backward"):
             super()._backward(losses)
-
-
-def fused_params(optimizer: str, lr: float, device: torch.device) -> dict[str, Any]:
-    """The sharders' fused_params: fbgemm's optimizer for the tables (`optimizer`: the
-    workload's table optimizer), or a ConfigError naming the ones this device runs."""
-    runs = [o for o in FUSED_OPTIMIZERS if device.type != "cpu" or o not in NO_FUSED_CPU]
-    if optimizer not in runs:
-        why = ("fbgemm 1.8 has no CPU fused Adam, and TorchRec's dense kernel cannot serve "
-               "sequence features on CPU" if device.type == "cpu" and "adam" in optimizer else
-               "its fused tables update only the rows a batch reads" if optimizer == "adam"
-               else "not mapped to a fused optimizer")
-        raise ConfigError(f"optimizer.tables={optimizer}: the torchrec trainer runs "
-                          f"{', '.join(runs)} on {device.type} ({why}); "
-                          f"--set optimizer.tables={runs[0]} or another of those")
-    opt_type, constants = FUSED_OPTIMIZERS[optimizer]
-    return {"optimizer": opt_type, "learning_rate": lr, **constants}
-
-
-def table_wise_ranks(sizes: dict[str, int], world_size: int) -> dict[str, int]:
-    """Table -> rank, largest table first onto the least-loaded rank (ties: lowest rank)."""
-    load = [0] * world_size
-    out = {}
-    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
-        rank = min(range(world_size), key=lambda r: (load[r], r))
-        out[name] = rank
-        load[rank] += sizes[name]
-    return out
-
-
-def _collections(model: TorchRecModel) -> dict[str, nn.Module]:
-    """Module path -> sharded collection (the keys of the ShardingPlan)."""
-    return {"sequence": model.sequence, "pooled": model.pooled}
-
-
-def _table_shapes(module: nn.Module) -> dict[str, tuple[int, int]]:
-    configs = (module.embedding_configs() if hasattr(module, "embedding_configs")
-               else module.embedding_bag_configs())
-    return {c.name: (c.num_embeddings, c.embedding_dim) for c in configs}
-
-
-def manual_plan(model: TorchRecModel, sharders: dict[str, Any], sharding: str,
-                world_size: int, local_size: int, device_type: str) -> ShardingPlan:
-    """The plan built by hand (CPU: TorchRec's planner proposes row-wise only for CUDA).
-    table_wise: each table whole on one rank, largest first onto the least-loaded rank;
-    row_wise: every table split into N blocks of consecutive rows, block r on rank r."""
-    parts = _collections(model)
-    if sharding == "table_wise":
-        sizes = {name: rows * dim for module in parts.values()
-                 for name, (rows, dim) in _table_shapes(module).items()}
-        ranks = table_wise_ranks(sizes, world_size)
-        make = lambda name: table_wise(rank=ranks[name], compute_kernel=FUSED)
-    else:
-        make = lambda name: row_wise(compute_kernel=FUSED)
-    return ShardingPlan(plan={
-        path: construct_module_sharding_plan(
-            module, {name: make(name) for name in _table_shapes(module)},
-            sharder=sharders[path], local_size=local_size, world_size=world_size,
-            device_type=device_type)
-        for path, module in parts.items()})
-
-
-def planner_plan(model: TorchRecModel, sharders: dict[str, Any], sharding: str,
-                 world_size: int, local_size: int,
-                 process_group: dist.ProcessGroup | None = None) -> ShardingPlan:
-    """The plan from TorchRec's planner for CUDA, every table constrained to the chosen
-    sharding type and the fused kernel; the planner places the shards. With a process
-    group, rank 0 plans and broadcasts (collective_plan). Only planning is exercised
-    without a GPU (tests); training with such a plan is NOT YET RUN ON A GPU."""
-    from torchrec.distributed.planner import EmbeddingShardingPlanner
-    from torchrec.distributed.planner.types import (
-        HardwareConfig,
-        KernelConfig,
-        ParameterConstraints,
-        TopologyFactory,
-        TrainerConfig,
-    )
-
-    constraints = {
-        name: ParameterConstraints(sharding_types=[SHARDINGS[sharding].value],
-                                   compute_kernels=[FUSED])
-        for module in _collections(model).values() for name in _table_shapes(module)
-    }
-    hardware = None
-    if torch.cuda.is_available():  # else TorchRec's default device capacities (planning only)
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        hardware = HardwareConfig(hbm_cap_bytes=props.total_memory)
-    topology = TopologyFactory.create_topology(
-        trainer_config=TrainerConfig(world_size=world_size, local_world_size=local_size),
-        hardware_config=hardware, kernel_config=KernelConfig(compute_device="cuda"))
-    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
-    if process_group is None:
-        return planner.plan(model, list(sharders.values()))
-    return planner.collective_plan(model, list(sharders.values()), process_group)
-
-
-def initial_dense(workload: WorkloadConfig, seed: int) -> DenseArch:
-    """The dense part exactly as `build_model(workload, seed).dense` (same class, same
-    per-parameter seeded init: RecModel.init_weights calls dense.init_weights(seed)),
-    without allocating the replicated tables build_model would also build."""
-    with torch.device("meta"):
-        dense = DenseArch(workload.model, len(workload.context_vocabs), workload.max_seq_len)
-    materialize(dense)
-    dense.init_weights(seed)
-    return dense
-
-
-def recmodel_key(key: str) -> str:
-    """`fsbench.models.RecModel`'s state-dict key for a key of TorchRecModel's: the
-    collections' tables are RecModel's `sparse.tables.<name>.weight`; `dense.*` is shared."""
-    for prefix in ("sequence.embeddings.", "pooled.embedding_bags."):
-        if key.startswith(prefix):
-            return "sparse.tables." + key[len(prefix):]
-    return key
-
-
-@torch.no_grad()
-def load_initial_tables(model: nn.Module, specs, seed: int) -> int:
-    """Copy `initial_table_weight(spec, seed)` into this rank's shards of every table.
-    Returns the number of local shards written."""
-    state = model.state_dict()
-    written = 0
-    for spec in specs:
-        key = (f"sequence.embeddings.{spec.name}.weight" if spec.name == ITEM
-               else f"pooled.embedding_bags.{spec.name}.weight")
-        shards = state[key].local_shards()
-        if not shards:
-            continue
-        full = initial_table_weight(spec, seed)
-        for shard in shards:
-            (r0, c0), (nr, nc) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-            shard.tensor.copy_(full[r0:r0 + nr, c0:c0 + nc])
-            written += 1
-    return written
 
 
 class TorchRecTrainer:
@@ -405,7 +245,7 @@ class TorchRecTrainer:
         # (The collections also list empty placeholder parameters for tables a rank does
         # not hold; they belong to no optimizer.)
         dense_params = {n: p for n, p in self.dmp.named_parameters()
-                        if not n.startswith(tuple(f"{c}." for c in _collections(model)))}
+                        if not n.startswith(tuple(f"{c}." for c in collections_of(model)))}
         keyed = KeyedOptimizerWrapper(dense_params, lambda ps: make_dense_optimizer(ps, wl))
         self.optimizer = CombinedOptimizer([self.dmp.fused_optimizer, keyed])
         self.dmp.train()

@@ -164,6 +164,14 @@ class FreeScaleTrainer(DataParallelTrainer):
             exchange = ("blocking" if opts.overlap == "off" else
                         "prioritized" if opts.priority == "on" else "overlapped")
         sharded_tables = opts.tables == "sharded"
+        chunks = (opts.chunks or 4) if exchange != "blocking" else 1  # auto: 4 on GPUs, where projected
+        # Host reads of device values between forward and backward (sharded_step): the
+        # next requests' counts (send_ids), and with priority the fresh masks' plan.
+        host_syncs = (1 + (exchange == "prioritized")) if sharded_tables and routing == "exchanged" else 0
+        if opts.transport == "sm_free" and sharded_tables:
+            # each copy-engine exchange reads its peers' offsets on the host and copies its
+            # own from pageable memory (freescale_impl.transport.SmFreeTransport)
+            host_syncs += 2 * chunks * (3 if exchange == "prioritized" else 2)
         return SimProfile(tables=FreeScaleTrainer.table_memory(options, world_size),
                           exchange=exchange, sm_free=opts.transport == "sm_free", plan=plan,
                           # routed wherever the trainer routes (make_preparer)
@@ -171,7 +179,7 @@ class FreeScaleTrainer(DataParallelTrainer):
                           sample_exchange=opts.data == "sharded",
                           input_exchange="requests" if sharded_tables and routing == "exchanged" else "none",
                           window=opts.window if opts.balance == "on" else 1,
-                          chunks=opts.chunks or 4)  # auto: 4 on GPUs, where it is projected
+                          chunks=chunks, host_syncs=host_syncs)
 
     @staticmethod
     def input_stage(workload, options: dict[str, str], n: int, routing: str, repeats: int,

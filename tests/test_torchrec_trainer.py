@@ -27,6 +27,7 @@ import torch
 
 pytest.importorskip("torchrec", reason="needs the torchrec extra (scripts/setup.sh)")
 
+from baselines import torchrec_sharding as S
 from baselines import torchrec_trainer as T
 from baselines.torchrec_model import (
     SEQUENCE_FEATURES,
@@ -72,7 +73,7 @@ def reference_name(torchrec_name: str) -> str:
 
 def unsharded_model(wl, seed=SEED) -> TorchRecModel:
     specs = table_specs(wl.model.dim, wl.item_vocab, wl.user_vocab, wl.context_vocabs)
-    model = TorchRecModel(specs, T.initial_dense(wl, seed), device="cpu")
+    model = TorchRecModel(specs, S.initial_dense(wl, seed), device="cpu")
     with torch.no_grad():
         for spec in specs:
             table = (model.sequence.embeddings[spec.name] if spec.name == "item"
@@ -100,7 +101,7 @@ def test_unsharded_torchrec_model_is_the_reference_function():
 def test_initial_dense_equals_build_model_dense():
     wl = tiny()
     want = build_model(wl, SEED).dense.state_dict()
-    got = T.initial_dense(wl, SEED).state_dict()
+    got = S.initial_dense(wl, SEED).state_dict()
     assert want.keys() == got.keys()
     assert all(torch.equal(want[k], got[k]) for k in want)
 
@@ -157,28 +158,28 @@ def test_options_defaults_and_validation():
 
 def test_fused_optimizer_mapping():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert T.fused_params("sgd", 0.1, cpu) == {"optimizer": T.EmbOptimType.EXACT_SGD,
+    assert S.fused_params("sgd", 0.1, cpu) == {"optimizer": S.EmbOptimType.EXACT_SGD,
                                                "learning_rate": 0.1}
-    assert T.fused_params("adagrad", 0.1, cpu)["eps"] == 1e-10  # torch.optim.Adagrad's
-    rowwise = T.fused_params("rowwise_adagrad", 0.1, cpu)  # fsbench's RowwiseAdagrad's
-    assert (rowwise["optimizer"], rowwise["eps"]) == (T.EmbOptimType.EXACT_ROWWISE_ADAGRAD, 1e-10)
-    adam = T.fused_params("sparse_adam", 1e-3, cuda)  # torch.optim.SparseAdam's constants
-    assert adam["optimizer"] == T.EmbOptimType.ADAM
+    assert S.fused_params("adagrad", 0.1, cpu)["eps"] == 1e-10  # torch.optim.Adagrad's
+    rowwise = S.fused_params("rowwise_adagrad", 0.1, cpu)  # fsbench's RowwiseAdagrad's
+    assert (rowwise["optimizer"], rowwise["eps"]) == (S.EmbOptimType.EXACT_ROWWISE_ADAGRAD, 1e-10)
+    adam = S.fused_params("sparse_adam", 1e-3, cuda)  # torch.optim.SparseAdam's constants
+    assert adam["optimizer"] == S.EmbOptimType.ADAM
     assert (adam["beta1"], adam["beta2"], adam["eps"]) == (0.9, 0.999, 1e-8)
     with pytest.raises(ConfigError, match="runs sgd, adagrad, rowwise_adagrad on cpu .fbgemm 1.8 has no CPU fused Adam"):
-        T.fused_params("sparse_adam", 1e-3, cpu)
+        S.fused_params("sparse_adam", 1e-3, cpu)
     # dense Adam moves rows a batch did not read; fused tables never do
     with pytest.raises(ConfigError, match="runs sgd, adagrad, rowwise_adagrad, sparse_adam on cuda .its fused tables"):
-        T.fused_params("adam", 1e-3, cuda)
+        S.fused_params("adam", 1e-3, cuda)
     with pytest.raises(ConfigError, match="not mapped"):
-        T.fused_params("lamb", 1e-3, cuda)
+        S.fused_params("lamb", 1e-3, cuda)
     # every fused param is an argument of fbgemm's TBE (the sharders pass them through)
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
         SplitTableBatchedEmbeddingBagsCodegen,
     )
     accepted = inspect.signature(SplitTableBatchedEmbeddingBagsCodegen.__init__).parameters
-    for name in T.FUSED_OPTIMIZERS:
-        assert set(T.fused_params(name, 1e-3, cuda)) <= set(accepted)
+    for name in S.FUSED_OPTIMIZERS:
+        assert set(S.fused_params(name, 1e-3, cuda)) <= set(accepted)
 
 
 def test_canary_fbgemm_cpu_still_lacks_fused_adam():
@@ -193,15 +194,15 @@ def test_canary_fbgemm_cpu_still_lacks_fused_adam():
     with pytest.raises(AssertionError, match="adam is not supported in CPU mode"):
         SplitTableBatchedEmbeddingBagsCodegen(
             [(10, 4, EmbeddingLocation.HOST, ComputeDevice.CPU)],
-            optimizer=T.EmbOptimType.ADAM, learning_rate=0.1)
+            optimizer=S.EmbOptimType.ADAM, learning_rate=0.1)
 
 
 def _plan_model(wl):
     specs = table_specs(wl.model.dim, wl.item_vocab, wl.user_vocab, wl.context_vocabs)
     with torch.device("meta"):
-        dense = T.DenseArch(wl.model, len(wl.context_vocabs), wl.max_seq_len)
+        dense = S.DenseArch(wl.model, len(wl.context_vocabs), wl.max_seq_len)
     model = TorchRecModel(specs, dense, device="meta")
-    fused = T.fused_params("sgd", 0.1, torch.device("cpu"))
+    fused = S.fused_params("sgd", 0.1, torch.device("cpu"))
     return model, {"sequence": T.EmbeddingCollectionSharder(fused_params=fused),
                    "pooled": T.EmbeddingBagCollectionSharder(fused_params=fused)}
 
@@ -213,9 +214,9 @@ def test_plans(planner):
     model, sharders = _plan_model(tiny())
     for sharding in ("table_wise", "row_wise"):
         if planner == "manual":
-            plan = T.manual_plan(model, sharders, sharding, WORLD, WORLD, "cpu")
+            plan = S.manual_plan(model, sharders, sharding, WORLD, WORLD, "cpu")
         else:
-            plan = T.planner_plan(model, sharders, sharding, WORLD, WORLD)
+            plan = S.planner_plan(model, sharders, sharding, WORLD, WORLD)
         tables = {t: ps for module_plan in plan.plan.values() for t, ps in module_plan.items()}
         assert set(tables) == {"item", "user", "context_0", "context_1"}
         for ps in tables.values():
@@ -225,7 +226,7 @@ def test_plans(planner):
             else:
                 assert len(ps.ranks) == 1
     if planner == "manual":
-        assert T.table_wise_ranks({"item": 16_000, "user": 1_600, "context_0": 160,
+        assert S.table_wise_ranks({"item": 16_000, "user": 1_600, "context_0": 160,
                                    "context_1": 80}, 2) == {"item": 0, "user": 1,
                                                             "context_0": 1, "context_1": 1}
 

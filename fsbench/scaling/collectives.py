@@ -110,8 +110,8 @@ DEFAULTS = {"nvls_gbs": 0.0, "nic_share": 1.0, "alpha_s": 0.0, "ring_peer_s": 0.
 
 def group_lines(points: list) -> dict[tuple[str, int, int], tuple[float, float, int]]:
     """(collective, N, G) -> (fixed seconds, bus bandwidth GB/s, points used): a line
-    through each log curve's points of BANDWIDTH_BYTES or more (least squares on relative
-    error; a single point: its own busbw and no fixed cost)."""
+    through each layout's points of BANDWIDTH_BYTES or more, every log of that layout
+    pooled (least squares on relative error; a single size: its busbw, no fixed cost)."""
     out = {}
     for key in sorted({(p.collective, p.world_size, p.gpus_per_node) for p in points}):
         pts = [p for p in points if (p.collective, p.world_size, p.gpus_per_node) == key
@@ -169,7 +169,7 @@ def fit_figures(points: list, given: dict[str, float] | None = None) -> tuple[di
         found = curves(kinds, one_node)
         if found:
             figures["intra_gbs"] = float(np.median([v[1] for _, v in found]))
-            how["intra_gbs"] = f"{len(found)} one-node {'/'.join(kinds)} curves >= 32 MiB"
+            how["intra_gbs"] = f"{len(found)} one-node {'/'.join(kinds)} layouts >= 32 MiB"
             break
     intra = given.get("intra_gbs", figures.get("intra_gbs"))
     nvls = curves(("all_reduce",), lambda n, g: n == g and n > 2)
@@ -177,7 +177,7 @@ def fit_figures(points: list, given: dict[str, float] | None = None) -> tuple[di
         bw = float(np.median([v[1] for _, v in nvls]))
         faster = intra is None or bw > 1.05 * intra
         figures["nvls_gbs"] = bw if faster else 0.0
-        how["nvls_gbs"] = (f"{len(nvls)} one-node all_reduce curves >= 32 MiB"
+        how["nvls_gbs"] = (f"{len(nvls)} one-node all_reduce layouts >= 32 MiB"
                            + ("" if faster else ": no faster than the ring, so none"))
     if intra is None and nvls and not figures.get("nvls_gbs"):
         figures["intra_gbs"] = float(np.median([v[1] for _, v in nvls]))
@@ -193,14 +193,14 @@ def fit_figures(points: list, given: dict[str, float] | None = None) -> tuple[di
                 per_nic.append((n - g) / n / nic_share_of_t)
         if per_nic:
             figures["inter_gbs"] = float(np.median(per_nic))
-            how["inter_gbs"] = f"{len(per_nic)} multi-node all_to_all curves >= 32 MiB"
+            how["inter_gbs"] = f"{len(per_nic)} multi-node all_to_all layouts >= 32 MiB"
     inter = given.get("inter_gbs", figures.get("inter_gbs"))
     rings = curves(RING_FAMILY, across)
     if rings and inter:
         shares = [v[1] / (g * inter) for (_, _, g), v in rings if v[1] < 0.95 * (intra or math.inf)]
         if shares:  # a curve at NVLink's bandwidth shows nothing of the NICs
             figures["nic_share"] = float(np.median(shares))
-            how["nic_share"] = f"{len(shares)} multi-node ring-collective curves >= 32 MiB"
+            how["nic_share"] = f"{len(shares)} multi-node ring-collective layouts >= 32 MiB"
     known = {**DEFAULTS, **figures, **given}
     if intra and inter:
         fig = _Figures(known)
@@ -216,10 +216,10 @@ def fit_figures(points: list, given: dict[str, float] | None = None) -> tuple[di
                       for (_, n, _), v in curves(RING_FAMILY, across) if v[2] >= 2]
         if ring_fixed and "ring_peer_s" not in given:
             figures["ring_peer_s"] = known["ring_peer_s"] = _slope(ring_fixed)
-            how["ring_peer_s"] = f"{len(ring_fixed)} multi-node ring-collective curves' fixed parts against N - 1"
+            how["ring_peer_s"] = f"{len(ring_fixed)} multi-node ring-collective layouts' fixed parts against N - 1"
         fixed = [(n - 1, v[0] - fig.alpha_s) for (_, n, _), v in curves(("all_to_all",), lambda n, g: n > 2)
                  if v[2] >= 2]
-        source = f"{len(fixed)} all_to_all curves' fixed parts against N - 1"
+        source = f"{len(fixed)} all_to_all layouts' fixed parts against N - 1"
         if not fixed:
             small = [p for p in points if p.collective == "all_to_all" and p.bytes <= 8 << 20 and p.world_size > 2]
             fixed = [(p.world_size - 1, (p.time_us * 1e-6 - fig.alpha_s - transfer_s(

@@ -56,7 +56,11 @@ class SimProfile:
     and the request are made on the rank's thread (freescale_impl.sample_exchange)."""
     window: int = 1
     chunks: int = 1
-    """Pieces of the row exchange: the first is waited for, the rest hide under compute."""
+    """Pieces of the row exchange, each an all-to-all of its own (its own latency)."""
+    host_syncs: int = 0
+    """Host syncs inside a step's forward and backward (a host read of a device value):
+    on a GPU each drains the launch queue, and the device waits for the host to relaunch
+    (`Cluster.host_sync_s`)."""
 
     def __post_init__(self) -> None:
         assert self.exchange in EXCHANGES, self.exchange
@@ -91,6 +95,7 @@ FIGURES: dict[str, tuple[str, str]] = {
     "mfu": ("", "share of peak the encoder reaches"),
     "layer_overhead_ms": ("ms", "launches per encoder layer and step"),
     "sm_slowdown": ("", "compute slowdown beside SM-based communication"),
+    "host_sync_s": ("s", "the device's wait per host sync inside a step (the host relaunches)"),
     "table_ns_per_element": ("ns", "optimizer step per table element"),
     "input_workers": ("", "loader worker processes per GPU, each preparing whole steps"),
     "host_cpu_speed": ("", "a host core's speed against this machine's (the input stage is timed here)"),
@@ -125,6 +130,9 @@ class Cluster:
     """Per encoder layer and step, forward + backward: kernel launches and small ops that
     no FLOP count sees (GPU presets)."""
     sm_slowdown: float = 0.0
+    host_sync_s: float = 0.0
+    """A GPU's idle per host sync inside a step: the launch queue drained, the host issues
+    the next kernels (GPU presets; `local` measures its overhead instead)."""
     table_ns_per_element: float = 0.0
     """Optimizer step per table element (GPU presets; `local` takes its fit's)."""
     input_workers: int = 1
@@ -248,10 +256,11 @@ def _h100() -> Cluster:
         "(`fsbench calibrate --device cuda` and `fsbench micro sm-contention` measure them; "
         "`fsbench micro input-stage` on the host times its cores): encoder at 20% of 989 TFLOPS "
         "(bf16 dense) plus 0.3 ms per layer and step of launches, SM-contention slowdown 10% of "
-        "overlapped compute, an optimizer step of 28 bytes per table element at 3.35 TB/s, 4 loader "
+        "overlapped compute, 30 us of device idle per host sync in a step, an optimizer step of 28 "
+        "bytes per table element at 3.35 TB/s, 4 loader "
         "workers per GPU on host cores as fast as this machine's",
         "flops", **{k: (int(v) if k in WHOLE_FIGURES else v) for k, v in figures.items()},
-        peak_tflops=989.0, mfu=0.20, layer_overhead_ms=0.3, sm_slowdown=0.10,
+        peak_tflops=989.0, mfu=0.20, layer_overhead_ms=0.3, sm_slowdown=0.10, host_sync_s=30e-6,
         table_ns_per_element=28 / 3.35e12 * 1e9, input_workers=4, host_cpu_speed=1.0,
         assumed=tuple(f for f in FIGURES if f not in figures))
 

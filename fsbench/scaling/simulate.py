@@ -41,9 +41,10 @@ batches (the same length draws the generator makes for that seed and step):
             `fsbench calibrate --comm` beside their times) preempts the ranks alike for
             the part of each transfer hidden under compute (`comm_cpu_ms`; none in a
             comm fit from before).
-  comm      an alpha-beta model per collective: fitted on this machine by
-            `fsbench calibrate --comm` (`local`: a line per measured world size), or a preset's links (`h100`: 8 GPUs per
-            node on NVLink 4, 400 Gb/s per GPU across nodes).
+  comm      per collective: fitted on this machine by `fsbench calibrate --comm` (`local`:
+            a line per measured world size) or on a cluster's nccl-tests logs
+            (`--from-nccl-tests`), or a preset's figures in the model of
+            fsbench.scaling.collectives (`h100`: fitted on published nccl-tests results).
               gradients: all-reduce of the dense parameters (and of the tables where a
               trainer replicates them), in DDP's real buckets (1 MiB first, then 25
               MiB, in the order gradients are ready: `ddp_buckets`): all but the last
@@ -133,6 +134,11 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
 
     w, n = run.workload, run.world_size
     prof = profile or profile_of(run.trainer, run.trainer_options, n)
+    if prof.sm_free and cluster.compute != "fit" and n > cluster.gpus_per_node:
+        raise ConfigError(f"{run.trainer} with sm_free transport at {n} ranks: the trainer refuses to "
+                          f"start across nodes ({cluster.name} has {cluster.gpus_per_node} GPUs a node; "
+                          f"freescale_impl.transport.sm_free_unavailable): simulate it within a node, "
+                          f"or with transport=collective")
     costs_model = Costs(cluster, w, store, timeshare_efficiency)
     dist = parse_length_spec(w.lengths)
     zipf_s = float(parse_popularity(w.popularity).s)
@@ -228,7 +234,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             cpu = (0.0 if emulated else enc * corun) + over["cpu_ms"] * corun
             tokens = np.array([all_lengths[idx].sum() for idx in owners], dtype=np.float64)
             samples = np.array([len(idx) for idx in owners], dtype=np.float64)
-            pre = post_emb = hidden_emb = t_x = sent = cpu_x = 0.0
+            pre = post_emb = hidden_emb = t_x = sent = cpu_x = final_hidden = sm_free_extra = 0.0
             draws = tokens + samples + w.negatives_per_step
             # The step's input routing, carried by collectives pipelined over the steps
             # before (prof.input_exchange): hidden under a step's compute, exposed beyond.
@@ -242,32 +248,43 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                 # one user row and one row per context table per sample.
                 rows_r = (expected_distinct(draws, w.item_vocab, zipf_s)
                           + samples * (1 + len(w.context_vocabs)))
-                t_x = costs_model.collective_ms("all_to_all", n, float(rows_r.max()) * dim_bytes)
+                # As built (freescale_impl.embedding_exchange): a chunk is an all-to-all of
+                # its own, with its own latency; the blocking version sends one.
+                chunks = prof.chunks if prof.exchange != "blocking" else 1
+
+                def chunked(nbytes: float) -> float:
+                    return chunks * costs_model.collective_ms("all_to_all", n, nbytes / chunks)
+
+                t_x = chunked(float(rows_r.max()) * dim_bytes)
                 # its helper threads' CPU, a rank's rows forward and their gradients back
                 cpu_x = 2 * costs_model.collective_cpu_ms("all_to_all", n, float(rows_r.mean()) * dim_bytes)
-                fwd_min, bwd_min = model_ms.min() / 3, 2 * model_ms.min() / 3
+                bwd_min = 2 * model_ms.min() / 3
                 sent = 2 * t_x  # forward rows and backward gradients
-                if prof.exchange == "blocking":
-                    pre, post_emb = t_x, t_x
-                elif prof.exchange == "prioritized":
+                # Forward: the encoder looks up every item row before its first layer (the
+                # chunks are slices of the unique rows in reading order), so it waits for
+                # the last chunk. Backward: the gradient chunks are held until DDP's last
+                # bucket is issued (one order of collectives on every rank), so the whole
+                # gradient exchange follows the backward.
+                pre = post_emb = t_x
+                if prof.exchange == "prioritized":
                     # Rows the previous step updated (all of them at the first step, which
-                    # has no previous step to send during) wait like the overlapped
-                    # exchange's; the others arrived during the previous step's compute.
+                    # has no previous step to send during) are sent after its update and
+                    # waited for, every chunk, before this forward; the final ones flew
+                    # during the previous step's backward only, beside its gradients.
                     fresh_r = rows_r if prev is None else (
                         expected_fresh(draws, w.item_vocab, zipf_s, prev[0])
                         + samples * sum(-math.expm1(-prev[1] / v)
                                         for v in (w.user_vocab, *w.context_vocabs)))
-                    t_fresh = costs_model.collective_ms("all_to_all", n, float(fresh_r.max()) * dim_bytes)
-                    t_final = costs_model.collective_ms("all_to_all", n, float((rows_r - fresh_r).max()) * dim_bytes)
-                    pre = (max(0.0, t_final - model_ms.min())
-                           + (max(t_fresh / prof.chunks, t_fresh - fwd_min) if t_fresh else 0.0))
-                    post_emb = max(t_x / prof.chunks, t_x - bwd_min)
+                    t_fresh = chunked(float(fresh_r.max()) * dim_bytes)
+                    t_final = chunked(float((rows_r - fresh_r).max()) * dim_bytes)
+                    final_hidden = min(t_final, bwd_min)
+                    pre = (t_final - final_hidden) + t_fresh
                     sent = t_final + t_fresh + t_x
-                else:
-                    first = t_x / prof.chunks
-                    pre = max(first, t_x - fwd_min)
-                    post_emb = max(first, t_x - bwd_min)
                 hidden_emb = sent - pre - post_emb
+                if prof.sm_free and gpu_hosts:  # a copy-engine exchange (each chunk, both ways):
+                    # an offsets all-to-all and two barriers more (freescale_impl.transport)
+                    exchanges = chunks * (3 if prof.exchange == "prioritized" else 2)
+                    sm_free_extra = exchanges * 3 * costs_model.collective_ms("all_to_all", n, 8.0 * n)
             hidden_emb += t_in - exposed_in
             prev = (float(tokens.sum() + samples.sum() + w.negatives_per_step), float(samples.sum()))
             # The buckets' calls follow each other and cost as one transfer of their sum:
@@ -283,9 +300,9 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             # fit, all together, in the compute it hides under (the gradients' all-reduce
             # and all-to-all in the backward, everything in the step), and the exposed
             # tails after the backward follow each other. The overflow is exposed.
-            grad_hidden = t_x - post_emb if prof.exchange in ("overlapped", "prioritized") else 0.0
+            # (the gradients' all-to-all follows the backward; the next final rows fly in it)
             ar_hidden = t_ar - post_ar
-            over_bwd = max(0.0, ar_hidden + grad_hidden - 2 * float(model_ms.min()) / 3)
+            over_bwd = max(0.0, ar_hidden + final_hidden - 2 * float(model_ms.min()) / 3)
             shared = over_bwd + max(0.0, hidden_emb + ar_hidden - over_bwd - float(model_ms.min()))
             # Communication kernels on SMs slow the compute they overlap.
             hidden = ar_hidden + (0.0 if prof.sm_free else hidden_emb) - shared
@@ -293,7 +310,12 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             c, busy = c + slowed, busy + slowed
             if not gpu_hosts and prep_ms:  # `local`: the rank thread's own CPU, a compute span
                 c, busy, cpu = c + prep_ms * corun * share, busy + prep_ms * corun, cpu + prep_ms * corun
-            t = pre + exposed_in + t_samples + float(c.max()) + post_ar + post_emb + shared
+            # Host syncs inside the step (a GPU drains its launch queue; the host then
+            # relaunches) and the copy-engine exchanges' barriers: the device waits.
+            syncs = prof.host_syncs * cluster.host_sync_s * 1e3 if gpu_hosts else 0.0
+            c = c + syncs
+            t = (pre + exposed_in + t_samples + float(c.max()) + post_ar + post_emb + shared
+                 + sm_free_extra)
             # The optimizer steps the tables after the gradients arrived, on every rank.
             if prof.tables.placement == "replicated":
                 updated = held_rows

@@ -1,0 +1,87 @@
+"""The simulator books FreeScale's exchange as the trainer runs it (freescale_impl.sharded_step,
+embedding_exchange, transport): a latency per chunk, a forward that waits for every chunk,
+gradients after DDP's last bucket, host syncs inside the step, and no SM-free transport
+across nodes. Each test changes one thing and checks what it costs, on the h100 preset
+with the planner's time left out (nothing here depends on this machine's speed)."""
+import dataclasses
+
+import pytest
+
+from fsbench.config import RunConfig
+from fsbench.errors import ConfigError
+from fsbench.scaling.sim_inputs import CLUSTERS
+from fsbench.scaling.simulate import profile_of, scaled_workload, simulate_run
+from fsbench.training.trainer import trainer_options
+from fsbench.workloads.presets import get_workload
+
+H100 = CLUSTERS["h100"]
+SHARDED = {"balance": "off", "tables": "sharded", "overlap": "on", "priority": "off",
+           "transport": "collective"}
+
+
+def run_at(n: int, **sets) -> RunConfig:
+    w = scaled_workload(dataclasses.replace(get_workload("medium"), steps=4, warmup=1), n, "weak", 32)
+    return RunConfig(workload=w, trainer="freescale", world_size=n,
+                     trainer_options=trainer_options("freescale", {**SHARDED, **sets}))
+
+
+def steps_of(run: RunConfig, cluster=H100, **profile_changes):
+    profile = dataclasses.replace(profile_of(run.trainer, run.trainer_options, run.world_size),
+                                  **profile_changes)
+    return simulate_run(run, cluster, "unused", profile=profile, planner_time=False)[1][1:]
+
+
+def test_sm_free_is_refused_across_nodes_as_the_trainer_refuses_it():
+    steps_of(run_at(8, transport="sm_free"))  # inside a node: it runs
+    with pytest.raises(ConfigError, match=r"refuses to start across nodes \(h100 has 8 GPUs a node"):
+        steps_of(run_at(16, transport="sm_free"))
+
+
+def test_each_chunk_pays_its_own_latency():
+    run = run_at(256)
+    one, four = steps_of(run, chunks=1), steps_of(run, chunks=4)
+    for a, b in zip(one, four):
+        # forward rows and backward gradients, 3 more all-to-alls each: their fixed cost
+        # at 256 ranks at least (alpha), whatever the chunks' sizes
+        assert b["step_time_ms"] - a["step_time_ms"] >= 2 * 3 * H100.alpha_s * 1e3 * 0.99
+
+
+def test_the_overlapped_forward_waits_for_every_chunk_and_the_gradients_follow_the_backward():
+    """As built, `overlap=on` without priority hides nothing of the embedding exchange:
+    its step is the blocking one's plus the extra chunks' latencies."""
+    run = run_at(256)
+    blocking = steps_of(dataclasses.replace(run, trainer_options=trainer_options(
+        "freescale", {**SHARDED, "overlap": "off"})))
+    overlapped = steps_of(run, chunks=1)
+    for a, b in zip(blocking, overlapped):
+        assert b["step_time_ms"] == pytest.approx(a["step_time_ms"], rel=1e-9)
+        assert b["exposed_comm_ms"] == pytest.approx(a["exposed_comm_ms"], rel=1e-9)
+
+
+def test_priority_hides_the_final_rows_under_the_backward_only():
+    run = run_at(256, priority="on")
+    with_priority = steps_of(run)
+    without = steps_of(run_at(256))
+    # the next step's final rows fly during this backward: less exposed than waiting for all
+    assert sum(r["exposed_comm_ms"] for r in with_priority) < sum(r["exposed_comm_ms"] for r in without)
+
+
+def test_host_syncs_cost_the_device_its_relaunch_on_gpus_and_nothing_is_busy_in_them():
+    run = run_at(64)
+    quiet, synced = steps_of(run, host_syncs=0), steps_of(run, host_syncs=5)
+    for a, b in zip(quiet, synced):
+        assert b["step_time_ms"] - a["step_time_ms"] == pytest.approx(5 * H100.host_sync_s * 1e3, rel=1e-6)
+        assert b["busy_max_ms"] == pytest.approx(a["busy_max_ms"])
+        assert b["other_idle_ms"] > a["other_idle_ms"]
+
+
+def test_freescale_declares_the_host_syncs_of_its_step():
+    def syncs(**sets):
+        return profile_of("freescale", trainer_options("freescale", {**SHARDED, **sets}), 64).host_syncs
+
+    assert syncs() == 1  # the next requests' counts, read between forward and backward
+    assert syncs(priority="on") == 2  # and the fresh masks' plan
+    assert syncs(tables="replicated") == 0
+    # copy engines: each exchange (rows and gradients, each chunk) reads offsets and copies
+    # from pageable memory: 2 more a chunk and direction
+    assert syncs(transport="sm_free", chunks="2") == 1 + 2 * 2 * 2
