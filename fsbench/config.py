@@ -263,10 +263,17 @@ class EvalConfig:
     """`last`: each user's last item is held out and tested; `valid_test` (RecBole's
     leave-one-out `valid_and_test`): the second-to-last item is held out too and scored as
     validation, every evaluation scoring both."""
+    patience: int = 0
+    """Early stopping, as RecBole stops: end the run once this many evaluations in a row
+    found no better validation NDCG@10 than the best so far (0: train every step)."""
 
     def __post_init__(self) -> None:
         _positive("eval.every", self.every, 0)
+        _positive("eval.patience", self.patience, 0)
         _one_of("eval.split", self.split, EVAL_SPLITS)
+        _require(self.patience == 0 or (self.split == "valid_test" and self.every > 0),
+                 f"eval.patience={self.patience} needs validation scores: eval.split=valid_test "
+                 f"and eval.every > 0")
         if self.target_hr10 is not None:
             _require(0 < self.target_hr10 <= 1,
                      f"eval.target_hr10={self.target_hr10!r} must be in (0, 1]")

@@ -120,6 +120,11 @@ def records(df: pd.DataFrame, columns: list[str] | None = None) -> list[dict]:
     return plain(df)
 
 
+def progress_lines_wanted() -> bool:
+    """Progress as plain lines (a CI log, a file): stderr is no terminal, and no -q."""
+    return not _quiet and not _stderr_is_a_terminal()
+
+
 def _stderr_is_a_terminal() -> bool:
     try:
         return sys.stderr.isatty()

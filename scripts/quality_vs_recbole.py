@@ -17,6 +17,8 @@ not; `inconclusive` (and why) when the reference cannot tell: fewer than 2 seeds
 fsbench's side, or a RecBole seed that did not stop early (not converged), or fewer finished
 RecBole seeds than fsbench ran. Under a ratio short of the fraction, a capped RecBole seed
 still decides `missed`: its best so far is a lower bound on its converged score. Exit 0 met for every trainer, 1 one missed, 3 inconclusive.
+Beside each: how many seeds a side a t test would need to tell a mean at 0.95x RecBole's
+from one at 0.9x (95% level, 80% power, the seeds' pooled spread).
 Standard library and scipy only; RecBole is not needed.
 """
 from __future__ import annotations
@@ -44,6 +46,20 @@ def pooled_interval(a: list[float], b: list[float], level: float = 0.95) -> tupl
     se = math.sqrt(ss / df * (1 / len(a) + 1 / len(b)))
     half = stats.t.ppf(0.5 + level / 2, df) * se
     return diff, diff - half, diff + half
+
+
+def seeds_to_tell(a: list[float], b: list[float], high: float, low: float, level: float = 0.95,
+                  power: float = 0.8) -> float:
+    """Seeds a side for a two-sided t test at `level` to tell, with `power`, an fsbench mean
+    at `high` x RecBole's from one at `low` x (the normal approximation, the two sides'
+    pooled seed-to-seed spread): 2 (z_level + z_power)^2 s^2 / delta^2."""
+    df = len(a) + len(b) - 2
+    if df < 1 or not b:
+        return math.nan
+    ss = sum((x - statistics.fmean(a)) ** 2 for x in a) + sum((x - statistics.fmean(b)) ** 2 for x in b)
+    delta = (high - low) * statistics.fmean(b)
+    z = stats.norm.ppf(0.5 + level / 2) + stats.norm.ppf(power)
+    return 2 * z * z * (ss / df) / (delta * delta)
 
 
 def why_inconclusive(fs_seeds: int, runs: list[dict], in_progress: list[dict]) -> str | None:
@@ -79,7 +95,8 @@ def compare(quality: dict, recbole: dict, fraction: float) -> list[dict]:
                            "fsbench_mean": statistics.fmean(a),
                            "recbole_mean": statistics.fmean(b) if b else math.nan,
                            "ratio": statistics.fmean(a) / statistics.fmean(b) if b else math.nan,
-                           "difference": diff, "difference_95": [lo, hi]}
+                           "difference": diff, "difference_95": [lo, hi],
+                           "seeds_to_tell_0.95_from_0.9": seeds_to_tell(a, b, 0.95, 0.9)}
         why = why_inconclusive(len(row["hr_at_10_per_seed"]), runs, recbole.get("in_progress") or [])
         ratio = entry["HR@10"]["ratio"]
         if why and "epoch cap" in why and ratio < fraction:
@@ -96,7 +113,8 @@ def markdown(rows: list[dict], fraction: float) -> str:
     lines = [f"Test scores, mean over seeds; target: fsbench's HR@10 mean at least {fraction:g}x "
              "RecBole's. Difference: fsbench - RecBole, 95% t interval over seeds (pooled variance).",
              "", "| trainer | ranks | metric | fsbench per seed | RecBole per seed | ratio "
-             "| difference [95%] | verdict |", "|---|--:|---|---|---|--:|---|---|"]
+             "| difference [95%] | seeds a side to tell 0.95x from 0.9x | verdict |",
+             "|---|--:|---|---|---|--:|---|--:|---|"]
     for r in rows:
         for name, _, _ in METRICS:
             m = r[name]
@@ -106,6 +124,7 @@ def markdown(rows: list[dict], fraction: float) -> str:
                 f"{', '.join(f'{v:.4f}' for v in m['fsbench_per_seed'])} | "
                 f"{', '.join(f'{v:.4f}' for v in m['recbole_per_seed']) or 'none'} | "
                 f"{m['ratio']:.3f} | {m['difference']:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
+                f"{math.ceil(m['seeds_to_tell_0.95_from_0.9']) if m['seeds_to_tell_0.95_from_0.9'] == m['seeds_to_tell_0.95_from_0.9'] else 'n/a'} | "
                 f"{r['verdict'] if name == 'HR@10' else ''} |")
     return "\n".join(lines)
 

@@ -347,3 +347,83 @@ def test_the_protocol_trains_on_the_history_alone(tmp_path):
     assert not w.model.user_features and w.user_vocab == 2
     w, _ = quality_workload("small", data, "sasrec", 1, [("model.user_features", "true")])
     assert w.model.user_features and w.user_vocab == 51
+
+
+def test_early_stopping_needs_validation_scores_and_a_patience_of_one_or_more(tmp_path, capsys):
+    from fsbench.config import ConfigError, EvalConfig
+
+    EvalConfig(on=True, every=4, split="valid_test", patience=10)
+    with pytest.raises(ConfigError, match="eval.patience=3 needs validation scores"):
+        EvalConfig(on=True, every=4, split="last", patience=3)
+    with pytest.raises(ConfigError, match="eval.patience=3 needs validation scores"):
+        EvalConfig(on=True, every=0, split="valid_test", patience=3)
+    data = write_learnable(tmp_path / "d.txt")
+    assert main(["quality", "--data", data, "--patience", "0"]) == 2
+    assert "--patience=0 must be >= 1" in capsys.readouterr().err
+
+
+def test_epoch_lines_print_each_new_evaluation_and_the_early_stop(tmp_path):
+    """What a CI log shows of a long run: a line per epoch as rank 0 writes eval.json."""
+    import io
+
+    from fsbench.quality.epoch_lines import EpochLines
+
+    out = io.StringIO()
+    run_dir = tmp_path / "run-1"
+
+    def write(evals, stopped=None):
+        run_dir.mkdir(exist_ok=True)
+        (run_dir / "manifest.json").write_text("{}")
+        (run_dir / "eval.json").write_text(json.dumps({
+            "patience": 2, "stopped_at_step": stopped,
+            "evaluations": [{"step": 4 * k + 3, "hr_at_10": 0.1 * k, "ndcg_at_10": 0.05 * k,
+                             "valid_ndcg_at_10": v} for k, v in enumerate(evals)]}))
+
+    with EpochLines(tmp_path, "ddp at 2 ranks, seed 0", 200, every_s=3600, stream=out) as lines:
+        lines.poll()  # nothing written yet: nothing printed
+        write([0.2, 0.3])
+        lines.poll()
+        write([0.2, 0.3, 0.25, 0.28], stopped=15)
+    text = out.getvalue().splitlines()
+    assert len(text) == 5, text
+    assert text[0].startswith("quality: ddp at 2 ranks, seed 0: epoch 1 (at most 200): test HR@10 0.0000")
+    assert text[3].endswith("valid NDCG@10 0.2800 (best 0.3000 at epoch 2)")
+    assert text[4] == ("quality: ddp at 2 ranks, seed 0: stopped early after epoch 4: no better "
+                       "validation NDCG@10 in 2 epochs")
+
+
+def test_the_quality_table_says_how_runs_stopped():
+    from fsbench.cli.quality import markdown
+
+    ranks = np.random.default_rng(1).integers(1, 40, 400)
+    result = analyze([run("ddp", ranks), run("freescale", ranks)], SPE, baseline="ddp", margin=0.1)
+    result.update(data="recbole:x", model="sasrec", loss="full", epochs=200, patience=10, seeds=[0])
+    text = markdown(result)
+    assert "up to 200 epochs of 4 steps, each run stopped after 10 epochs without a better validation" in text
+    assert "| 3 (3) |" in text  # the epoch picked, of the epochs trained
+
+
+@pytest.mark.dist
+def test_a_quality_run_stops_early_on_every_rank_once_validation_stops_improving(tmp_path, capsys):
+    """RecBole's early stopping end to end at 2 ranks: with a patience of 1 a run ends at
+    the first epoch that is no better than the best before it, far below the cap, on both
+    ranks (the run completes), and the table reads the best-validation epoch's scores."""
+    data = write_learnable(tmp_path / "d.txt", users=120)
+    code = main(["quality", "--data", data, "--trainers", "ddp", "--patience", "1",
+                 "--max-epochs", "30", "--seeds", "0", "--set", "lr=0.01", "--store", str(tmp_path / "q"),
+                 "--format", "json", "--no-plots"])
+    assert code == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    (row,) = doc["rows"]
+    (trained,), (picked,) = row["epochs_trained"], row["epochs_selected"]
+    assert trained < 30 and picked == trained - 1  # one epoch past its best, as patience 1 says
+    (run_dir,) = [p for p in (tmp_path / "q").iterdir() if (p / "eval.json").exists()]
+    evaluation = json.loads((run_dir / "eval.json").read_text())
+    assert evaluation["stopped_at_step"] is not None and len(evaluation["evaluations"]) == trained
+    valid = [e["valid_ndcg_at_10"] for e in evaluation["evaluations"]]
+    assert valid[-1] <= max(valid[:-1]) and all(b > a for a, b in zip(valid[:-2], valid[1:-1]))
+    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "complete"
+    # stderr is no terminal here: a line per epoch, and the stop
+    assert "quality: run 1 of 1, ddp at 2 ranks, seed 0: epoch 1 (at most 30)" in err
+    assert f"stopped early after epoch {trained}" in err

@@ -59,3 +59,19 @@ def test_the_command_prints_the_table_and_exits_by_verdict(tmp_path):
     assert done.returncode == 3, done.stderr
     assert "| ddp | 2 | HR@10 | 0.1100, 0.1000, 0.1200 | 0.1200 | 0.917 |" in done.stdout
     assert "RecBole has 1 finished seed(s) of 3" in done.stdout
+
+
+def test_seeds_to_tell_two_fractions_apart_follow_the_pooled_spread():
+    """2 (z_0.975 + z_0.8)^2 s^2 / delta^2 seeds a side; RecBole's own spread (0.016) at a
+    mean of 0.134 needs dozens to tell 0.95x from 0.9x, a spread ten times smaller a few."""
+    wide = [0.1177, 0.1495, 0.1347]
+    n = qvr.seeds_to_tell([0.1220, 0.1220, 0.1188], wide, 0.95, 0.9)
+    a, b = [0.1220, 0.1220, 0.1188], wide
+    mean = lambda x: sum(x) / len(x)  # noqa: E731
+    var = (sum((x - mean(a)) ** 2 for x in a) + sum((x - mean(b)) ** 2 for x in b)) / 4
+    z = stats.norm.ppf(0.975) + stats.norm.ppf(0.8)
+    assert n == pytest.approx(2 * z * z * var / (0.05 * mean(b)) ** 2)
+    assert 20 < n < 60
+    narrow = [mean(b) + (x - mean(b)) / 10 for x in b]
+    assert qvr.seeds_to_tell(a, narrow, 0.95, 0.9) < n / 10
+    assert qvr.seeds_to_tell(a, [], 0.95, 0.9) != qvr.seeds_to_tell(a, [], 0.95, 0.9)  # nan: no reference

@@ -43,8 +43,13 @@ def add_parsers(sub, _csv: Callable) -> None:
                         "held against")
     p.add_argument("--world-sizes", type=_csv(int), default=[2], help="comma-separated world sizes")
     p.add_argument("--model", default="sasrec", choices=["sasrec", "hstu"], help="encoder family")
-    p.add_argument("--epochs", type=int, default=40,
-                   help="epochs to train; the reported test score is the best-validation epoch's")
+    p.add_argument("--epochs", type=int,
+                   help="train exactly this many epochs (no early stopping); the reported test "
+                        "score is still the best-validation epoch's")
+    p.add_argument("--patience", type=int, default=10,
+                   help="stop a run as RecBole stops: after this many epochs without a better "
+                        "validation NDCG@10 (the reported test score is the best-validation epoch's)")
+    p.add_argument("--max-epochs", type=int, default=200, help="the cap of an early-stopped run")
     p.add_argument("--seeds", type=_csv(int), default=[0, 1, 2],
                    help="comma-separated seeds (weights and batch order); each is a run per "
                         "trainer and world size")
@@ -87,9 +92,14 @@ def cmd_quality(args: argparse.Namespace) -> int:
     if not args.seeds or not args.world_sizes or not args.trainers:
         raise ConfigError("--trainers, --world-sizes and --seeds each need at least one value")
     sets, trainer_sets = parse_sets(args.set)
-    workload, per_epoch = quality_workload(args.workload, args.data, args.model, args.epochs, sets)
+    if args.patience < 1:
+        raise ConfigError(f"--patience={args.patience} must be >= 1 (or give --epochs N for a fixed count)")
+    early = args.epochs is None  # RecBole's early stopping, unless a fixed count is asked for
+    epochs = args.max_epochs if early else args.epochs
+    workload, per_epoch = quality_workload(args.workload, args.data, args.model, epochs, sets)
     options = {t: trainer_options(t, trainer_sets.get(t, {})) for t in args.trainers}
-    runs = quality_runs(workload, per_epoch, args.trainers, args.world_sizes, args.seeds, options)
+    runs = quality_runs(workload, per_epoch, args.trainers, args.world_sizes, args.seeds, options,
+                        patience=args.patience if early else 0)
     # Every check before any rank. A trainer that cannot run the protocol (TorchRec's CPU
     # tables have no Adam) is left out with its reason, in the table and the exit code;
     # the baseline must run, or nothing can be compared.
@@ -106,16 +116,22 @@ def cmd_quality(args: argparse.Namespace) -> int:
     # Where the runs and the report go, before the first run: not after hours of training.
     check_writable_dir(args.store, "--store")
     out = check_writable_dir(args.out or Path(args.store) / "quality", "--out" if args.out else "--store")
-    note(f"{workload.name}: {per_epoch} steps an epoch x {args.epochs} epochs, "
+    stopping = (f"up to {epochs} epochs, each run stopped after {args.patience} without a better "
+                f"validation NDCG@10" if early else f"{epochs} epochs")
+    note(f"{workload.name}: {per_epoch} steps an epoch, {stopping}, "
          f"{len(runs)} runs (model.loss={workload.model.loss})")
+    from fsbench.table import progress_lines_wanted
+
     done = [read_run(*d) for d in run_all(runs, args.store,
-                                           lambda todo: progress(todo, "quality runs", "run"))]
+                                           lambda todo: progress(todo, "quality runs", "run"),
+                                           epoch_lines=progress_lines_wanted(), steps_per_epoch=per_epoch)]
     baseline_runs = {r.seed: r for r in runs if r.trainer == args.trainers[0]}
     result = analyze(done, per_epoch, baseline=args.trainers[0],
                      target_fraction=args.target_fraction, margin=args.margin,
                      rounding=functools.cache(lambda seed, steps: baseline_departure(
                          baseline_runs[seed], steps, LOSS_RTOL)))
-    result.update(workload=workload.name, epochs=args.epochs, seeds=args.seeds, store=args.store,
+    result.update(workload=workload.name, epochs=epochs, patience=args.patience if early else None,
+                  seeds=args.seeds, store=args.store,
                   data=args.data, model=args.model, loss=workload.model.loss, not_run=not_run)
     text = markdown(result)
     (out / "quality.md").write_text(text + "\n")
@@ -142,10 +158,13 @@ def markdown(result: dict) -> str:
                                {int(n): t for n, t in targets.items()}))
     lines = [
         f"Quality on {result['data']} ({result['model']}, model.loss={result['loss']}, "
-        f"{result['epochs']} epochs of {result['steps_per_epoch']} steps, seeds "
+        + (f"up to {result['epochs']} epochs of {result['steps_per_epoch']} steps, each run stopped "
+           f"after {result['patience']} epochs without a better validation NDCG@10"
+           if result.get("patience") else f"{result['epochs']} epochs of {result['steps_per_epoch']} steps")
+        + ", seeds "
         f"{','.join(map(str, result['seeds']))}); test scores at each run's best-validation "
         f"epoch; {quality}.", "",
-        "| trainer | ranks | HR@10 | 95% interval | NDCG@10 | 95% interval | epoch picked "
+        "| trainer | ranks | HR@10 | 95% interval | NDCG@10 | 95% interval | epoch picked (of trained) "
         "| train s to quality | samples to quality | loss vs baseline (max rel.) | equivalent to "
         f"{result['baseline']} |",
         "|---|--:|--:|---|--:|---|---|--:|--:|--:|---|",
@@ -155,7 +174,8 @@ def markdown(result: dict) -> str:
         lines.append(
             f"| {r['trainer']} | {r['world_size']} | {r['hr_at_10']:.4f} | {ci(r['hr_at_10_ci'])} "
             f"| {r['ndcg_at_10']:.4f} | {ci(r['ndcg_at_10_ci'])} | "
-            f"{','.join(map(str, r['epochs_selected']))} | {time} | {samples} "
+            f"{','.join(f'{e} ({t})' for e, t in zip(r['epochs_selected'], r.get('epochs_trained', r['epochs_selected'])))}"
+            f" | {time} | {samples} "
             f"| {r['loss_max_rel_diff']:.1e} | {r['equivalent']} |")
     for trainer, reason in (result.get("not_run") or {}).items():  # absent before: none
         lines.append(f"| {trainer} | | | | | | | | | | not run: {reason} |")

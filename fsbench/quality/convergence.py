@@ -87,17 +87,24 @@ def quality_workload(preset: str, data: str, family: str, epochs: int,
 
 def quality_runs(workload: WorkloadConfig, steps_per_epoch: int, trainers: list[str],
                  world_sizes: list[int], seeds: list[int],
-                 options: dict[str, dict[str, str]]) -> list[RunConfig]:
-    """Every (seed, world size, trainer) run, seeds outermost (drift hits all alike)."""
-    evaluation = EvalConfig(on=True, every=steps_per_epoch, split="valid_test")
+                 options: dict[str, dict[str, str]], patience: int = 0) -> list[RunConfig]:
+    """Every (seed, world size, trainer) run, seeds outermost (drift hits all alike);
+    `patience` > 0: each stops early as RecBole stops (eval.patience)."""
+    evaluation = EvalConfig(on=True, every=steps_per_epoch, split="valid_test", patience=patience)
     return [RunConfig(workload=workload, trainer=t, world_size=n, seed=s,
                       trainer_options=options.get(t, {}), eval=evaluation)
             for s in seeds for n in world_sizes for t in trainers]
 
 
 def run_all(runs: list[RunConfig], store: str | Path,
-            progress: Callable[[Iterable], Iterable] = lambda it: it) -> list[tuple[RunConfig, Path, dict]]:
-    """Run what the store does not hold complete yet (a stopped `fsbench quality` resumes)."""
+            progress: Callable[[Iterable], Iterable] = lambda it: it,
+            epoch_lines: bool = False, steps_per_epoch: int = 1) -> list[tuple[RunConfig, Path, dict]]:
+    """Run what the store does not hold complete yet (a stopped `fsbench quality` resumes);
+    `epoch_lines`: a line per epoch on stderr (fsbench.quality.epoch_lines)."""
+    import contextlib
+
+    from fsbench.quality.epoch_lines import EpochLines
+
     import json
 
     from fsbench.config_io import to_dict
@@ -111,8 +118,12 @@ def run_all(runs: list[RunConfig], store: str | Path,
             out.append((run, *done[key]))
         else:
             todo.append(run)
-    for run in progress(todo):
-        out.append((run, *run_once(run, store, repeat=0)))
+    for i, run in enumerate(progress(todo), 1):
+        label = f"run {i} of {len(todo)}, {run.trainer} at {run.world_size} ranks, seed {run.seed}"
+        lines = (EpochLines(store, label, run.workload.steps // steps_per_epoch) if epoch_lines
+                 else contextlib.nullcontext())
+        with lines:
+            out.append((run, *run_once(run, store, repeat=0)))
     return out
 
 
@@ -196,6 +207,7 @@ def analyze(results: list[RunQuality], steps_per_epoch: int, baseline: str = "dd
                "ndcg_at_10_per_seed": [float(_hits(r.ranks)[1].mean()) for r in runs],
                "seed_list": [r.seed for r in runs],
                "epochs_selected": [r.selected["step"] // steps_per_epoch + 1 for r in runs],
+               "epochs_trained": [r.curve[-1]["step"] // steps_per_epoch + 1 for r in runs],
                **to_quality[(trainer, n)],
                "train_s": _median([r.curve[-1]["train_s"] for r in runs])}
         row.update(_against(runs, groups.get((baseline, n), []), trainer == baseline,

@@ -218,17 +218,41 @@ class Evaluator:
             if run.eval.split == "valid_test":
                 self.valid = eval_set(histories.without_last(), run.workload.max_seq_len)
         self.records: list[dict] = []
+        self.patience = run.eval.patience
+        self.best, self.since_best = -1.0, 0  # rank 0's: the best validation score so far
+        self.stopped_at: int | None = None
 
-    def after_step(self, step: int, trainer) -> None:
+    def after_step(self, step: int, trainer) -> bool:
         """Evaluate the model trained through `step` if it is an `every`-th step (the last
         step is `after_training`'s). Call on every rank, outside the step's span and
-        before the next step's barrier."""
+        before the next step's barrier. Returns whether to stop here (early stopping,
+        `eval.patience`): every rank gets rank 0's decision."""
         if self.every > 0 and (step + 1) % self.every == 0 and step < self.steps - 1:
             self._evaluate(step, trainer)
+            if self.patience and self._agree(self.since_best >= self.patience):
+                self.stopped_at = step
+                self._write(step)
+                return True
+        return False
 
     def after_training(self, trainer) -> None:
-        """Evaluate the final model (every rank calls it, after the last step)."""
-        self._evaluate(self.steps - 1, trainer)
+        """Evaluate the final model (every rank calls it, after the last step); after an
+        early stop the model was evaluated where it stopped."""
+        if self.stopped_at is None:
+            self._evaluate(self.steps - 1, trainer)
+
+    def _agree(self, stop: bool) -> bool:
+        """Rank 0's decision on every rank (a broadcast on the run's group)."""
+        if self.ctx.world_size == 1:
+            return stop
+        import torch.distributed as dist
+
+        # the harness's own gloo group where there is one: no device stream, and nothing a
+        # trainer left in flight on its groups queues before it
+        group = self.ctx.barrier_group
+        flag = torch.tensor([1 if stop else 0], device="cpu" if group is not None else self.ctx.device)
+        dist.broadcast(flag, src=0, group=group or self.ctx.group)
+        return bool(flag.item())
 
     def _evaluate(self, step: int, trainer) -> None:
         t0 = time.perf_counter()
@@ -248,12 +272,25 @@ class Evaluator:
             (self.run_dir / RANKS_DIR).mkdir(exist_ok=True)
             _save_atomic(self.run_dir / RANKS_DIR / f"step-{step}.npy", ranks)
         self.records.append({**record, "eval_s": time.perf_counter() - t0})
-        if step == self.steps - 1:
-            _save_atomic(self.run_dir / RANKS_FILE, ranks)
+        if self.valid is not None:
+            if record["valid_ndcg_at_10"] > self.best:
+                self.best, self.since_best = record["valid_ndcg_at_10"], 0
+            else:
+                self.since_best += 1
+        self._ranks, self._eval_users = ranks, result.eval_users
+        self._write(step)
+
+    def _write(self, step: int) -> None:
+        """eval.json (rank 0): every evaluation so far, and where an early stop ended it."""
+        if not self.ctx.is_main:
+            return
+        if step == self.steps - 1 or self.stopped_at is not None:
+            _save_atomic(self.run_dir / RANKS_FILE, self._ranks)
         write_json_atomic(self.run_dir / EVAL_FILE, {
-            "k": K, "eval_users": result.eval_users, "num_items": self.data.num_items,
+            "k": K, "eval_users": self._eval_users, "num_items": self.data.num_items,
             "every": self.every, "target_hr10": self.run.eval.target_hr10,
-            "split": self.run.eval.split, "seen_items": "kept", "evaluations": self.records})
+            "split": self.run.eval.split, "seen_items": "kept", "patience": self.patience,
+            "stopped_at_step": self.stopped_at, "evaluations": self.records})
 
 
 def _save_atomic(path: Path, array: np.ndarray) -> None:

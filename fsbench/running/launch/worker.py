@@ -113,8 +113,8 @@ def run_rank(ctx: fsdist.RankContext, run, run_dir: Path) -> None:
                                              **(counted or {}), **(stats.extra or {})}) + "\n")
                 stats_file.flush()
                 timeline.flush()
-                if evaluator is not None:  # between steps: in no step's span, before the barrier
-                    evaluator.after_step(step, trainer)
+                if evaluator is not None and evaluator.after_step(step, trainer):
+                    break  # early stopping (eval.patience): every rank stops at this step
         if steal1 is None:  # the measured window ran to the last step
             steal1, threads1, end_ns = cpu_steal_ticks(), threads_schedstat(), now_ns()
         pacer.before_step(run.workload.steps)  # the other side's last block runs undisturbed
