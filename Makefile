@@ -2,7 +2,7 @@
 VENV ?= .venv
 STAMP := $(VENV)/.fsbench-installed
 
-.PHONY: setup run test test-dist test-all bench reference gate clean-runs
+.PHONY: setup run test test-dist test-nightly test-all bench reference gate clean-runs
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh $(VENV)
@@ -16,13 +16,17 @@ run: $(STAMP)
 
 # The fast tier: unit tests, no process starts ranks (a guard in tests/conftest.py fails an
 # unmarked test that does). test-dist: the multi-process gloo and end-to-end tests.
+# test-nightly: slow end-to-end checks of rare paths, for a scheduled CI (docs/ci.md).
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "not dist"
 
 test-dist: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m dist
+	$(VENV)/bin/python -m pytest -q -m "dist and not nightly"
 
-test-all: test test-dist
+test-nightly: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m nightly
+
+test-all: test test-dist test-nightly
 
 # The quick asv suite against this environment (no builds), then the pytest-benchmark suite.
 bench: $(STAMP)

@@ -106,7 +106,10 @@ def test_commits_between_refuses_unrelated_or_equal_commits(tmp_path):
         bisect.commits_between(repo, shas[1], shas[1])
 
 
+# nightly: 50 s of real gates over real commits. Every push checks the search itself (the
+# tests above, with planted gates) and a real gate of HEAD against its parent (.ci/run).
 @pytest.mark.dist
+@pytest.mark.nightly
 def test_bisect_finds_the_planted_slow_commit(tmp_path, capsys, monkeypatch):
     """Seven commits after GOOD, the fourth makes every step 10 ms slower: found in four
     gates (BAD, then three halvings), each against GOOD, tiny at 1 rank, 2 pairs. The

@@ -35,3 +35,22 @@ def module_fixture_starting_ranks():
 
 def test_a_module_fixture_of_an_unmarked_test_cannot_start_ranks(module_fixture_starting_ranks):
     assert "not marked dist" in module_fixture_starting_ranks
+
+
+def test_every_nightly_test_is_also_a_dist_test():
+    """The fast tier (-m "not dist") never runs a nightly test, and the dist tier leaves
+    them to the scheduled run (-m "dist and not nightly"): each nightly test is marked
+    both, which the markers of every collected test show."""
+    import ast
+    from pathlib import Path
+
+    nightly = []
+    for path in Path(__file__).parent.glob("test_*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef):
+                marks = {ast.unparse(d) for d in node.decorator_list}
+                if "pytest.mark.nightly" in marks:
+                    nightly.append(node.name)
+                    assert "pytest.mark.dist" in marks, f"{path.name}::{node.name} is nightly, not dist"
+    assert "test_bisect_finds_the_planted_slow_commit" in nightly
