@@ -16,7 +16,7 @@ Writes results/scaling_simulated_h100.md, .csv, _sensitivity.csv and .png. Nothi
 is measured on a GPU.
 
     python scripts/paper_table.py [--steps 12] [--presets medium,large,medium-short] [--from-csv --commit SHA]
-        [--before SHA]
+        [--before SHA] [--batches 32,128,512]
 """
 from __future__ import annotations
 
@@ -91,9 +91,9 @@ def workload_of(preset: str, steps: int):
     return dataclasses.replace(w, steps=steps, warmup=4)
 
 
-def simulate_all(presets: list[str], steps: int) -> pd.DataFrame:
+def simulate_all(presets: list[str], steps: int, batches: tuple[int, ...] = BATCHES) -> pd.DataFrame:
     cluster = CLUSTERS["h100"]
-    points = [(p, b, n, c) for p in presets for b in BATCHES for n in WORLD_SIZES for c in CONFIGS]
+    points = [(p, b, n, c) for p in presets for b in batches for n in WORLD_SIZES for c in CONFIGS]
     rows = []
     for preset, batch, n, name in progress(points, "simulating", "point"):
         if runnable(name, n) is None:
@@ -411,10 +411,11 @@ def sensitivity_section(sens: pd.DataFrame) -> list[str]:
 
 def plot(df: pd.DataFrame, path: Path) -> None:
     presets = list(dict.fromkeys(df["preset"]))
-    fig, axes = plt.subplots(len(presets), len(BATCHES), figsize=(4.2 * len(BATCHES), 3.4 * len(presets)),
+    batches = sorted(set(df["batch_per_rank"]))
+    fig, axes = plt.subplots(len(presets), len(batches), figsize=(4.2 * len(batches), 3.4 * len(presets)),
                              squeeze=False, sharex=True)
     for i, preset in enumerate(presets):
-        for j, batch in enumerate(BATCHES):
+        for j, batch in enumerate(batches):
             ax = axes[i][j]
             g = df[(df["preset"] == preset) & (df["batch_per_rank"] == batch)]
             alone = "bubble_step_alone" if "bubble_step_alone" in g else "bubble"
@@ -441,6 +442,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--presets", default=",".join(PRESETS))
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)),
+                    help="samples per GPU (weak scaling), comma-separated")
     ap.add_argument("--out", default="results/scaling_simulated_h100")
     ap.add_argument("--from-csv", action="store_true",
                     help="re-render OUT.md and OUT.png from OUT.csv (no simulation); "
@@ -457,7 +460,7 @@ def main() -> None:
         df = with_reductions(pd.read_csv(out.with_suffix(".csv")))
         sens = pd.read_csv(sens_csv) if sens_csv.exists() else None
     else:
-        df = simulate_all(args.presets.split(","), args.steps)
+        df = simulate_all(args.presets.split(","), args.steps, tuple(int(b) for b in args.batches.split(",")))
         df.to_csv(out.with_suffix(".csv"), index=False)
         sens = sensitivity_rows()
         sens.to_csv(sens_csv, index=False)
