@@ -95,8 +95,13 @@ def test_run_queue_wait_covers_every_thread_and_child_process():
 
     spun, stop = threading.Event(), threading.Event()
     helper = threading.Thread(target=lambda: (_spin(0.05), spun.set(), stop.wait()))
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    # The child says when its interpreter is up: its start-up CPU (some 20 ms here, several
+    # times that on a slow machine) then falls before the first reading, not inside the
+    # helper's window.
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
+                             stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout.readline().strip() == "up"
         before = threads_schedstat()
         if before is None:
             pytest.skip("no schedstat on this machine")
