@@ -213,6 +213,21 @@ def test_summarize_calls_a_run_short_of_its_steps_interrupted(tmp_path):
     assert json.loads((run / "manifest.json").read_text())["status"] == "interrupted"
 
 
+def test_summarize_calls_a_run_that_early_stopping_ended_complete(tmp_path, capsys):
+    """10 of 200 steps on disk, and eval.json says early stopping ended it after step 9
+    (eval.patience): it ran all it was meant to; one step fewer than that is interrupted."""
+    for name, stopped_at, status in (("r1", 9, "complete"), ("r2", 10, "interrupted")):
+        run = write_run(tmp_path, name, np.full(10, 100.0))
+        manifest = json.loads((run / "manifest.json").read_text())
+        manifest["status"], manifest["config"]["workload"]["steps"] = "running", 200
+        (run / "manifest.json").write_text(json.dumps(manifest))
+        (run / "eval.json").write_text(json.dumps({"stopped_at_step": stopped_at, "evaluations": []}))
+        assert main(["summarize", str(run)]) == 0
+        assert json.loads((run / "manifest.json").read_text())["status"] == status, name
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["steps"] == 10 and ("steps_planned" in summary) == (status == "interrupted")
+
+
 def test_a_nan_in_a_summary_is_written_as_null_and_named(tmp_path):
     from fsbench.running.store import write_summary
 

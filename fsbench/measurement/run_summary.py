@@ -60,10 +60,14 @@ def summarize(files: RunFiles) -> dict:
         raise ConfigError(f"{files.where}: no timeline or step records of rank(s) "
                           f"{', '.join(map(str, silent))}; copy every rank's files into it")
     # The steps every rank finished: all of them, unless the run was stopped early (a
-    # summary of an interrupted run counts what it has, not what it was set to run).
+    # summary of an interrupted run counts what it has, not what it was set to run). A run
+    # that early stopping ended (eval.patience: every rank stopped after the evaluation
+    # that eval.json names) ran all it was meant to: complete, with the steps it ran.
     done = int(stats.groupby("rank")["step"].nunique().min())
+    stopped = (files.evaluation or {}).get("stopped_at_step")
     if done < summary["steps"]:
-        summary.update(steps=done, steps_planned=workload["steps"])
+        summary.update(steps=done, **({} if stopped is not None and done == stopped + 1
+                                      else {"steps_planned": workload["steps"]}))
     input_cpu = pd.DataFrame([{"rank": r, "step": int(k), "cpu_ns": v} for r, i in files.inputs
                               for k, v in i.get("worker_cpu_ns", {}).items()],
                              columns=["rank", "step", "cpu_ns"])
