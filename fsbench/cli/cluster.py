@@ -69,14 +69,16 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
 
 
 def predictor(spec: str, store: str):
-    """(cluster description, predict(collective, N, G, bytes) -> seconds)."""
+    """(cluster description, its GPUs a node (None: every rank on one host),
+    predict(collective, N, G, bytes) -> seconds)."""
     from fsbench.scaling.collectives import collective_s
     from fsbench.scaling.commcal import comm_fit_path, load_comm_fits
     from fsbench.scaling.sim_inputs import assumptions, load_cluster
 
     cluster = load_cluster(spec)
     if cluster.compute != "fit":
-        return assumptions(cluster), lambda c, n, g, b: collective_s(cluster, c, n, b, g)
+        return (assumptions(cluster), cluster.gpus_per_node,
+                lambda c, n, g, b: collective_s(cluster, c, n, b, g))
     fits = load_comm_fits(store)
     path = comm_fit_path(store)
     if fits is None:
@@ -87,23 +89,22 @@ def predictor(spec: str, store: str):
         if c not in fits:
             raise ConfigError(f"--cluster local: the comm fit {path} has no {c} "
                               f"(it holds {', '.join(sorted(fits))})")
-        fit = fits[c]
-        return fit.seconds(n, nbytes, g) if hasattr(fit, "figures") else fit.seconds(n, nbytes)
-    return f"local: the comm fit {path}", predict
+        return fits[c].seconds(n, nbytes, g)
+    gpus = next(iter(fits.values())).gpus_per_node  # None: gloo's ranks, all on this host
+    return f"local: the comm fit {path}", gpus, predict
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
     from fsbench.scaling.collectives import bus_factor
-    from fsbench.scaling.sim_inputs import load_cluster
 
-    described, predict = predictor(args.cluster, args.store)
-    gpn_default = args.gpus_per_node or load_cluster(args.cluster).gpus_per_node
+    described, gpus, predict = predictor(args.cluster, args.store)
+    gpn_default = args.gpus_per_node or gpus
     if args.compare:
         return _compare(args, described, predict)
     rows = []
     for c in args.collectives:
         for n in args.world_sizes:
-            g = min(n, gpn_default)  # fewer ranks than a node holds: one node
+            g = min(n, gpn_default) if gpn_default else n  # fewer ranks than a node holds: one node
             for nbytes in args.bytes:
                 s = predict(c, n, g, nbytes)
                 rows.append({"collective": c, "world_size": n, "gpus_per_node": g, "bytes": nbytes,

@@ -23,6 +23,7 @@ class EpochLines:
         self.stream = stream or sys.stderr
         self.printed = 0
         self.best = (-1.0, 0)
+        self.said_stop = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="fsbench-epoch-lines")
 
@@ -66,7 +67,7 @@ class EpochLines:
                 line += f"; valid NDCG@10 {valid:.4f} (best {self.best[0]:.4f} at epoch {self.best[1]})"
             print(line, file=self.stream, flush=True)
             self.printed = epoch
-        if doc.get("stopped_at_step") is not None and self.printed and not getattr(self, "_said_stop", False):
-            self._said_stop = True
+        if doc.get("stopped_at_step") is not None and self.printed and not self.said_stop:
+            self.said_stop = True
             print(f"quality: {self.label}: stopped early after epoch {self.printed}: no better validation "
                   f"NDCG@10 in {doc.get('patience')} epochs", file=self.stream, flush=True)

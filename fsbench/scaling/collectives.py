@@ -29,6 +29,7 @@ bytes go:
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Protocol
 
 import numpy as np
@@ -203,7 +204,7 @@ def fit_figures(points: list, given: dict[str, float] | None = None) -> tuple[di
             how["nic_share"] = f"{len(shares)} multi-node ring-collective layouts >= 32 MiB"
     known = {**DEFAULTS, **figures, **given}
     if intra and inter:
-        fig = _Figures(known)
+        fig = Figures(known)
         small_rings = [p for p in points if p.collective in RING_FAMILY and p.bytes <= LATENCY_BYTES
                        and p.world_size > 1]
         if small_rings and "alpha_s" not in given:
@@ -211,7 +212,7 @@ def fit_figures(points: list, given: dict[str, float] | None = None) -> tuple[di
                      / math.ceil(math.log2(p.world_size)) for p in small_rings]
             figures["alpha_s"] = known["alpha_s"] = max(0.0, float(np.median(steps)))
             how["alpha_s"] = f"{len(small_rings)} ring-collective points <= 64 KiB"
-            fig = _Figures(known)
+            fig = Figures(known)
         ring_fixed = [(n - 1, v[0] - fig.alpha_s * math.ceil(math.log2(n)))
                       for (_, n, _), v in curves(RING_FAMILY, across) if v[2] >= 2]
         if ring_fixed and "ring_peer_s" not in given:
@@ -239,8 +240,9 @@ def _slope(points: list[tuple[float, float]]) -> float:
     return max(0.0, float(x @ y / (x @ x)))
 
 
-class _Figures:
-    """A plain holder of figures (a LinkFigures) while fitting."""
+class Figures:
+    """A plain holder of figures (a LinkFigures), those not given at their defaults: a fit
+    in the making, or a stored one (fsbench.scaling.nccl_fit)."""
 
     def __init__(self, values: dict) -> None:
         self.__dict__.update({**DEFAULTS, **values})
@@ -248,12 +250,8 @@ class _Figures:
 
 def most_common(values: list[int]) -> int | None:
     """The most common value (the largest among equals), None for none."""
-    if not values:
-        return None
-    counts: dict[int, int] = {}
-    for v in values:
-        counts[v] = counts.get(v, 0) + 1
-    return max(counts, key=lambda v: (counts[v], v))
+    counts = Counter(values)
+    return max(counts, key=lambda v: (counts[v], v)) if counts else None
 
 
 def published_figures(name: str = "h100_nccl_tests.json") -> tuple[dict[str, float], dict[str, str], list[str]]:

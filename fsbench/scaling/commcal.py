@@ -29,6 +29,7 @@ import socket
 import statistics
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -52,9 +53,11 @@ class CommFit:
     # [world_size, bytes, CPU seconds of the rank's other threads]; empty in fits from
     # before they were measured (the simulator then books no CPU for communication)
     cpu_points: list = dataclasses.field(default_factory=list)
+    gpus_per_node: ClassVar[int | None] = None  # one host's ranks: no topology of nodes
 
-    def seconds(self, n: int, nbytes: float) -> float:
-        """At a world size the calibration measured, its own line over the message sizes;
+    def seconds(self, n: int, nbytes: float, gpus_per_node: int | None = None) -> float:
+        """(`gpus_per_node` is not used: these ranks share one host.) At a world size the
+        calibration measured, its own line over the message sizes;
         between two measured sizes, the two lines' times interpolated in N; elsewhere the
         one model over all N. Why per N: on a host with fewer cores than ranks a
         collective's latency and per-byte cost both grow with N by time-sharing (gloo on 2

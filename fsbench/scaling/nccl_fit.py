@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from fsbench.errors import ConfigError
-from fsbench.scaling.collectives import DEFAULTS, collective_s, fit_figures
+from fsbench.scaling.collectives import Figures, collective_s, fit_figures
 from fsbench.scaling.nccl_tests import NcclTestsRun
 
 
@@ -31,6 +31,11 @@ class NcclTestsFit:
     collective: str
     figures: dict
     points: list  # [world_size, gpus_per_node, bytes, seconds]
+
+    @property
+    def gpus_per_node(self) -> int:
+        """The logs' GPUs a node (their most common): the default topology."""
+        return int(self.figures["gpus_per_node"])
 
     @functools.cached_property
     def curves(self) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
@@ -46,7 +51,7 @@ class NcclTestsFit:
     def seconds(self, n: int, nbytes: float, gpus_per_node: int | None = None) -> float:
         if n <= 1 or nbytes <= 0:
             return 0.0
-        g = gpus_per_node or int(self.figures["gpus_per_node"])
+        g = gpus_per_node or self.gpus_per_node
         curve = self.curves.get((n, g))
         if curve is None or len(curve[0]) < 2:
             return self.model_seconds(n, nbytes, g)
@@ -59,16 +64,12 @@ class NcclTestsFit:
         return float(np.exp(np.interp(np.log(nbytes), np.log(sizes), np.log(times))))
 
     def model_seconds(self, n: int, nbytes: float, gpus_per_node: int | None = None) -> float:
-        return collective_s(_Figures(self.figures), self.collective, n, nbytes, gpus_per_node)
+        return collective_s(Figures(self.figures), self.collective, n, nbytes, gpus_per_node)
 
     def cpu_seconds(self, n: int, nbytes: float) -> float:
         """NCCL's work is on the GPU: no host CPU is booked (as for the GPU presets)."""
         return 0.0
 
-
-class _Figures:
-    def __init__(self, figures: dict) -> None:
-        self.__dict__.update({**DEFAULTS, **figures})
 
 
 def fits_from_runs(runs: list[NcclTestsRun]) -> tuple[dict[str, NcclTestsFit], dict, dict]:
@@ -107,11 +108,4 @@ def store_nccl_fits(path: Path, runs: list[NcclTestsRun]) -> tuple[dict[str, Ncc
 def read_nccl_fits(raw: dict) -> dict[str, NcclTestsFit]:
     """The fits of a stored file written by store_nccl_fits."""
     return {c: NcclTestsFit(c, raw["figures"], f["points"]) for c, f in raw["fits"].items()}
-
-
-def describe(raw: dict) -> str:
-    """One line: where a stored nccl-tests fit came from."""
-    return (f"nccl-tests logs ({len(raw.get('logs', []))}: {', '.join(raw.get('logs', [])[:3])}"
-            f"{' ...' if len(raw.get('logs', [])) > 3 else ''}), NCCL "
-            f"{', '.join(raw.get('nccl_versions', [])) or 'version not in the logs'}")
 
