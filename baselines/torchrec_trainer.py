@@ -177,10 +177,11 @@ class TorchRecTrainer:
         ids bucketed on the device, a split all-to-all of lengths and ids in the sparse
         pipeline's previous-step slot (no host routing). pipeline=base issues it inside
         the step; it is modelled as the sparse pipeline."""
+        from baselines.torchrec_schedule import torchrec_step_program
         from fsbench.scaling.sim_inputs import SimProfile
 
-        return SimProfile(tables=TorchRecTrainer.table_memory(options, world_size),
-                          exchange="blocking", input_exchange="device")
+        return SimProfile(tables=TorchRecTrainer.table_memory(options, world_size), exchange="blocking",
+                          program=lambda buckets: torchrec_step_program(buckets, options.get("pipeline", "sparse")))
 
     notes = (
         "TorchRec DMP + train pipeline, fused (fbgemm) table updates inside backward. Spans: "

@@ -40,6 +40,7 @@ import torch.distributed as dist
 from fsbench.config import ConfigError, RunConfig
 from fsbench.training.dist import RankContext
 from fsbench.training.dp import DataParallelTrainer
+from fsbench.training.step_program import ddp_program
 from fsbench.training.table_memory import REPLICATED, TableMemory, sharded
 from fsbench.scaling.sim_inputs import PlanInputs, SimProfile, contiguous_plan
 from fsbench.options import TrainerOptions
@@ -53,6 +54,7 @@ from freescale_impl.balanced_share import PARTITIONERS, BalancedShare
 from freescale_impl.routing import OwnRequest, RoutedShare, check_routing, choose_routing
 from freescale_impl.sample_exchange import exchange_samples
 from freescale_impl.sharded_step import ShardedTableTrainer
+from freescale_impl.step_schedule import sharded_step_program
 from freescale_impl.transport import sm_free_unavailable
 
 
@@ -165,21 +167,21 @@ class FreeScaleTrainer(DataParallelTrainer):
                         "prioritized" if opts.priority == "on" else "overlapped")
         sharded_tables = opts.tables == "sharded"
         chunks = (opts.chunks or 4) if exchange != "blocking" else 1  # auto: 4 on GPUs, where projected
-        # Host reads of device values between forward and backward (sharded_step): the
-        # next requests' counts (send_ids), and with priority the fresh masks' plan.
-        host_syncs = (1 + (exchange == "prioritized")) if sharded_tables and routing == "exchanged" else 0
-        if opts.transport == "sm_free" and sharded_tables:
-            # each copy-engine exchange reads its peers' offsets on the host and copies its
-            # own from pageable memory (freescale_impl.transport.SmFreeTransport)
-            host_syncs += 2 * chunks * (3 if exchange == "prioritized" else 2)
+        # Its step as ops, each switch as set (freescale_impl.step_schedule): the
+        # simulator costs what the trainer runs.
+        def program(buckets):
+            if not sharded_tables:
+                return ddp_program(buckets)
+            return sharded_step_program(exchange, chunks, routing, opts.transport == "sm_free", buckets,
+                                        sample_exchange=opts.data == "sharded")
+
         return SimProfile(tables=FreeScaleTrainer.table_memory(options, world_size),
                           exchange=exchange, sm_free=opts.transport == "sm_free", plan=plan,
                           # routed wherever the trainer routes (make_preparer)
                           route=route if sharded_tables else None,
                           sample_exchange=opts.data == "sharded",
-                          input_exchange="requests" if sharded_tables and routing == "exchanged" else "none",
                           window=opts.window if opts.balance == "on" else 1,
-                          chunks=chunks, host_syncs=host_syncs)
+                          chunks=chunks, program=program)
 
     @staticmethod
     def input_stage(workload, options: dict[str, str], n: int, routing: str, repeats: int,

@@ -11,6 +11,7 @@ from fsbench.config import RunConfig
 from fsbench.errors import ConfigError
 from fsbench.scaling.sim_inputs import CLUSTERS
 from fsbench.scaling.simulate import profile_of, scaled_workload, simulate_run
+from fsbench.training.step_program import Bucket, HostSync, StepProgram
 from fsbench.training.trainer import trainer_options
 from fsbench.workloads.presets import get_workload
 
@@ -38,8 +39,7 @@ def test_sm_free_is_refused_across_nodes_as_the_trainer_refuses_it():
 
 
 def test_each_chunk_pays_its_own_latency():
-    run = run_at(256)
-    one, four = steps_of(run, chunks=1), steps_of(run, chunks=4)
+    one, four = steps_of(run_at(256, chunks="1")), steps_of(run_at(256, chunks="4"))
     for a, b in zip(one, four):
         # forward rows and backward gradients, 3 more all-to-alls each: their fixed cost
         # at 256 ranks at least (alpha), whatever the chunks' sizes
@@ -52,7 +52,7 @@ def test_the_overlapped_forward_waits_for_every_chunk_and_the_gradients_follow_t
     run = run_at(256)
     blocking = steps_of(dataclasses.replace(run, trainer_options=trainer_options(
         "freescale", {**SHARDED, "overlap": "off"})))
-    overlapped = steps_of(run, chunks=1)
+    overlapped = steps_of(run_at(256, chunks="1"))
     for a, b in zip(blocking, overlapped):
         assert b["step_time_ms"] == pytest.approx(a["step_time_ms"], rel=1e-9)
         assert b["exposed_comm_ms"] == pytest.approx(a["exposed_comm_ms"], rel=1e-9)
@@ -67,8 +67,10 @@ def test_priority_hides_the_final_rows_under_the_backward_only():
 
 
 def test_host_syncs_cost_the_device_its_relaunch_on_gpus_and_nothing_is_busy_in_them():
-    run = run_at(64)
-    quiet, synced = steps_of(run, host_syncs=0), steps_of(run, host_syncs=5)
+    run = run_at(64, tables="replicated")  # a step without syncs of its own
+    program = profile_of(run.trainer, run.trainer_options, 64).program
+    quiet = steps_of(run)
+    synced = steps_of(run, program=lambda b: StepProgram(program(b).ops + (HostSync(),) * 5))
     for a, b in zip(quiet, synced):
         assert b["step_time_ms"] - a["step_time_ms"] == pytest.approx(5 * H100.host_sync_s * 1e3, rel=1e-6)
         assert b["busy_max_ms"] == pytest.approx(a["busy_max_ms"])
@@ -77,7 +79,7 @@ def test_host_syncs_cost_the_device_its_relaunch_on_gpus_and_nothing_is_busy_in_
 
 def test_freescale_declares_the_host_syncs_of_its_step():
     def syncs(**sets):
-        return profile_of("freescale", trainer_options("freescale", {**SHARDED, **sets}), 64).host_syncs
+        return profile_of("freescale", trainer_options("freescale", {**SHARDED, **sets}), 64).program([Bucket(1.0, 1.0)]).host_syncs
 
     assert syncs() == 1  # the next requests' counts, read between forward and backward
     assert syncs(priority="on") == 2  # and the fresh masks' plan
@@ -85,3 +87,23 @@ def test_freescale_declares_the_host_syncs_of_its_step():
     # copy engines: each exchange (rows and gradients, each chunk) reads offsets and copies
     # from pageable memory: 2 more a chunk and direction
     assert syncs(transport="sm_free", chunks="2") == 1 + 2 * 2 * 2
+
+
+def test_the_order_check_rejects_the_schedule_the_simulator_used_to_cost():
+    """The simulator before it replayed the trainer's program costed a FreeScale whose
+    gradient chunks left during the backward ahead of DDP's last bucket. Written as a
+    program, the order check (tests/test_step_programs.py) tells it from the trainer's
+    step. (Where inside a phase a wait falls, the first chunk's or the last's, leaves the
+    order alone: that one the exposed-time comparison there checks.)"""
+    from fsbench.measurement.recorded_step import same_order
+    from fsbench.training.step_program import Compute, Issue
+    from freescale_impl.step_schedule import sharded_step_program
+
+    built = sharded_step_program("overlapped", 2, "exchanged", False, [Bucket(1.0, 1.0)])
+    assert same_order(built.events(), built.events())
+    ops = list(built.ops)
+    grad = next(op for op in ops if isinstance(op, Issue) and op.comm.name == "emb.grad_c1")
+    first_bwd = next(i for i, op in enumerate(ops) if isinstance(op, Compute) and op.phase == "backward")
+    early = [op for op in ops if op is not grad]
+    early[first_bwd + 1:first_bwd + 1] = [grad, Compute("backward", 0.0)]
+    assert not same_order(built.events(), StepProgram(tuple(early)).events())

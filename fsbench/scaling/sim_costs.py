@@ -11,7 +11,7 @@ import numpy as np
 
 from fsbench.config import WorkloadConfig
 from fsbench.errors import ConfigError
-from fsbench.scaling.sim_inputs import Cluster, SimProfile
+from fsbench.scaling.sim_inputs import Cluster
 
 # worker_ms: the rank's loader worker's CPU per step (its own process: in none of the
 # others) beyond stage_ms, its planning and routing at 1 rank, which the simulator times at
@@ -247,41 +247,40 @@ def expected_tokens(workload: WorkloadConfig) -> float:
     return float(workload.global_batch_size * np.mean(draws))
 
 
-def input_exchange_ms(prof: SimProfile, costs_model: Costs, n: int, draws: np.ndarray,
-                      samples: np.ndarray, tokens: np.ndarray, w: WorkloadConfig, zipf_s: float) -> float:
-    """The collectives that carry one step's input routing, back to back (ms):
-    "requests" (FreeScale's exchanged routing): counts (N x chunks int64), the ids of a
-    rank's unique rows (int64), and with priority one byte a row of fresh mask; "device"
-    (TorchRec's input dist): a split all-to-all of the rank's lengths (one per sample and
-    feature) and ids (its tokens, targets and per-sample ids), int64."""
-    if prof.input_exchange == "none" or n <= 1:
-        return 0.0
-    if prof.input_exchange == "requests":
-        rows = float((expected_distinct(draws, w.item_vocab, zipf_s)
-                      + samples * (1 + len(w.context_vocabs))).max())
-        parts = [n * prof.chunks * 8.0, rows * 8.0] + ([rows] if prof.exchange == "prioritized" else [])
-    else:
-        features = 2 + len(w.context_vocabs)  # the item sequence, user, contexts
-        i = int(np.argmax(tokens))
-        parts = [float(samples[i]) * features * 8.0,
-                 (2 * float(tokens[i]) + float(samples[i]) * (1 + len(w.context_vocabs))) * 8.0]
-    return sum(costs_model.collective_ms("all_to_all", n, b) for b in parts)
+# Payloads by what they are: a sharded table's rows and gradients; a step's input routing
+# (the requests' messages, TorchRec's input dist); data=sharded's sample exchange.
+ROW_PAYLOADS = frozenset({"rows", "row_grads", "fresh_rows", "final_rows"})
+INPUT_PAYLOADS = frozenset({"counts", "ids", "fresh_mask", "input_lengths", "input_ids"})
+SAMPLE_PAYLOADS = frozenset({"samples.lengths", "sample_meta", "sample_tokens"})
 
 
-def sample_exchange_ms(prof: SimProfile, costs_model: Costs, n: int, samples: np.ndarray,
-                       tokens: np.ndarray, w: WorkloadConfig) -> float:
-    """`data=sharded` (freescale_impl.sample_exchange): the lengths all-gather (every
-    rank's shard of lengths, int64) and the planned samples' two all-to-alls (per sample:
-    length, user and contexts; per token: input item and target; int64), from the rank
-    with the most tokens. Blocking: issued inside a step, waited at once."""
-    if not prof.sample_exchange or n <= 1:
-        return 0.0
+def step_payloads(w: WorkloadConfig, n: int, chunks: int, rows: np.ndarray | None,
+                  fresh: np.ndarray | None, samples: np.ndarray, tokens: np.ndarray) -> dict[str, float]:
+    """Bytes of each payload a step program names (fsbench.training.step_program), from the
+    rank that moves the most: `rows` each rank's unique rows of sharded tables (None: none
+    sharded) and `fresh` those the previous update changed (None: all of them).
+      rows, row_grads, fresh_rows, final_rows  fp32 rows of `dim`
+      counts  N x chunks int64; ids  a rank's unique rows, int64; fresh_mask  a byte a row
+      input_lengths, input_ids  TorchRec's input dist: a length per sample and feature (the
+              item sequence, user, contexts), and the ids (tokens, targets, a user and
+              contexts per sample), int64
+      samples.lengths, sample_meta, sample_tokens  data=sharded: every rank's lengths (an
+              all-gather of S bytes a rank moves what an all-to-all of S to each peer does),
+              then per sample length, user and contexts, per token input item and target, int64
+      offsets, barrier  the copy-engine transport's N int64 (a barrier, as small)"""
+    dim_bytes, contexts = 4.0 * w.model.dim, len(w.context_vocabs)
     i = int(np.argmax(tokens))
-    # An all-gather of S bytes a rank moves what an all-to-all of S to each peer does.
-    gathered = costs_model.collective_ms("all_to_all", n, float(samples.sum()) * 8.0)
-    per_sample = float(samples[i]) * (2 + len(w.context_vocabs)) * 8.0
-    per_token = float(tokens[i]) * 2 * 8.0
-    return gathered + sum(costs_model.collective_ms("all_to_all", n, b) for b in (per_sample, per_token))
+    out = {"input_lengths": float(samples[i]) * (2 + contexts) * 8.0,
+           "input_ids": (2 * float(tokens[i]) + float(samples[i]) * (1 + contexts)) * 8.0,
+           "samples.lengths": float(samples.sum()) * 8.0,
+           "sample_meta": float(samples[i]) * (2 + contexts) * 8.0, "sample_tokens": float(tokens[i]) * 2 * 8.0,
+           "offsets": 8.0 * n, "barrier": 8.0 * n, "counts": 8.0 * n * chunks}
+    if rows is not None:
+        fresh = rows if fresh is None else fresh
+        most = float(rows.max())
+        out.update(rows=most * dim_bytes, row_grads=most * dim_bytes, ids=most * 8.0, fresh_mask=most,
+                   fresh_rows=float(fresh.max()) * dim_bytes, final_rows=float((rows - fresh).max()) * dim_bytes)
+    return out
 
 
 def worker_preemption_ms(n: int, cores: int | None, worker_ms: float, step_ms: float,

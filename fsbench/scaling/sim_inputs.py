@@ -16,10 +16,10 @@ from typing import Callable
 import numpy as np
 
 from fsbench.errors import ConfigError
+from fsbench.training.step_program import Bucket, StepProgram, ddp_program
 from fsbench.training.table_memory import REPLICATED, TableMemory
 
 EXCHANGES = ("none", "blocking", "overlapped", "prioritized")
-INPUT_EXCHANGES = ("none", "requests", "device")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,12 +44,6 @@ class SimProfile:
     `prep_ms` (the rank thread's exchange preparation) and `extrapolated` (followed on a
     line from smaller batches); None: the input stage routes nothing (the baselines;
     FreeScale with replicated tables)."""
-    input_exchange: str = "none"
-    """Collectives that carry a step's input routing, pipelined over the steps before it
-    (hidden under their compute, exposed beyond it, sharing the links): "requests"
-    (FreeScale's exchanged routing: counts, ids and fresh masks), "device" (TorchRec's
-    input dist: lengths and ids bucketed on the device, a split all-to-all in the
-    pipeline's previous-step slot), "none" (routed on the host, or nothing to route)."""
     sample_exchange: bool = False
     """`data=sharded`: each rank holds one shard of the global batch; the lengths are
     all-gathered and the planned samples exchanged in the step (blocking), and the plan
@@ -57,14 +51,13 @@ class SimProfile:
     window: int = 1
     chunks: int = 1
     """Pieces of the row exchange, each an all-to-all of its own (its own latency)."""
-    host_syncs: int = 0
-    """Host syncs inside a step's forward and backward (a host read of a device value):
-    on a GPU each drains the launch queue, and the device waits for the host to relaunch
-    (`Cluster.host_sync_s`)."""
+    program: Callable[[list[Bucket]], StepProgram] = ddp_program
+    """DDP's buckets -> the trainer's step as ops (fsbench.training.step_program):
+    every collective it issues and waits for, in its order, and its host syncs. The
+    simulator costs exactly these (fsbench.scaling.step_engine)."""
 
     def __post_init__(self) -> None:
         assert self.exchange in EXCHANGES, self.exchange
-        assert self.input_exchange in INPUT_EXCHANGES, self.input_exchange
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,22 +41,22 @@ batches (the same length draws the generator makes for that seed and step):
             `fsbench calibrate --comm` beside their times) preempts the ranks alike for
             the part of each transfer hidden under compute (`comm_cpu_ms`; none in a
             comm fit from before).
-  comm      per collective: fitted on this machine by `fsbench calibrate --comm` (`local`:
-            a line per measured world size) or on a cluster's nccl-tests logs
-            (`--from-nccl-tests`), or a preset's figures in the model of
-            fsbench.scaling.collectives (`h100`: fitted on published nccl-tests results).
-              gradients: all-reduce of the dense parameters (and of the tables where a
-              trainer replicates them), in DDP's real buckets (1 MiB first, then 25
-              MiB, in the order gradients are ready: `ddp_buckets`): all but the last
-              bucket hide under the backward of the fastest rank;
-              sharded tables: all-to-all of each rank's unique rows (expected count under
-              the workload's Zipf popularity) forward and of their gradients backward;
-              blocking, overlapped (rows waited for at first use, gradients sent from
-              backward hooks) or prioritized: the next step's rows that this step does not
-              update (final) are sent during this step, hidden under its compute; the rows
-              it updates (fresh: expected from the popularity, `expected_fresh`) can only
-              be sent after its update, and are waited for as the overlapped exchange
-              waits for its rows.
+  comm      the trainer's own step (`SimProfile.program`: fsbench.training.step_program,
+            held against its recorded timeline by tests/test_step_programs.py) replayed
+            on the fastest rank's compute (fsbench.scaling.step_engine): each collective
+            issued where the trainer issues it, holding the rank's links (collectives in
+            flight together follow each other; what sharing exposes is
+            `shared_link_ms`), waited where the trainer waits for it; a collective for
+            the next step arrives across the boundary; host syncs drain the device
+            (`Cluster.host_sync_s`, GPU presets). Its cost: fitted on this machine by
+            `fsbench calibrate --comm` (`local`), on a cluster's nccl-tests logs
+            (`--from-nccl-tests`), or a preset's figures (fsbench.scaling.collectives);
+            its bytes from what it carries (sim_costs.step_payloads): DDP's real buckets
+            (1 MiB first, then 25 MiB, in the order gradients are ready: `ddp_buckets`;
+            the encoder's through the backward by bytes, a replicated table's at its end;
+            together one transfer's cost), sharded tables' unique rows (expected under
+            the workload's Zipf popularity; with priority those the previous update
+            changed, `expected_fresh`, apart from the others), requests and input dists.
   input     the trainer's planning at the simulated size (what its input stage computes:
             predicted costs and the partitioner, a window's spread over its steps), timed
             on this machine's CPU (one thread, warm; the median over the run's windows),
@@ -72,13 +72,8 @@ batches (the same length draws the generator makes for that seed and step):
             `sm_slowdown` (a preset's parameter; `fsbench micro sm-contention` measures it
             where a GPU exists); copy-engine transport (FreeScale's sm_free) costs nothing.
 
-  links     collectives in flight together share the links: the transfers hidden under
-            the backward (the gradients' all-reduce and all-to-all) must fit in it, all
-            hidden transfers in the step's compute, and the exposed tails after the
-            backward follow each other; what overflows is exposed (`shared_link_ms`).
-
-  T = exposed forward exchange + max_r wall_r + exposed all-reduce + exposed gradient
-  exchange + shared-link overflow + the table step (after the gradients, on every rank).
+  T = max_r wall_r + what the program's waits exposed + the table step (after the
+  gradients, on every rank).
   Per rank, as the metrics count a measured run (fsbench.measurement.metrics.rank_causes): busy_r =
   its compute's CPU time (an emulated encoder's wait), the rest of its own wall time
   (run-queue waits, overhead that is not busy) other idle or input stall, and T less its
@@ -89,7 +84,7 @@ What is not modelled: the dense parameters' optimizer step (outside `local`'s me
 overhead), the CPU of communication on GPU presets (NCCL's host threads), congestion
 beyond one rank's links (switches, other jobs).
 A trainer class declares how it behaves with `sim_profile(options, world_size)`
-(`SimProfile`); trainers that do not are modelled as DDP.
+(`SimProfile`, its step's program included); trainers that do not are modelled as DDP.
 """
 from __future__ import annotations
 
@@ -103,8 +98,11 @@ from fsbench.config import RunConfig, WorkloadConfig
 from fsbench.scaling.ddp_buckets import ddp_buckets, dense_grad_bytes
 from fsbench.errors import ConfigError
 from fsbench.measurement.metrics import rank_causes
-from fsbench.scaling.sim_costs import (OVERHEAD_KEYS, Costs, expected_distinct, expected_fresh, expected_tokens,
-                                      input_exchange_ms, sample_exchange_ms, worker_preemption_ms)
+from fsbench.scaling.sim_costs import (INPUT_PAYLOADS, OVERHEAD_KEYS, ROW_PAYLOADS, SAMPLE_PAYLOADS, Costs,
+                                      expected_distinct, expected_fresh, expected_tokens, step_payloads,
+                                      worker_preemption_ms)
+from fsbench.scaling.step_engine import replay
+from fsbench.training.step_program import Bucket
 from fsbench.scaling.sim_inputs import Cluster, PlanInputs, SimProfile, contiguous_plan
 from fsbench.scaling.sim_summary import summarize_steps
 
@@ -149,7 +147,11 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # ready, then the tables where a trainer replicates them (read first in forward, so
     # ready last in backward; among themselves in reverse registration order).
     replicas = [rows * dim_bytes for rows in vocabs] if prof.tables.placement == "replicated" else []
-    buckets = ddp_buckets(list(dense_grad_bytes(w)) + replicas[::-1])
+    dense_bytes = list(dense_grad_bytes(w))
+    buckets = ddp_buckets(dense_bytes + replicas[::-1])
+    # How far into the backward each bucket is full: the encoder's gradients come through
+    # it by bytes; a bucket holding a table's waits for its end.
+    ready = np.minimum(1.0, np.cumsum(buckets) / (sum(dense_bytes) or 1.0))
     transport_slow = cluster.sm_slowdown
     # CPU work slows when ranks share the host's cores (co-run), and beyond the cores it
     # waits its turn (time-sharing): thread CPU time grows by the first, the wall by both;
@@ -218,6 +220,8 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # The previous step's global item draws (negatives shared by all ranks) and samples:
     # the rows it updated, which the prioritized exchange cannot send before its update.
     prev = None
+    program = prof.program([Bucket(b, float(r)) for b, r in zip(buckets, ready)])
+    carry = carry_alone = None  # what each step leaves in flight for the next
     rows = []
     for window, lengths, plans, _ in windows:
         costs = [costs_model.sample_ms(L) for L in lengths]  # alone on a core
@@ -234,88 +238,60 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             cpu = (0.0 if emulated else enc * corun) + over["cpu_ms"] * corun
             tokens = np.array([all_lengths[idx].sum() for idx in owners], dtype=np.float64)
             samples = np.array([len(idx) for idx in owners], dtype=np.float64)
-            pre = post_emb = hidden_emb = t_x = sent = cpu_x = final_hidden = sm_free_extra = 0.0
             draws = tokens + samples + w.negatives_per_step
-            # The step's input routing, carried by collectives pipelined over the steps
-            # before (prof.input_exchange): hidden under a step's compute, exposed beyond.
-            t_in = input_exchange_ms(prof, costs_model, n, draws, samples, tokens, w, zipf_s)
-            exposed_in = max(0.0, t_in - float(model_ms.min()))
-            # data=sharded: the lengths all-gather and the planned samples' two all-to-alls
-            # block the rank (issued when it pulls a later step's input, not overlapped).
-            t_samples = sample_exchange_ms(prof, costs_model, n, samples, tokens, w)
+            rows_r = fresh_r = None
             if prof.exchange != "none":
                 # Unique rows a rank reads: items and targets (one table), shared negatives,
-                # one user row and one row per context table per sample.
+                # one user row and one row per context table per sample; of them, those the
+                # previous step updated (all at the first step: nothing was sent before it).
                 rows_r = (expected_distinct(draws, w.item_vocab, zipf_s)
                           + samples * (1 + len(w.context_vocabs)))
-                # As built (freescale_impl.embedding_exchange): a chunk is an all-to-all of
-                # its own, with its own latency; the blocking version sends one.
-                chunks = prof.chunks if prof.exchange != "blocking" else 1
-
-                def chunked(nbytes: float) -> float:
-                    return chunks * costs_model.collective_ms("all_to_all", n, nbytes / chunks)
-
-                t_x = chunked(float(rows_r.max()) * dim_bytes)
-                # its helper threads' CPU, a rank's rows forward and their gradients back
-                cpu_x = 2 * costs_model.collective_cpu_ms("all_to_all", n, float(rows_r.mean()) * dim_bytes)
-                bwd_min = 2 * model_ms.min() / 3
-                sent = 2 * t_x  # forward rows and backward gradients
-                # Forward: the encoder looks up every item row before its first layer (the
-                # chunks are slices of the unique rows in reading order), so it waits for
-                # the last chunk. Backward: the gradient chunks are held until DDP's last
-                # bucket is issued (one order of collectives on every rank), so the whole
-                # gradient exchange follows the backward.
-                pre = post_emb = t_x
-                if prof.exchange == "prioritized":
-                    # Rows the previous step updated (all of them at the first step, which
-                    # has no previous step to send during) are sent after its update and
-                    # waited for, every chunk, before this forward; the final ones flew
-                    # during the previous step's backward only, beside its gradients.
-                    fresh_r = rows_r if prev is None else (
-                        expected_fresh(draws, w.item_vocab, zipf_s, prev[0])
-                        + samples * sum(-math.expm1(-prev[1] / v)
-                                        for v in (w.user_vocab, *w.context_vocabs)))
-                    t_fresh = chunked(float(fresh_r.max()) * dim_bytes)
-                    t_final = chunked(float((rows_r - fresh_r).max()) * dim_bytes)
-                    final_hidden = min(t_final, bwd_min)
-                    pre = (t_final - final_hidden) + t_fresh
-                    sent = t_final + t_fresh + t_x
-                hidden_emb = sent - pre - post_emb
-                if prof.sm_free and gpu_hosts:  # a copy-engine exchange (each chunk, both ways):
-                    # an offsets all-to-all and two barriers more (freescale_impl.transport)
-                    exchanges = chunks * (3 if prof.exchange == "prioritized" else 2)
-                    sm_free_extra = exchanges * 3 * costs_model.collective_ms("all_to_all", n, 8.0 * n)
-            hidden_emb += t_in - exposed_in
+                fresh_r = None if prev is None else (
+                    expected_fresh(draws, w.item_vocab, zipf_s, prev[0])
+                    + samples * sum(-math.expm1(-prev[1] / v) for v in (w.user_vocab, *w.context_vocabs)))
             prev = (float(tokens.sum() + samples.sum() + w.negatives_per_step), float(samples.sum()))
-            # The buckets' calls follow each other and cost as one transfer of their sum:
-            # one latency (measured: DDP's two calls of small at 16 emulated ranks are in
-            # flight 118 and 123 ms, not twice the 67 ms one costs alone). They start when
-            # the first bucket is ready (after its share of the backward of the fastest
-            # rank) and hide under the rest of it; the last bucket's transfer cannot.
+            payload = step_payloads(w, n, prof.chunks, rows_r, fresh_r, samples, tokens)
             t_ar = costs_model.collective_ms("all_reduce", n, sum(buckets))
-            t_last = costs_model.collective_ms("all_reduce", n, buckets[-1])
-            window = (1 - buckets[0] / sum(buckets)) * 2 * model_ms.min() / 3
-            post_ar = max(t_last, t_ar - window) if t_ar else 0.0
-            # Collectives in flight together share the links: what the model hides must
-            # fit, all together, in the compute it hides under (the gradients' all-reduce
-            # and all-to-all in the backward, everything in the step), and the exposed
-            # tails after the backward follow each other. The overflow is exposed.
-            # (the gradients' all-to-all follows the backward; the next final rows fly in it)
-            ar_hidden = t_ar - post_ar
-            over_bwd = max(0.0, ar_hidden + final_hidden - 2 * float(model_ms.min()) / 3)
-            shared = over_bwd + max(0.0, hidden_emb + ar_hidden - over_bwd - float(model_ms.min()))
-            # Communication kernels on SMs slow the compute they overlap.
-            hidden = ar_hidden + (0.0 if prof.sm_free else hidden_emb) - shared
-            slowed = transport_slow * min(max(hidden, 0.0), float(model_ms.min()))
-            c, busy = c + slowed, busy + slowed
+            t_last = costs_model.collective_ms("all_reduce", n, buckets[-1]) if buckets else 0.0
+
+            def comm_bytes(comm) -> float:
+                return (sum(buckets) if comm.payload == "dense_grads" else payload[comm.payload]) * comm.share
+
+            def cost(comm) -> float:
+                if comm.payload == "dense_grads":
+                    # DDP's buckets follow each other and cost as one transfer of their sum:
+                    # one latency (measured: DDP's two calls of small at 16 emulated ranks are
+                    # in flight 118 and 123 ms, not twice the 67 ms one costs alone); the
+                    # last, issued once the backward is done, at least its own cost.
+                    last = comm.name.endswith(f":{len(buckets) - 1}")
+                    return max(t_ar * comm.share, t_last if last else 0.0)
+                return costs_model.collective_ms(comm.op, n, comm_bytes(comm))
+
+            # The step the trainer runs (its program), on the fastest rank's compute: what
+            # it hides under its forward, backward and table step, and what it waits for.
+            phases = {"forward": float(model_ms.min()) / 3, "backward": 2 * float(model_ms.min()) / 3,
+                      "table_update": 0.0, "optimizer": 0.0}
+            sync_ms = cluster.host_sync_s * 1e3 if gpu_hosts else 0.0
+            ran = replay(program, cost, phases, sync_ms, carry)
+            alone = replay(program, cost, phases, sync_ms, carry_alone, shared_link=False)
+            carry, carry_alone = ran.carry, alone.carry
+            # Collectives in flight together share the links: what sharing exposed.
+            shared = max(0.0, ran.exposed_ms - alone.exposed_ms)
+            hidden_by = {name: ms - ran.exposed_by.get(name, 0.0) for name, ms in ran.comm_ms.items()}
+            kinds = {op.comm.name: op.comm for op in program.ops if hasattr(op, "comm")}
+            # Communication kernels on SMs slow the compute they overlap (a copy-engine
+            # transport's row exchanges do not).
+            on_sm = sum(ms for name, ms in hidden_by.items()
+                        if not (prof.sm_free and kinds[name].payload in ROW_PAYLOADS))
+            slowed = transport_slow * min(max(on_sm, 0.0), float(model_ms.min()))
+            # Host syncs inside the step (a GPU drains its launch queue; the host then
+            # relaunches): the device waits, outside communication.
+            c, busy = c + slowed + ran.sync_ms, busy + slowed
             if not gpu_hosts and prep_ms:  # `local`: the rank thread's own CPU, a compute span
                 c, busy, cpu = c + prep_ms * corun * share, busy + prep_ms * corun, cpu + prep_ms * corun
-            # Host syncs inside the step (a GPU drains its launch queue; the host then
-            # relaunches) and the copy-engine exchanges' barriers: the device waits.
-            syncs = prof.host_syncs * cluster.host_sync_s * 1e3 if gpu_hosts else 0.0
-            c = c + syncs
-            t = (pre + exposed_in + t_samples + float(c.max()) + post_ar + post_emb + shared
-                 + sm_free_extra)
+            t = float(c.max()) + ran.exposed_ms - ran.sync_ms
+            t_in = sum(ms for name, ms in ran.comm_ms.items() if kinds[name].payload in INPUT_PAYLOADS)
+            t_samples = sum(ms for name, ms in ran.comm_ms.items() if kinds[name].payload in SAMPLE_PAYLOADS)
             # The optimizer steps the tables after the gradients arrived, on every rank.
             if prof.tables.placement == "replicated":
                 updated = held_rows
@@ -338,8 +314,8 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             # collective (they wait in communication).
             # The collectives' own CPU (`local`: gloo's threads) competes for the cores
             # with the compute while it is hidden under it; exposed, the rank waits anyway.
-            comm_cpu = ((costs_model.collective_cpu_ms("all_reduce", n, sum(buckets)) * ar_hidden / t_ar if t_ar
-                         else 0.0) + (cpu_x * max(hidden_emb, 0.0) / sent if sent else 0.0))
+            comm_cpu = sum(costs_model.collective_cpu_ms(kinds[name].op, n, comm_bytes(kinds[name])) * hid / ms
+                           for name, ms in ran.comm_ms.items() if (hid := hidden_by[name]) > 0 and ms > 0)
             steal = worker_preemption_ms(n, cores, worker_ms + comm_cpu, t,
                                          costs_model.timeshare_efficiency(run.trainer, n))
             c, t = c + steal / n, t + steal
@@ -358,7 +334,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                 "input_exchange_ms": t_in, "sample_exchange_ms": t_samples, "plan_stall_ms": plan_stall,
                 "comm_cpu_ms": comm_cpu,
                 # Every transfer of the step, and what the shared links exposed of them.
-                "link_ms": t_ar + t_in + t_samples + (sent if prof.exchange != "none" else 0.0), "shared_link_ms": shared,
+                "link_ms": sum(ran.comm_ms.values()), "shared_link_ms": shared,
                 # No split of whole samples can beat the larger of the mean load and the
                 # costliest single sample: the bubble's floor for this batch.
                 "bound_busy_max_ms": max(float(busy.mean()),

@@ -1,0 +1,91 @@
+"""FreeScale's step with sharded tables as ops (fsbench.training.step_program): what
+`freescale_impl.sharded_step` runs, in its order, for each switch set. The simulator costs
+this program; tests/test_step_programs.py holds it against the trainer's recorded timeline
+at 2 and 4 ranks, so a change to the step that is not made here too fails there.
+
+Payloads (the simulator turns them into bytes): rows / final_rows / fresh_rows (a rank's
+rows, all of them, those the previous update cannot change, those it can), row_grads,
+counts, ids, fresh_mask (the requests' three messages), samples (data=sharded's
+exchange), offsets and barrier (the copy-engine transport's own collectives)."""
+from __future__ import annotations
+
+from fsbench.training.step_program import (Bucket, Comm, Compute, HostSync, Issue, Op, StepProgram, Wait,
+                                           ddp_backward)
+
+
+def _exchange(comm: Comm, sm_free: bool) -> list[Op]:
+    """Issuing one row exchange on the transport: the copy-engine transport first swaps
+    offsets (a small all-to-all read on the host) and stages behind a barrier
+    (freescale_impl.transport.SmFreeTransport), then its pulls are the exchange."""
+    if not sm_free:
+        return [Issue(comm)]
+    offsets = Comm(f"{comm.name}.offsets", "all_to_all", "offsets", next_step=False)
+    barrier = Comm(f"{comm.name}.staged", "all_to_all", "barrier")
+    return [Issue(offsets), Wait(offsets, implicit=True), HostSync(), HostSync(),
+            Issue(barrier), Wait(barrier, implicit=True), Issue(comm)]
+
+
+def _arrived(comm: Comm, sm_free: bool) -> list[Op]:
+    if not sm_free:
+        return [Wait(comm)]
+    freed = Comm(f"{comm.name}.pulled", "all_to_all", "barrier")
+    return [Wait(comm), Issue(freed), Wait(freed, implicit=True)]
+
+
+def sharded_step_program(exchange: str, chunks: int, routing: str, sm_free: bool,
+                         buckets: list[Bucket], sample_exchange: bool = False) -> StepProgram:
+    """The steady-state step (neither the first nor the last two) of
+    `ShardedTableTrainer`: exchange is blocking | overlapped | prioritized; routing host |
+    exchanged (the requests' counts and ids travel over the steps before)."""
+    chunks = 1 if exchange == "blocking" else chunks
+    priority = exchange == "prioritized"
+    rows = "fresh_rows" if priority else "rows"
+    # Priority: this step's rows were sent during the step before (next_step there).
+    fetch = [Comm(f"emb.fetch_c{c}", "all_to_all", rows, 1 / chunks, next_step=priority)
+             for c in range(chunks)]
+    final = Comm("emb.fetch_final", "all_to_all", "final_rows", next_step=True)
+    grads = [Comm(f"emb.grad_c{c}", "all_to_all", "row_grads", 1 / chunks) for c in range(chunks)]
+    ops: list[Op] = []
+    if sample_exchange:  # data=sharded: lengths gathered, planned samples exchanged, blocking
+        for name, payload in (("samples.lengths", "samples.lengths"), ("samples.meta", "sample_meta"),
+                              ("samples.tokens", "sample_tokens")):
+            comm = Comm(name, "all_to_all", payload)
+            ops += [Issue(comm), Wait(comm)]
+    exchanged = routing == "exchanged"
+    counts = Comm("emb.counts", "all_to_all", "counts")
+    ids = Comm("emb.ids", "all_to_all", "ids", next_step=True)
+    mask = Comm("emb.fresh_mask", "all_to_all", "fresh_mask")
+    if not priority:
+        for f in fetch:  # every row of this step, now
+            ops += _exchange(f, sm_free)
+    if exchange == "blocking":  # every row before anything else
+        ops += [w for f in fetch for w in _arrived(f, sm_free)]
+    if exchanged:
+        ops += [Wait(ids), Issue(counts)]  # the next step's ids; counts two steps ahead
+        if priority:
+            ops += [Issue(mask)]
+    elif priority:
+        ops += _exchange(final, sm_free)  # host routing: the next step's final rows, now
+    ops += [Compute("forward", 0.0)]
+    if exchange != "blocking":
+        # The encoder reads every item row before its first layer: it waits for every
+        # chunk there (the rows arrive chunk by chunk in reading order).
+        ops += ([w for w in _arrived(final, sm_free)] if priority else [])
+        ops += [w for f in fetch for w in _arrived(f, sm_free)]
+    ops += [Compute("forward", 1.0)]
+    if exchanged:
+        if priority:
+            ops += [Wait(mask), HostSync()]  # the next step's plan from the fresh masks
+            ops += _exchange(final, sm_free)
+        ops += [Wait(counts), HostSync(), Issue(ids)]  # counts read on the host: the ids' splits
+    # Gradient chunks go after DDP's last bucket (one order of collectives on every rank),
+    # last-consumed first; the blocking version sends its one after the backward.
+    sends = [o for g in reversed(grads) for o in _exchange(g, sm_free)]
+    ops += ddp_backward(buckets, after_last=tuple(sends) if exchange != "blocking" else ())
+    if exchange == "blocking":
+        ops += sends
+    ops += [w for g in reversed(grads) for w in _arrived(g, sm_free)]
+    ops += [Compute("table_update")]
+    if priority:  # the next step's fresh rows, first in line, after the update made them
+        ops += [o for f in fetch for o in _exchange(f, sm_free)]
+    return StepProgram((*ops, Compute("optimizer")))

@@ -1,0 +1,81 @@
+"""Cost a step's program (fsbench.training.step_program) on one rank's timeline.
+
+The simulator's one account of communication: it walks the trainer's declared ops in
+order. Compute advances the clock by its phase's share; an issued collective takes the
+link when the link is free (collectives in flight together share one rank's links, so
+they follow each other) and holds it for its cost; a wait blocks until its collective
+has arrived, and that block is exposed communication; a host sync costs its drain. A
+collective that carries the next step's data arrives across the step boundary: its
+arrival, and the link's backlog, are carried into the next step's replay.
+
+Nothing here knows a trainer: what hides and what is exposed follows from where the
+program issues and waits each collective.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from fsbench.training.step_program import Compute, HostSync, Issue, StepProgram, Wait
+
+
+@dataclasses.dataclass
+class Carry:
+    """What one step leaves in flight for the next: arrival of each next-step collective
+    and the link's backlog, in ms from the next step's start."""
+    arrivals: dict[str, float] = dataclasses.field(default_factory=dict)
+    link_free: float = 0.0
+
+
+@dataclasses.dataclass
+class Replay:
+    step_ms: float  # the rank's time through the program, blocks included
+    exposed_ms: float  # blocked in waits (and in host syncs' drains: `sync_ms`)
+    sync_ms: float
+    comm_ms: dict[str, float]  # each collective's cost on the link
+    exposed_by: dict[str, float]  # each collective's part of `exposed_ms`
+    waits: list[str]  # the order the rank waited in
+    carry: Carry
+
+
+def replay(program: StepProgram, cost_ms: Callable[[object], float], phase_ms: dict[str, float],
+           host_sync_ms: float = 0.0, carry: Carry | None = None, shared_link: bool = True) -> Replay:
+    """One step of `program`: `cost_ms(comm)` each collective's time on the link,
+    `phase_ms[phase]` each compute phase's whole time. `carry`: the previous step's (None:
+    the first step, whose next-step collectives were issued at its start, all at once).
+    `shared_link=False`: every collective has links of its own (to tell what sharing costs)."""
+    carry = carry or Carry()
+    t, link = 0.0, carry.link_free
+    arrival = dict(carry.arrivals)
+    comm_ms: dict[str, float] = {}
+    exposed_by: dict[str, float] = {}
+    waits: list[str] = []
+    sync = 0.0
+    next_step: dict[str, float] = {}
+    for op in program.ops:
+        if isinstance(op, Compute):
+            t += phase_ms.get(op.phase, 0.0) * op.share
+        elif isinstance(op, HostSync):
+            t += host_sync_ms
+            sync += host_sync_ms
+        elif isinstance(op, Issue):
+            d = comm_ms[op.comm.name] = cost_ms(op.comm)
+            start = max(t, link) if shared_link else t
+            end = start + d
+            link = end if shared_link else link
+            (next_step if op.comm.next_step else arrival)[op.comm.name] = end
+        elif isinstance(op, Wait):
+            name = op.comm.name
+            if name not in arrival:  # the first step: issued at its start
+                d = comm_ms.setdefault(name, cost_ms(op.comm))
+                start = link if shared_link else 0.0
+                arrival[name] = start + d
+                link = arrival[name] if shared_link else link
+            end = arrival.pop(name)
+            waits.append(name)
+            if end > t:
+                exposed_by[name] = exposed_by.get(name, 0.0) + end - t
+                t = end
+    exposed = sum(exposed_by.values())
+    out = Carry({k: v - t for k, v in next_step.items()}, max(0.0, link - t))
+    return Replay(t, exposed + sync, sync, comm_ms, exposed_by, waits, out)
