@@ -215,7 +215,7 @@ class TorchRecTrainer:
                               f"({ctx.world_size})")
         fused = fused_params(wl.table_optimizer, wl.table_lr, ctx.device)
 
-        specs = table_specs(wl.model.dim, wl.item_vocab, wl.user_vocab, wl.context_vocabs)
+        specs = table_specs(wl.model.row_dim, wl.item_vocab, wl.user_vocab, wl.context_vocabs)
         dense = initial_dense(wl, run.seed)
         # DMP averages dense AND sparse gradients over ranks; scaling the loss by N makes
         # both the single-process gradient (module docstring). Pin the sparse averaging

@@ -74,7 +74,7 @@ def time_steps(workload, n: int, seed: int, cost, opts, chunks: int, routing: st
 
     held = _Held(SyntheticBatches(workload, seed), range(repeats + 1))
     balanced = BalancedShare(held, rank, n, cost, opts, steps=repeats + 1)
-    layout = RowLayout(table_specs(workload.model.dim, workload.item_vocab, workload.user_vocab,
+    layout = RowLayout(table_specs(workload.model.row_dim, workload.item_vocab, workload.user_vocab,
                                    workload.context_vocabs), n, opts.sharding)
     stage = (RoutedShare(balanced, layout, chunks, opts.priority == "on") if routing == "host"
              else OwnRequest(balanced, layout, chunks))

@@ -66,7 +66,7 @@ class ShardedTableTrainer:
         self.dense = wrap_ddp(build_dense(run, ctx.device), ctx, average=False,
                               after_last_bucket=lambda: self.engine.dense_gradients_issued())
         self.optimizer = make_dense_optimizer(self.dense.parameters(), w)
-        layout = RowLayout(table_specs(w.model.dim, w.item_vocab, w.user_vocab, w.context_vocabs),
+        layout = RowLayout(table_specs(w.model.row_dim, w.item_vocab, w.user_vocab, w.context_vocabs),
                            ctx.world_size, opts.sharding)
         shard = LocalShard(layout, ctx.rank, run.seed, w.table_optimizer, w.table_lr, ctx.device)
         # Its own group: embedding exchanges never queue behind DDP's all-reduce (or the

@@ -61,7 +61,11 @@ class ModelConfig:
     family: str = "hstu"
     """Encoder family: `hstu` (pointwise SiLU attention) or `sasrec` (softmax transformer)."""
     dim: int = 64
-    """Embedding and hidden width (every table uses it)."""
+    """Hidden width; the tables' too unless `table_dim` says otherwise."""
+    table_dim: int = 0
+    """Table row width (0: `dim`). A narrower row is projected up to `dim` on the way in
+    and the encoder's output down to it for the loss (NVIDIA's HSTU benchmark: rows of
+    128 under a model of 1024)."""
     num_layers: int = 2
     """Encoder blocks."""
     num_heads: int = 2
@@ -88,12 +92,19 @@ class ModelConfig:
         _one_of("model.loss", self.loss, LOSSES)
         _positive("model.dim", self.dim)
         _require(self.dim <= MAX_DIM, f"model.dim={self.dim} must be <= {MAX_DIM} (2**16)")
+        _require(0 <= self.table_dim <= MAX_DIM,
+                 f"model.table_dim={self.table_dim} must be in [0, {MAX_DIM}] (0: model.dim)")
         _positive("model.num_layers", self.num_layers)
         _require(self.num_layers <= MAX_LAYERS,
                  f"model.num_layers={self.num_layers} must be <= {MAX_LAYERS}")
         _positive("model.num_heads", self.num_heads)
         _require(self.dim % self.num_heads == 0,
                  f"model.dim={self.dim} must be divisible by model.num_heads={self.num_heads}")
+
+    @property
+    def row_dim(self) -> int:
+        """Each table row's width."""
+        return self.table_dim or self.dim
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -171,7 +182,7 @@ class WorkloadConfig:
     lengths: str = "amazon-beauty"
     """History-length distribution: a dataset preset, fixed:L, uniform:LO-HI,
     lognormal:mu=..,sigma=..[,shift=..,min=..,max=..,mode=truncate|clip],
-    powerlaw:alpha=..,xmin=.., or hist:PATH (a length_bin,count CSV)."""
+    powerlaw:alpha=..,xmin=..[,scale=..][,shift=..], or hist:PATH (a length_bin,count CSV)."""
     popularity: str = "zipf:1.0"
     """Item popularity: zipf:S (rank exponent S over the item vocabulary)."""
     num_negatives: int = 64

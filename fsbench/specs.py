@@ -6,16 +6,15 @@ a config never imports numpy or torch, and `fsbench.config` never imports
 loads (`fsbench.workloads.distributions.parse_length_spec` and friends).
 
     lengths     a dataset preset (LENGTH_PRESET_SPECS), or
-                fixed:L | uniform:LO-HI | powerlaw:alpha=..,xmin=.. | hist:PATH
+                fixed:L | uniform:LO-HI | powerlaw:alpha=..,xmin=..[,scale=..][,shift=..] | hist:PATH
                 lognormal:mu=..,sigma=..[,shift=..][,min=..][,max=..][,mode=truncate|clip]
     popularity  zipf:S
     data        synthetic | sasrec:PATH | recbole:PATH | otto:PATH
 
 Every bad spec raises ConfigError with one line naming the field and what is allowed.
 Parsing runs on every config construction, so it is cheap: presets are a fixed table and
-histogram files are cached by (path, mtime, size).
-
-Imports from fsbench: only fsbench.errors (a leaf).
+histogram files are cached by (path, mtime, size). Imports from fsbench: only
+fsbench.errors (a leaf).
 """
 from __future__ import annotations
 
@@ -96,6 +95,8 @@ class PowerLawLengthSpec:
     kind: ClassVar[str] = "powerlaw"
     alpha: float
     xmin: int
+    scale: int = 1  # L = scale X + shift tokens (interleaved items and actions: scale 2)
+    shift: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,10 +116,8 @@ class LengthPresetSpec:
     kind: ClassVar[str] = "preset"
     name: str
     distribution: LogNormalLengthSpec
-    median: float
-    """Target median history length."""
-    p90: float
-    """Target 90th-percentile history length."""
+    median: float  # the target median history length
+    p90: float  # and 90th percentile
     source: str
     """Where the fit and the targets come from."""
 
@@ -184,7 +183,7 @@ LENGTH_PRESET_SPECS: dict[str, LengthPresetSpec] = {p.name: p for p in (
 
 LENGTH_KINDS = ("fixed:L", "uniform:LO-HI",
                 "lognormal:mu=..,sigma=..[,shift=..,min=..,max=..,mode=truncate|clip]",
-                "powerlaw:alpha=..,xmin=..", "hist:PATH (a length_bin,count CSV)")
+                "powerlaw:alpha=..,xmin=..[,scale=..][,shift=..]", "hist:PATH (a length_bin,count CSV)")
 _LENGTHS_ALLOWED = ("allowed: a preset (" + ", ".join(LENGTH_PRESET_SPECS) + ") or "
                     + ", ".join(LENGTH_KINDS))
 
@@ -253,11 +252,12 @@ def _parse_lognormal(spec: str, body: str) -> LogNormalLengthSpec:
 
 
 def _parse_powerlaw(spec: str, body: str) -> PowerLawLengthSpec:
-    kv = _keyvals(spec, body, {"alpha", "xmin"}, set())
+    kv = {"scale": "1", "shift": "0", **_keyvals(spec, body, {"alpha", "xmin"}, {"scale", "shift"})}
     alpha = _float(spec, "alpha", kv["alpha"])
     if alpha <= 1:
         raise _bad_length(spec, f"alpha={alpha:g} must be > 1")
-    return PowerLawLengthSpec(alpha=alpha, xmin=_int(spec, "xmin", kv["xmin"]))
+    return PowerLawLengthSpec(alpha, _int(spec, "xmin", kv["xmin"]), _int(spec, "scale", kv["scale"]),
+                              _int(spec, "shift", kv["shift"], minimum=0))
 
 
 def _parse_uniform(spec: str, body: str) -> UniformLengthSpec:

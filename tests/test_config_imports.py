@@ -18,7 +18,7 @@ LENGTHS_ALLOWED = (
     "allowed: a preset (amazon-beauty, yelp, movielens-100k, movielens-1m, movielens-20m, "
     "otto-sessions, kuairand-1k) or fixed:L, uniform:LO-HI, "
     "lognormal:mu=..,sigma=..[,shift=..,min=..,max=..,mode=truncate|clip], "
-    "powerlaw:alpha=..,xmin=.., hist:PATH (a length_bin,count CSV)")
+    "powerlaw:alpha=..,xmin=..[,scale=..][,shift=..], hist:PATH (a length_bin,count CSV)")
 
 
 def _run(code: str) -> subprocess.CompletedProcess:

@@ -84,7 +84,7 @@ class FixedScores(nn.Module):
             self.items.weight.copy_(torch.cat([torch.zeros(1, num_items), torch.eye(num_items)]))
         self.scores = scores
         self.sparse = SimpleNamespace(tables={ITEM: self.items}, lookup=lambda batch: None)
-        self.dense = SimpleNamespace(encode=self._encode)
+        self.dense = SimpleNamespace(encode_rows=self._encode)
 
     def _encode(self, lookups, batch):
         per_user = torch.tensor([self.scores[u] for u in batch.user_ids.tolist()])

@@ -40,7 +40,10 @@ TRAINERS = {
                                           {"balance": "on", "micro_batches": "3", **REPLICATED}),
     "freescale_balanced_sharded_data": ("trainers_for_tests:GradDumpFreeScale",
                                         {"balance": "on", "data": "sharded", **REPLICATED}),
+    # rows narrower than the model (model.table_dim): the projections in and out
+    "ddp_narrow_rows": ("trainers_for_tests:GradDumpDDP", {}),
 }
+MODEL_CHANGES = {"ddp_narrow_rows": {"table_dim": 8}}
 
 
 @pytest.mark.parametrize("name", list(TRAINERS))
@@ -49,6 +52,8 @@ def test_loss_and_gradients_equal_single_process(name, tmp_path, monkeypatch, ra
     trainer, options = TRAINERS[name]
     # Heavy-tailed lengths, so that a balanced plan really differs from the contiguous one.
     workload = dataclasses.replace(tiny(), lengths="yelp")
+    workload = dataclasses.replace(workload, model=dataclasses.replace(workload.model,
+                                                                       **MODEL_CHANGES.get(name, {})))
     monkeypatch.setenv("FSBENCH_TEST_DUMP", str(tmp_path))
     run = RunConfig(workload=workload, trainer=trainer, world_size=world_size, seed=7,
                     trainer_options=options)

@@ -231,3 +231,16 @@ def test_bad_popularity_spec_raises_one_line_config_error_naming_the_field(spec)
 
 def test_popularity_spec_parses_the_exponent():
     assert parse_popularity_spec("zipf:1.25") == ZipfPopularity(1.25)
+
+
+def test_powerlaw_scale_and_shift_turn_items_into_tokens():
+    """powerlaw:..,scale=2,shift=3: each drawn item count X becomes 2 X + 3 tokens (an
+    action after every item, 3 contextual tokens), clipped at max_len like any length."""
+    from fsbench.workloads.distributions import parse_length_spec
+
+    items = parse_length_spec("powerlaw:alpha=1.2,xmin=1").sample(np.random.default_rng(5), 10_000, 4096)
+    tokens = parse_length_spec("powerlaw:alpha=1.2,xmin=1,scale=2,shift=3").sample(
+        np.random.default_rng(5), 10_000, 2 * 4096 + 3)
+    assert np.array_equal(tokens, 2 * items + 3)
+    with pytest.raises(ConfigError, match="shift=-1 must be >= 0"):
+        parse_length_spec("powerlaw:alpha=1.2,xmin=1,shift=-1")

@@ -354,3 +354,30 @@ def test_materialize_allocates_every_parameter_and_keeps_shared_ones_shared():
     assert all(p.device.type == "cpu" for p in both.parameters())
     assert extra.weight is model[0].weight and model[1].weight is not model[0].weight
     assert len(list(both.parameters())) == 5  # 2 weights + 2 biases of model, extra's bias
+
+
+def test_rows_narrower_than_the_model_are_projected_in_and_out():
+    """model.table_dim: tables of that width, the items projected up to the model's width
+    and its output down to the rows' for the loss; the FLOPs and the fit's key say so."""
+    import dataclasses as dc
+
+    from fsbench.costmodel.fit import model_key
+    from fsbench.models import build_model
+    from fsbench.scaling.sim_costs import encoder_flops
+    from fsbench.workloads.generator import SyntheticBatches
+    from fsbench.workloads.presets import tiny
+
+    base = tiny()
+    narrow = dc.replace(base, model=dc.replace(base.model, table_dim=8))
+    model = build_model(narrow, seed=0)
+    assert {t.weight.shape[1] for t in model.sparse.tables.values()} == {8}
+    assert model.dense.rows_in.weight.shape == (base.model.dim, 8)
+    loss = model(SyntheticBatches(narrow, 0).global_batch(0))
+    loss.backward()
+    assert torch.isfinite(loss) and model.dense.rows_out.weight.grad is not None
+    assert build_model(base, seed=0).dense.rows_in is None  # the same width: no projection
+    L = np.array([10.0])
+    extra = encoder_flops(narrow, L) - encoder_flops(base, L)
+    d, negs = base.model.dim, base.negatives_per_step
+    assert extra == pytest.approx(3 * (4 * 8 * d * 10 + 2 * (1 + negs) * (8 - d) * 10))
+    assert model_key(narrow) != model_key(base) and "-t8-" in model_key(narrow)

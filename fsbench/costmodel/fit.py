@@ -135,7 +135,8 @@ def model_key(workload: WorkloadConfig) -> str:
     m = workload.model
     if workload.compute == "synthetic":
         return f"synthetic-{workload.synthetic.us_per_token:g}us"
-    return f"{m.family}-d{m.dim}-l{m.num_layers}-h{m.num_heads}-neg{workload.negatives_per_step}"
+    rows = f"-t{m.row_dim}" if m.row_dim != m.dim else ""
+    return f"{m.family}-d{m.dim}{rows}-l{m.num_layers}-h{m.num_heads}-neg{workload.negatives_per_step}"
 
 
 def fit_path(out_dir: str | Path, workload: WorkloadConfig, device: str) -> Path:

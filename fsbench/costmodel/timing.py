@@ -80,7 +80,7 @@ def measure_table_ns_per_element(workload: WorkloadConfig, device: str = "cpu",
 
     steppers = []
     for n_rows in rows:
-        table = torch.nn.Parameter(torch.zeros(n_rows, workload.model.dim, device=device))
+        table = torch.nn.Parameter(torch.zeros(n_rows, workload.model.row_dim, device=device))
         table.grad = torch.full_like(table, 1e-3)
         if workload.table_optimizer in SPARSE_GRADIENTS:  # every row, as a sparse gradient
             table.grad = table.grad.to_sparse()
@@ -96,7 +96,7 @@ def measure_table_ns_per_element(workload: WorkloadConfig, device: str = "cpu",
                 torch.cuda.synchronize()  # note: CPU-GPU sync point
             if i >= 2:
                 best[k] = min(best[k], time.perf_counter() - t0)
-    elements = [n * workload.model.dim for n in rows]
+    elements = [n * workload.model.row_dim for n in rows]
     return max(0.0, (best[1] - best[0]) / (elements[1] - elements[0]) * 1e9)
 
 

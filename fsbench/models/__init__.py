@@ -32,7 +32,7 @@ __all__ = ["Bucketing", "DenseArch", "EmbeddingLookups", "JaggedLayout", "RecMod
 class RecModel(nn.Module):
     def __init__(self, workload: WorkloadConfig):
         super().__init__()
-        self.sparse = SparseArch(table_specs(workload.model.dim, workload.item_vocab,
+        self.sparse = SparseArch(table_specs(workload.model.row_dim, workload.item_vocab,
                                              workload.user_vocab, workload.context_vocabs))
         self.dense = DenseArch(workload.model, len(workload.context_vocabs), workload.max_seq_len)
 

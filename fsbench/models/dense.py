@@ -3,6 +3,7 @@
     x_t  = item_t + context(sample of t) + position_t       (packed, (T, D))
     h    = LayerNorm(blocks(x))                             (T, D)
     loss = sum_t sampled_softmax(h_t) / batch.global_num_targets
+(with `model.table_dim` rows narrower than D: item_t and h_t pass a projection each)
 
 Normalizing by the GLOBAL target count (not this batch's) makes the losses of disjoint
 slices of a global batch sum to the global mean loss, and their gradients sum to the
@@ -31,11 +32,15 @@ class DenseArch(nn.Module):
     def __init__(self, model: ModelConfig, num_contexts: int, max_seq_len: int,
                  bucketing: Bucketing = Bucketing()):
         super().__init__()
-        dim = model.dim
+        dim, row = model.dim, model.row_dim
         # Attention padding granularity; changing it must not change any result (tested).
         self.bucketing = bucketing
         self.max_seq_len = max_seq_len
-        self.context = nn.Linear((1 + num_contexts) * dim, dim)
+        self.context = nn.Linear((1 + num_contexts) * row, dim)
+        # Rows narrower than the model: the items projected up on the way in, the hidden
+        # state down to the rows' width for the loss against target and negative rows.
+        self.rows_in = nn.Linear(row, dim, bias=False) if row != dim else None
+        self.rows_out = nn.Linear(dim, row, bias=False) if row != dim else None
         self.positions = uninitialized_embedding(max_seq_len, dim)
         if model.family == "hstu":
             distance = min(max_seq_len, MAX_RELATIVE_DISTANCE)
@@ -59,18 +64,24 @@ class DenseArch(nn.Module):
         """Final hidden state of every token, packed (T, D)."""
         layout = self.layout(batch)
         context = self.context(torch.cat([lookups.users, lookups.contexts.flatten(1)], dim=1))
-        x = lookups.items + context.index_select(0, layout.sample) + self.positions(layout.position)
+        items = lookups.items if self.rows_in is None else self.rows_in(lookups.items)
+        x = items + context.index_select(0, layout.sample) + self.positions(layout.position)
         drop = dropout.for_batch(self.dropout_p, self.training, batch, layout)
         x = drop(x, site=0)
         for i, block in enumerate(self.blocks):
             x = block(x, layout, drop, site=1 + 2 * i)
         return self.norm_out(x)
 
+    def encode_rows(self, lookups: EmbeddingLookups, batch: JaggedBatch) -> torch.Tensor:
+        """The final hidden state in the rows' width, to score against item rows."""
+        hidden = self.encode(lookups, batch)
+        return hidden if self.rows_out is None else self.rows_out(hidden)
+
     def forward(self, lookups: EmbeddingLookups, batch: JaggedBatch) -> torch.Tensor:
         """This batch's share of the global mean loss (see module docstring)."""
         if emulation.ACTIVE is not None:  # compute=emulated: wait for the modelled cost
             return emulation.ACTIVE.loss(self, lookups, batch)
-        hidden = self.encode(lookups, batch)
+        hidden = self.encode_rows(lookups, batch)
         losses = sampled_softmax_token_losses(hidden, lookups.targets, lookups.negatives,
                                               batch.targets, batch.negative_ids)
         # Target 0 (padding): a context-only position (window_targets); it has no loss.

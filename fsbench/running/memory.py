@@ -126,15 +126,15 @@ def estimate(run: RunConfig, table_memory: TableMemory | None = None,
     w = run.workload
     n = run.world_size
     tm = table_memory or table_memory_of(run.trainer, run.trainer_options, n)
-    dim = w.model.dim
+    dim, row = w.model.dim, w.model.row_dim
     # Optimizer-state copies per element: row-wise Adagrad keeps one per row.
-    table_states = 1 / dim if w.table_optimizer == "rowwise_adagrad" else OPTIMIZER_STATES[w.table_optimizer]
+    table_states = 1 / row if w.table_optimizer == "rowwise_adagrad" else OPTIMIZER_STATES[w.table_optimizer]
     if w.table_optimizer == "adam" and tm.placement != "replicated":
         # dense Adam steps a shard whole: its gradient and Adam's temporary, every row
         tm = dataclasses.replace(tm, grads=1.0, optimizer_transient=1.0)
     tables = [w.item_vocab, w.user_vocab, *w.context_vocabs]
-    held = tm.rows_held(tables, n) * dim * FLOAT
-    largest = max(tables) * dim * FLOAT
+    held = tm.rows_held(tables, n) * row * FLOAT
+    largest = max(tables) * row * FLOAT
     dense = dense_parameters(w.model, len(w.context_vocabs), w.max_seq_len) * FLOAT
     batch_per_rank = math.ceil(w.global_batch_size / n)
     tokens, squares = largest_batch(w.lengths, w.max_seq_len, batch_per_rank)
@@ -142,7 +142,7 @@ def estimate(run: RunConfig, table_memory: TableMemory | None = None,
     activations = FLOAT * (tokens * dim * PER_TOKEN_LAYER * layers
                            + squares * heads * PER_SCORE * layers
                            + tokens * w.negatives_per_step * 3     # logits, softmax, gradient
-                           + (3 * tokens + w.negatives_per_step) * dim * 2)  # lookups and grads
+                           + (3 * tokens + w.negatives_per_step) * row * 2)  # lookups and grads
     training = {"tables": held, "table_grads": held * tm.grads,
                 "optimizer": held * tm.states * table_states + dense * OPTIMIZER_STATES[w.dense_optimizer]
                 + (held * tm.optimizer_transient if table_states else 0.0),

@@ -23,12 +23,14 @@ OVERHEAD_KEYS = ("wall_ms", "cpu_ms", "busy_ms", "input_ms", "worker_ms", "stage
 def encoder_flops(workload: WorkloadConfig, lengths: np.ndarray) -> np.ndarray:
     """Forward + backward FLOPs of one sample of length L (backward = 2x forward): per layer
     and token the projections (HSTU 5 D^2, SASRec 12 D^2 multiply-adds), causal attention
-    L^2 D / 2 per matmul twice, the sampled softmax (1 + negatives) D per token."""
+    L^2 D / 2 per matmul twice, the sampled softmax (1 + negatives) R per token (R: the
+    rows' width), and where R < D the rows' projections in and out, 2 R D per token."""
     m = workload.model
     proj = 5 if m.family == "hstu" else 12
     L = np.asarray(lengths, dtype=np.float64)
+    rows = 2 * 2 * m.row_dim * m.dim * L if m.row_dim != m.dim else 0.0
     fwd = m.num_layers * (2 * proj * m.dim**2 * L + 2 * m.dim * L * L) \
-        + 2 * (1 + workload.negatives_per_step) * m.dim * L
+        + 2 * (1 + workload.negatives_per_step) * m.row_dim * L + rows
     return 3 * fwd
 
 
@@ -268,7 +270,7 @@ def step_payloads(w: WorkloadConfig, n: int, chunks: int, rows: np.ndarray | Non
               all-gather of S bytes a rank moves what an all-to-all of S to each peer does),
               then per sample length, user and contexts, per token input item and target, int64
       offsets, barrier  the copy-engine transport's N int64 (a barrier, as small)"""
-    dim_bytes, contexts = 4.0 * w.model.dim, len(w.context_vocabs)
+    dim_bytes, contexts = 4.0 * w.model.row_dim, len(w.context_vocabs)
     i = int(np.argmax(tokens))
     out = {"input_lengths": float(samples[i]) * (2 + contexts) * 8.0,
            "input_ids": (2 * float(tokens[i]) + float(samples[i]) * (1 + contexts)) * 8.0,

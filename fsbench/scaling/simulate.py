@@ -140,7 +140,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     costs_model = Costs(cluster, w, store, timeshare_efficiency)
     dist = parse_length_spec(w.lengths)
     zipf_s = float(parse_popularity(w.popularity).s)
-    dim_bytes = 4.0 * w.model.dim
+    dim_bytes = 4.0 * w.model.row_dim
     vocabs = [w.item_vocab, w.user_vocab, *w.context_vocabs]
     held_rows = prof.tables.rows_held(vocabs, n)
     # DDP's gradient buckets: the encoder's parameters in the order their gradients are
@@ -299,7 +299,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                 updated = (float(expected_distinct(np.array([tokens.sum() + samples.sum() + w.negatives_per_step]),
                                                    w.item_vocab, zipf_s)[0])
                            + samples.sum() * (1 + len(w.context_vocabs))) / n
-            upd = costs_model.table_ms(updated * w.model.dim, replicated=prof.tables.placement == "replicated")
+            upd = costs_model.table_ms(updated * w.model.row_dim, replicated=prof.tables.placement == "replicated")
             upd_wall = upd * table_corun * share
             c, t = c + upd_wall, t + upd_wall
             busy = busy + (0.0 if emulated else upd * table_corun)

@@ -178,7 +178,7 @@ def evaluate(model: torch.nn.Module, data: EvalSet, context_vocabs: tuple[int, .
                 negative_ids=torch.zeros(0, dtype=torch.int64),
                 global_num_targets=t1 - t0,
             ).to(device)
-            hidden = model.dense.encode(model.sparse.lookup(batch), batch)
+            hidden = model.dense.encode_rows(model.sparse.lookup(batch), batch)
             last = hidden.index_select(0, batch.offsets[1:] - 1)  # each user's last position
             scores = last @ candidates.T  # (users, V): column j is item j + 1
             held = torch.from_numpy(data.held_out[lo:hi] - 1).to(device)

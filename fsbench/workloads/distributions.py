@@ -3,7 +3,7 @@
 Length specs (`WorkloadConfig.lengths`) name either a dataset preset, whose numbers come
 from public sequential-recommendation datasets, or a parametric kind:
 
-    fixed:L | uniform:LO-HI | powerlaw:alpha=..,xmin=.. | hist:PATH
+    fixed:L | uniform:LO-HI | powerlaw:alpha=..,xmin=..[,scale=..][,shift=..] | hist:PATH
     lognormal:mu=..,sigma=..[,shift=..][,min=..][,max=..][,mode=truncate|clip]
 
 Heterogeneous lengths are the point of the benchmark: they make stragglers, so the
@@ -131,15 +131,18 @@ class PowerLawLength:
     """
     alpha: float
     xmin: int
+    scale: int = 1
+    shift: int = 0
 
     def sample(self, rng: np.random.Generator, n: int, max_len: int) -> np.ndarray:
         u = rng.random(n)
         with np.errstate(over="ignore", divide="ignore"):  # u -> 1 gives inf; clipped below
             x = np.floor((self.xmin - 0.5) * (1.0 - u) ** (-1.0 / (self.alpha - 1.0)) + 0.5)
-        return _finish(x, max_len)  # x >= xmin already: the factor is >= 1
+        return _finish(self.scale * x + self.shift, max_len)  # x >= xmin already: the factor is >= 1
 
     def describe(self) -> str:
-        return f"discrete power law alpha={self.alpha:g} from length {self.xmin}"
+        tokens = f", {self.scale} tokens an item + {self.shift}" if (self.scale, self.shift) != (1, 0) else ""
+        return f"discrete power law alpha={self.alpha:g} from length {self.xmin}{tokens}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +219,7 @@ def length_distribution(spec: specs.LengthSpec) -> LengthDistribution:
     if isinstance(spec, specs.LogNormalLengthSpec):
         return _lognormal(spec)
     if isinstance(spec, specs.PowerLawLengthSpec):
-        return PowerLawLength(alpha=spec.alpha, xmin=spec.xmin)
+        return PowerLawLength(alpha=spec.alpha, xmin=spec.xmin, scale=spec.scale, shift=spec.shift)
     if isinstance(spec, specs.HistLengthSpec):
         return _histogram(spec)
     raise TypeError(f"not a length spec: {spec!r}")
