@@ -162,7 +162,10 @@ def ds_config(run: RunConfig, world_size: int, zero_stage: int) -> dict:
         "train_micro_batch_size_per_gpu": math.ceil(workload.global_batch_size / world_size),
         "gradient_accumulation_steps": 1,
         "optimizer": optimizer,
-        "zero_optimization": {"stage": zero_stage},
+        # The workload's dense buckets, as every trainer's: ZeRO 1 and 2 reduce in buckets
+        # of this many elements inside backward; ZeRO 0 all-reduces after autograd anyway.
+        "zero_optimization": {"stage": zero_stage,
+                              "reduce_bucket_size": max(1, int(workload.dense_bucket_mb * 2**20 / 4))},
         "zero_allow_untested_optimizer": name == "sgd",
         "fp16": {"enabled": False},
         "bf16": {"enabled": False},
@@ -213,9 +216,10 @@ class DeepSpeedTrainer:
         "one of these compute spans (its wait is wall time without thread CPU time). "
         "ZeRO 0: one all-reduce of the flattened gradient after autograd, inside backward "
         "(not overlapped with compute); optimizer is local. "
-        "ZeRO 1 and 2: the gradient bucket is all-reduced inside backward, as it fills "
-        "(the default reduce_bucket_size, 5e8 elements, holds the whole model, so at the "
-        "end of autograd; each rank keeps its partition); the partition update, the all-gather of the updated "
+        "ZeRO 1 and 2: each gradient bucket is reduced inside backward, as it fills "
+        "(reduce_bucket_size: the workload's dense_bucket_mb, 25 MB by default, so "
+        "`small`'s 1.68M parameters fill one, reduced at the end of autograd; each rank "
+        "keeps its partition); the partition update, the all-gather of the updated "
         "parameters and a scalar all-reduce (gradient norm) are inside optimizer. "
         "ZeRO 3: per-module parameter all-gathers inside forward and again inside "
         "backward, the gradient reduce-scatter inside backward (a few small broadcasts in "

@@ -56,7 +56,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torchrec.distributed.comm_ops import set_gradient_division
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 from torchrec.distributed.train_pipeline import (
     TrainPipelineBase,
     TrainPipelineSparseDist,
@@ -235,8 +235,10 @@ class TorchRecTrainer:
         else:
             self.plan = manual_plan(model, sharders, opts.sharding, ctx.world_size,
                                     local_size, ctx.device.type)
+        # The dense part's DDP buckets: the workload's, as every trainer's.
+        wrapper = DefaultDataParallelWrapper(bucket_cap_mb=wl.dense_bucket_mb)
         self.dmp = DistributedModelParallel(module=model, device=ctx.device, plan=self.plan,
-                                            sharders=list(sharders.values()))
+                                            sharders=list(sharders.values()), data_parallel_wrapper=wrapper)
         load_initial_tables(self.dmp.module, specs, run.seed)
         if isinstance(self.dmp._dmp_wrapped_module, DistributedDataParallel):  # the dense part
             allreduce_in_python(self.dmp._dmp_wrapped_module)

@@ -63,7 +63,7 @@ class ShardedTableTrainer:
         # Sums, not averages: each rank's loss is already its share of the global loss.
         # The embedding gradients' all-to-alls wait for DDP's last bucket: one order of
         # the collectives issued from backward's hooks on every rank (embedding_exchange).
-        self.dense = wrap_ddp(build_dense(run, ctx.device), ctx, average=False,
+        self.dense = wrap_ddp(build_dense(run, ctx.device), ctx, w.dense_bucket_mb, average=False,
                               after_last_bucket=lambda: self.engine.dense_gradients_issued())
         self.optimizer = make_dense_optimizer(self.dense.parameters(), w)
         layout = RowLayout(table_specs(w.model.row_dim, w.item_vocab, w.user_vocab, w.context_vocabs),

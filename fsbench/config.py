@@ -214,6 +214,10 @@ class WorkloadConfig:
     fsbench.models.emulation)."""
     synthetic: SyntheticComputeConfig = field(default_factory=SyntheticComputeConfig)
     """Costs and injected delays of `compute=synthetic`."""
+    dense_bucket_mb: float = 25.0
+    """The dense gradients' all-reduce buckets, every trainer's (DDP's bucket_cap_mb; its
+    first bucket stays 1 MiB): smaller, the last bucket, ready only when the backward
+    ends, is small, at a latency per bucket more (25: DDP's default)."""
 
     def __post_init__(self) -> None:
         _positive("item_vocab", self.item_vocab, 2)
@@ -231,6 +235,7 @@ class WorkloadConfig:
         _require(0 <= self.warmup < self.steps,
                  f"warmup={self.warmup} must be >= 0 and < steps={self.steps}")
         _positive("num_negatives", self.num_negatives)
+        _require(0 < self.dense_bucket_mb <= 1024, f"dense_bucket_mb={self.dense_bucket_mb} must be in (0, 1024]")
         _one_of("optimizer", self.optimizer, OPTIMIZERS)
         _require(self.lr > 0, f"lr={self.lr} must be > 0")
         _one_of("compute", self.compute, COMPUTE_MODES)

@@ -76,7 +76,7 @@ def _rank_main(rank, port, gated, out):
                 engine.dense_gradients_issued()
         engine.grads_after_dense = gated
         torch.manual_seed(SEED)
-        dense = wrap_ddp(torch.nn.Linear(WORKLOAD.model.dim, 1), ctx, average=False,
+        dense = wrap_ddp(torch.nn.Linear(WORKLOAD.model.dim, 1), ctx, WORKLOAD.dense_bucket_mb, average=False,
                          after_last_bucket=last_bucket)
         batch = make_batch_source(WORKLOAD, SEED).global_batch(0)
         half = batch.batch_size // 2

@@ -677,7 +677,7 @@ def test_calibrate_measures_each_trainers_overhead_and_the_simulator_adds_it(tmp
             fit.step_overhead["ddp/model"]["wall_ms"], rel=1e-9, abs=1e-9)
 
 
-def real_ddp_buckets(tmp_path, module, loss) -> list[int]:
+def real_ddp_buckets(tmp_path, module, loss, bucket_cap_mb: float = 25.0) -> list[int]:
     """Bytes of each all-reduce call real DDP makes for `module` on a gloo group of one
     (a comm hook records them), at its third step: the first is DDP's own warm-up (one
     25 MiB pass) before it rebuilds its buckets in the order gradients arrived."""
@@ -693,9 +693,10 @@ def real_ddp_buckets(tmp_path, module, loss) -> list[int]:
         done.set_result(bucket.buffer())
         return done
 
+    tmp_path.mkdir(exist_ok=True)
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
-        ddp = DistributedDataParallel(module)
+        ddp = DistributedDataParallel(module, bucket_cap_mb=bucket_cap_mb)
         ddp.register_comm_hook(None, record)
         for _ in range(3):
             seen.clear()
@@ -707,8 +708,8 @@ def real_ddp_buckets(tmp_path, module, loss) -> list[int]:
 
 def test_ddp_buckets_are_the_buckets_real_ddp_makes(tmp_path):
     """The simulator's all-reduce calls are the ones PyTorch DDP makes once it has rebuilt
-    its buckets: a first bucket of 1 MiB, then 25 MiB, in the order gradients arrive, a
-    large parameter alone."""
+    its buckets, at the cap every trainer gives it (the workload's dense_bucket_mb): in
+    the order gradients arrive, a large parameter alone."""
     import torch
 
     from fsbench.scaling.ddp_buckets import ddp_buckets
@@ -721,10 +722,11 @@ def test_ddp_buckets_are_the_buckets_real_ddp_makes(tmp_path):
     module = Params()
     for i, numel in enumerate(sizes):
         module.register_parameter(f"p{i}", torch.nn.Parameter(torch.ones(numel)))
-    seen = real_ddp_buckets(tmp_path, module, lambda ddp: ddp())
     # this module's gradients are ready in reverse registration order
-    assert [int(b) for b in ddp_buckets([4.0 * n for n in reversed(sizes)])] == seen
-    assert len(seen) == 2  # the case has more than one bucket to get right
+    for mb, buckets in ((25.0, 1), (2.0, 3), (1.0, 4)):
+        seen = real_ddp_buckets(tmp_path / str(mb), module, lambda ddp: ddp(), bucket_cap_mb=mb)
+        assert [int(b) for b in ddp_buckets([4.0 * n for n in reversed(sizes)], mb * 2**20)] == seen
+        assert len(seen) == buckets
 
 
 @pytest.mark.parametrize("preset,compute", [("tiny", "model"), ("comm-heavy", "model"),

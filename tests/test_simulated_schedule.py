@@ -107,3 +107,18 @@ def test_the_order_check_rejects_the_schedule_the_simulator_used_to_cost():
     early = [op for op in ops if op is not grad]
     early[first_bwd + 1:first_bwd + 1] = [grad, Compute("backward", 0.0)]
     assert not same_order(built.events(), StepProgram(tuple(early)).events())
+
+
+def test_smaller_dense_buckets_leave_a_smaller_last_bucket_after_the_backward():
+    """dense_bucket_mb (every trainer's DDP buckets): at 256 GPUs on `medium` the last
+    bucket, ready only when the backward ends, is DDP's default 25 MiB one's remainder;
+    with 1 MiB buckets it is at most 1 MiB and the rest hides under the backward."""
+    from fsbench.scaling.ddp_buckets import ddp_buckets, dense_grad_bytes
+
+    w = get_workload("medium")
+    default, small = (ddp_buckets(list(dense_grad_bytes(w)), mb * 2**20) for mb in (25.0, 1.0))
+    assert small[-1] < default[-1] / 2 and len(small) > len(default)
+    run = run_at(256)
+    fine = dataclasses.replace(run, workload=dataclasses.replace(run.workload, dense_bucket_mb=1.0))
+    for a, b in zip(steps_of(run), steps_of(fine)):
+        assert b["exposed_comm_ms"] < a["exposed_comm_ms"]

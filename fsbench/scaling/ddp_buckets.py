@@ -8,7 +8,6 @@ import functools
 from fsbench.config import WorkloadConfig
 
 DDP_BUCKET_BYTES = 25 * 2**20
-DDP_FIRST_BUCKET_BYTES = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 
 
 def dense_grad_bytes(workload: WorkloadConfig) -> tuple[float, ...]:
@@ -55,19 +54,20 @@ def _grad_ready_bytes(probe: WorkloadConfig, emulated: bool) -> tuple[float, ...
     return tuple(4.0 * params[i].numel() for i in order)
 
 
-def ddp_buckets(ready_bytes: list[float]) -> list[float]:
-    """Bytes of each all-reduce call PyTorch DDP makes with its default buckets once it
-    has rebuilt them after its first step: the parameters, in the order their gradients
-    are ready, fill a first bucket of 1 MiB, then buckets of 25 MiB; a bucket closes once
+def ddp_buckets(ready_bytes: list[float], cap_bytes: float = DDP_BUCKET_BYTES) -> list[float]:
+    """Bytes of each all-reduce call PyTorch DDP makes once it has rebuilt its buckets
+    after its first step: the parameters, in the order their gradients are ready, fill
+    buckets of `cap_bytes` (bucket_cap_mb: the workload's `dense_bucket_mb`, which every
+    trainer passes; DDP's 1 MiB first bucket is its default's only); a bucket closes once
     it reaches its cap, so a larger parameter fills one alone. Each call pays its own
     latency, which on a host of more ranks than cores is most of its cost (gloo at 16
     ranks on 2 cores: 72 ms per call, small or not)."""
-    out, current, cap = [], 0.0, DDP_FIRST_BUCKET_BYTES
+    out, current, cap = [], 0.0, cap_bytes
     for size in ready_bytes:
         current += size
         if current >= cap:
             out.append(current)
-            current, cap = 0.0, DDP_BUCKET_BYTES
+            current, cap = 0.0, cap_bytes
     if current > 0:
         out.append(current)
     return out

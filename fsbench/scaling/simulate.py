@@ -148,7 +148,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # ready last in backward; among themselves in reverse registration order).
     replicas = [rows * dim_bytes for rows in vocabs] if prof.tables.placement == "replicated" else []
     dense_bytes = list(dense_grad_bytes(w))
-    buckets = ddp_buckets(dense_bytes + replicas[::-1])
+    buckets = ddp_buckets(dense_bytes + replicas[::-1], w.dense_bucket_mb * 2**20)
     # How far into the backward each bucket is full: the encoder's gradients come through
     # it by bytes; a bucket holding a table's waits for its end.
     ready = np.minimum(1.0, np.cumsum(buckets) / (sum(dense_bytes) or 1.0))

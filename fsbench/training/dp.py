@@ -22,12 +22,12 @@ from fsbench.measurement.timeline import current, span
 from fsbench.training.trainer import Preparer, StepInput, StepStats
 
 
-def wrap_ddp(module: torch.nn.Module, ctx: RankContext, average: bool = True,
+def wrap_ddp(module: torch.nn.Module, ctx: RankContext, bucket_cap_mb: float, average: bool = True,
              after_last_bucket: Callable[[], None] | None = None) -> DistributedDataParallel:
     """DDP over `module`, its gradient all-reduce recorded as flights (fsbench.measurement.timeline:
     issue to completion, for `comm_overlap_ratio`). average=True is DDP's own arithmetic
     (divide by N, then sum); average=False sums, for trainers whose loss is already the
-    rank's share of the global loss.
+    rank's share of the global loss. bucket_cap_mb: the workload's `dense_bucket_mb`.
 
     after_last_bucket: called (from DDP's comm hook, on autograd's thread) once the step's
     last bucket's all-reduce is issued. A trainer that issues other collectives from
@@ -39,7 +39,7 @@ def wrap_ddp(module: torch.nn.Module, ctx: RankContext, average: bool = True,
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     # DDP broadcasts rank 0's weights at construction; models are built seeded, so the
     # replicas already agree and the broadcast only guards against drift.
-    ddp = DistributedDataParallel(module, device_ids=device_ids)
+    ddp = DistributedDataParallel(module, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb)
     n = ctx.world_size
 
     def timed_allreduce(group, bucket):
@@ -71,7 +71,7 @@ class DataParallelTrainer:
         model = build_model(run.workload, seed=run.seed).to(ctx.device)
         # Before DDP wraps it: the tables' optimizer may switch them to sparse gradients.
         self.optimizer = make_model_optimizer(model, run.workload)
-        self.model = wrap_ddp(model, ctx)
+        self.model = wrap_ddp(model, ctx, run.workload.dense_bucket_mb)
 
     def make_preparer(self) -> Preparer:
         """This rank's input stage: step -> its micro-batches (subclasses decide)."""
