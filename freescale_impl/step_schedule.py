@@ -15,13 +15,14 @@ from fsbench.training.step_program import (Bucket, Comm, Compute, HostSync, Issu
 
 def _exchange(comm: Comm, sm_free: bool) -> list[Op]:
     """Issuing one row exchange on the transport: the copy-engine transport first swaps
-    offsets (a small all-to-all read on the host) and stages behind a barrier
+    offsets (a small all-to-all read on the host: one host sync; its own offsets go over
+    from pinned memory without one) and stages behind a barrier
     (freescale_impl.transport.SmFreeTransport), then its pulls are the exchange."""
     if not sm_free:
         return [Issue(comm)]
     offsets = Comm(f"{comm.name}.offsets", "all_to_all", "offsets", next_step=False)
     barrier = Comm(f"{comm.name}.staged", "all_to_all", "barrier")
-    return [Issue(offsets), Wait(offsets, implicit=True), HostSync(), HostSync(),
+    return [Issue(offsets), Wait(offsets, implicit=True), HostSync(),
             Issue(barrier), Wait(barrier, implicit=True), Issue(comm)]
 
 

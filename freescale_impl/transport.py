@@ -14,9 +14,15 @@ collective  `torch.distributed.all_to_all_single` on the trainer's own group: gl
             NCCL on GPU (whose kernels run on SMs, competing with overlapped compute).
 sm_free     CUDA ranks with peer access: each rank stages its rows in a PyTorch
             symmetric-memory buffer and every peer *pulls* its slices with plain device
-            copies, which the copy engines carry (no kernel, no SM). Feature-detected
-            (`sm_free_unavailable`): asking for it where it cannot run is a one-line error
-            before any rank starts. NOT YET RUN ON A GPU.
+            copies (cudaMemcpyAsync, no kernel of ours). Between GPUs such a copy is a
+            peer DMA, which copy engines carry; within one GPU (one rank pulling from
+            itself) the driver may run it on SMs, as fast same-GPU copies suggest. The
+            device check samples SM utilization while the one-rank pull runs alone
+            (freescale_impl.transport_selftest) and says which; whether pulls between GPUs
+            are SM-free needs two GPUs and is not checked. One host sync per exchange:
+            the peers' offsets read back. Feature-detected (`sm_free_unavailable`): asking
+            for it where it cannot run is a one-line error before any rank starts. NOT
+            YET RUN ON A GPU.
 """
 from __future__ import annotations
 
@@ -67,6 +73,9 @@ class CollectiveTransport:
             work.get_future().then(lambda _: flight.finish())
         return Pending(name, output, work)
 
+    def close(self) -> None:
+        """Nothing of its own to free: the group is its owner's."""
+
 
 def sm_free_unavailable(device: torch.device | str, world_size: int) -> str | None:
     """Why `sm_free` cannot run here (one line), or None where it can."""
@@ -111,8 +120,8 @@ def pull_plan(row: int, recv_splits: list[int], peer_starts: list[int]) -> list[
 
 class SmFreeTransport:
     """Pull-based all-to-all over symmetric memory: rank r copies its slice out of every
-    peer's staging buffer with `Tensor.copy_` (a peer-to-peer cudaMemcpyAsync: copy
-    engines). Two barriers per exchange: the senders' rows are staged before anyone pulls,
+    peer's staging buffer with `Tensor.copy_` (cudaMemcpyAsync: a peer DMA between GPUs;
+    see the module docstring for one GPU). Two barriers per exchange: the senders' rows are staged before anyone pulls,
     and everyone has pulled before a buffer is reused.
 
     The flight ends at an event recorded on the copy stream right after the pulls (not
@@ -149,23 +158,19 @@ class SmFreeTransport:
         output = send.new_empty((sum(recv_splits), *send.shape[1:]))
         # Where my rows start in each peer's buffer (the peer's send splits to the ranks
         # before me): receivers know only their own recv splits, so exchange them.
-        starts = torch.tensor(send_starts(send_splits), dtype=torch.int64, device=self.device)
+        starts = offsets_to_device(send_starts(send_splits), self.device)
         peer_starts = torch.empty_like(starts)
         with span(f"{name}.issue", kind="comm"):
             flight = current().in_flight(name)
             dist.all_to_all_single(peer_starts, starts, group=self.group)
-            # note: a CPU-GPU sync point (the offsets are needed on the host to slice); torch's
-            # sync-debug mode sees it, so host_syncs_fwd_bwd_per_step counts it.
+            # note: a CPU-GPU sync point, the exchange's one (the offsets are needed on the
+            # host to slice); torch's sync-debug mode sees it, so host_syncs_fwd_bwd_per_step
+            # counts it.
             peer_starts = peer_starts.tolist()
             self.buffer[:nbytes].view(send.dtype)[:send.numel()].copy_(send.reshape(-1))
             self.handle.barrier()  # every rank has staged its rows
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self.stream), comm_launch(f"sm_free.{name}"):
-                for peer, src_at, dst_at, count in pull_plan(row, recv_splits, peer_starts):
-                    src = self.handle.get_buffer(peer, (self.buffer.numel() // send.element_size(),),
-                                                 send.dtype)
-                    output.view(-1)[dst_at:dst_at + count].copy_(src[src_at:src_at + count],
-                                                                 non_blocking=True)
+            self.pull(output, send.dtype, pull_plan(row, recv_splits, peer_starts), name)
             done = torch.cuda.Event()
             done.record(self.stream)
             flight.finish_on(self.stream)  # the pulls' end, on their stream
@@ -182,6 +187,39 @@ class SmFreeTransport:
 
         self._unfinished = Pending(name, output, finish=finish)
         return self._unfinished
+
+    def pull(self, output: torch.Tensor, dtype: torch.dtype, plan: list[tuple[int, int, int, int]],
+             name: str) -> None:
+        """The pulls of `plan` (pull_plan) into `output`, queued on the transport's stream
+        inside a comm annotation: the copies the device check samples SM utilization
+        under (freescale_impl.transport_selftest), so it judges the code that runs here."""
+        src_elements = self.buffer.numel() // torch.empty((), dtype=dtype).element_size()
+        with torch.cuda.stream(self.stream), comm_launch(f"sm_free.{name}"):
+            for peer, src_at, dst_at, count in plan:
+                src = self.handle.get_buffer(peer, (src_elements,), dtype)
+                output.view(-1)[dst_at:dst_at + count].copy_(src[src_at:src_at + count],
+                                                             non_blocking=True)
+
+    def close(self) -> None:
+        """Let go of the symmetric memory: the pending exchange finished, the device idle
+        (no pull still reads the buffer), then the buffer and its handle dropped, which
+        frees the allocation; the group stays its owner's to destroy."""
+        if self._unfinished is not None:
+            self._unfinished.wait()
+        torch.cuda.synchronize(self.device)  # note: a CPU-GPU sync point, at teardown only
+        self.handle = self.buffer = None
+
+
+def offsets_to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """A few int64 offsets on `device` without a host wait: on CUDA staged in pinned host
+    memory and copied `non_blocking` (a DMA queued on the current stream; torch's caching
+    host allocator keeps the pinned block until the copy ends). From pageable memory,
+    `torch.tensor(..., device=cuda)` makes the host wait for the stream: a second host
+    sync in every exchange, beside the offsets' read back."""
+    host = torch.tensor(values, dtype=torch.int64)
+    if torch.device(device).type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
 
 
 def make_transport(name: str, group, device: torch.device):

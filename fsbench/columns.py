@@ -57,6 +57,11 @@ COLUMNS: tuple[Column, ...] = (
     Column("exposed_comm_ratio", "exposed comm %", _pct, True, True, True),
     Column("input_stall_ratio", "input stall %", _pct, True, True, True),
     Column("other_idle_ratio", "other idle %", _pct, True, True, True),
+    # CUDA (None on CPU): the bubble with the timed steps' median time as denominator (the
+    # profiled bubble's steps are stretched by the profiler), and the share of the
+    # profiled steps spent in memory copies and sets (fsbench.measurement.profiled).
+    Column("bubble_ratio_timed", "bubble % (timed steps)", _pct, summary=True),
+    Column("memcpy_ratio", "memcpy %", _pct, summary=True),
     # Share of collectives' flight time hidden under compute (HTA's comm/compute overlap);
     # n/a for runs without flight records (recorded before trainers recorded them).
     Column("comm_overlap_ratio", "comm hidden %", _pct, True, True),

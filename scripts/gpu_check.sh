@@ -11,9 +11,13 @@
 # the self-tests (each CUDA measurement against a known truth), the runs. As each step
 # ends its line lands in $OUT/steps.tsv and $OUT/summary.json is rewritten; a trap
 # writes the final report on any exit (a failed step, a signal, the deadline), packs
-# every log, traceback, run and trace under $OUT/work into $OUT/work.tar.gz, and prints
-# the report. What comes back (at most 8 files): summary.json, summary.md, steps.tsv,
-# check.log, work.tar.gz, traces.tar.gz. NOT YET RUN ON A GPU.
+# every log, traceback, run and trace of the work folder into $OUT/work.tar.gz, and
+# prints the report. The work folder lives OUTSIDE $OUT (GPU_CHECK_WORK, default a fresh
+# temporary folder) and is packed in only at the end: killed too hard for the trap (a
+# SIGKILL), $OUT still holds four files (the summary so far among them), never a tree of
+# logs and traces that the device tool's file-count limit would cut. What comes back (at
+# most 8 files): summary.json, summary.md, steps.tsv, check.log, work.tar.gz,
+# traces.tar.gz. NOT YET RUN ON A GPU.
 #
 #   bash scripts/gpu_check.sh --dry-run   the same steps on CPU (tiny workload, a few
 #                                         steps; GPU-only steps listed as skipped, the
@@ -39,29 +43,35 @@ fi
 PY="${PY:-python3}"
 DEADLINE_S="${GPU_CHECK_DEADLINE_S:-540}"
 RESERVE_S="${GPU_CHECK_RESERVE_S:-25}"  # at the end: the full report and the packing
-# Seconds per step. Sum: 510 (15+75+40+40+40+45+90+35+35+45+35+15), under the deadline
+# Seconds per step. Sum: 510 (25+75+40+40+40+45+90+30+30+45+40+10), under the deadline
 # less the reserve. docs/gpu.md lists the same table (tests/test_gpu_check.py holds both).
+# The preflight tries NCCL, a kernel and GPM (~2 s beyond its imports). simulate replays
+# each trainer's step program at 8, 64 and 256 ranks on `small`: 44 s of CPU on the
+# 2-core CI VM, hence 40. Paid for by the two option runs (the same work as
+# run-freescale, caches warm) and the report (3-5 s on CPU).
 declare -A BUDGET=(
-  [preflight]=15 [selftests]=75 [run-ddp]=40 [run-freescale]=40 [freescale-sm-free]=40
-  [sm-contention]=45 [ground-truth]=90 [freescale-priority-off]=35 [freescale-blocking]=35
-  [calibrate]=45 [simulate]=35 [report]=15
+  [preflight]=25 [selftests]=75 [run-ddp]=40 [run-freescale]=40 [freescale-sm-free]=40
+  [sm-contention]=45 [ground-truth]=90 [freescale-priority-off]=30 [freescale-blocking]=30
+  [calibrate]=45 [simulate]=40 [report]=10
 )
 ORDER=(preflight selftests run-ddp run-freescale freescale-sm-free sm-contention ground-truth
        freescale-priority-off freescale-blocking calibrate simulate report)
 
-mkdir -p "$OUT/work/logs" "$OUT/work/tmp"
+mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
-WORK="$OUT/work"
+WORK="${GPU_CHECK_WORK:-$(mktemp -d -t fsbench-gpu-work.XXXXXX)}"
+mkdir -p "$WORK/logs" "$WORK/tmp"
+WORK="$(cd "$WORK" && pwd)"
 STEPS_TSV="$OUT/steps.tsv"
 CHECK_LOG="$OUT/check.log"
 : > "$STEPS_TSV"
 : > "$CHECK_LOG"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
-export TMPDIR="$WORK/tmp"                  # fsbench's internal-error logs land under $OUT
+export TMPDIR="$WORK/tmp"                  # fsbench's internal-error logs land in the work folder
 export NUMBA_CACHE_DIR="$WORK/numba-cache"  # numba's cache, not beside the sources
 export MPLCONFIGDIR="$WORK/mpl"
-SUMMARY_ARGS=("$OUT" "$DEVICE")
+SUMMARY_ARGS=("$OUT" "$DEVICE" --work "$WORK")
 [ "$DRY" = 1 ] && SUMMARY_ARGS+=(--dry-run)
 STOP_REASON=""
 CHILD=""         # the step running now (its `timeout`), for the signal trap
@@ -124,16 +134,22 @@ run() {  # run NAME WORKLOAD TRAINER [ARGS...]: one fsbench run on $DEVICE at wo
     --device "$DEVICE" --world-size 1 --steps "$STEPS" --warmup "$WARMUP" --store "$WORK/runs" "$@"
 }
 
-pack() {  # everything under work/ into two archives, each under the 16 MiB a file may be
-  (cd "$OUT" && find work -name 'kineto-*' > "$WORK/tmp/traces.txt" 2>/dev/null
-   tar -czf work.tar.gz --exclude='kineto-*' --exclude='work/tmp' work 2>> "$CHECK_LOG"
-   if [ -s work/tmp/traces.txt ]; then tar -czf traces.tar.gz -T work/tmp/traces.txt 2>> "$CHECK_LOG"; fi
-   for f in work.tar.gz traces.tar.gz; do
-     if [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt $(( 15 * 1024 * 1024 )) ]; then
-       echo "$f is over 15 MiB: left out (it would not come back)" >> check.log; rm -f "$f"
-     fi
-   done
-   rm -rf work)
+pack() {  # the work folder into two archives in $OUT (each under the 16 MiB a file may
+  # be; their members named work/...), then the folder removed
+  local parent base
+  parent="$(dirname "$WORK")"; base="$(basename "$WORK")"
+  (cd "$parent" && find "$base" -name 'kineto-*' > "$WORK/tmp/traces.txt" 2>/dev/null
+   tar -czf "$OUT/work.tar.gz" --transform "s|^$base|work|" --exclude='kineto-*' \
+     --exclude="$base/tmp" "$base" 2>> "$CHECK_LOG"
+   if [ -s "$WORK/tmp/traces.txt" ]; then
+     tar -czf "$OUT/traces.tar.gz" --transform "s|^$base|work|" -T "$WORK/tmp/traces.txt" 2>> "$CHECK_LOG"
+   fi)
+  for f in "$OUT/work.tar.gz" "$OUT/traces.tar.gz"; do
+    if [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt $(( 15 * 1024 * 1024 )) ]; then
+      echo "$(basename "$f") is over 15 MiB: left out (it would not come back)" >> "$CHECK_LOG"; rm -f "$f"
+    fi
+  done
+  rm -rf "$WORK"
 }
 
 finish() {  # on any exit: the final report, the archives, the report printed
@@ -178,7 +194,8 @@ run run-freescale "$WORKLOAD" freescale
 if [ "$DRY" = 1 ]; then skip freescale-sm-free "needs CUDA ranks"
 else run freescale-sm-free "$WORKLOAD" freescale --set freescale.transport=sm_free; fi
 
-# 4. A GEMM alone, beside an SM copy, beside copy-engine copies (<1 s of GPU work).
+# 4. A GEMM alone, beside an SM copy, beside the other copies (<1 s of GPU work), each copy
+#    labelled by GPM SM utilization while it ran alone (~0.5 s each).
 if [ "$DRY" = 1 ]; then skip sm-contention "needs a GPU"
 else step sm-contention "$PY" -m fsbench.cli micro sm-contention --gemm-size 8192 \
   --bytes 268435456 --repeats 20 --out "$WORK/micro"; fi

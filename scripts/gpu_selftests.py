@@ -2,9 +2,11 @@
 
     python scripts/gpu_selftests.py OUT_JSON [WORK_DIR] [quick|ground-truth|all]
 
-Runs fsbench.measurement.selftests (flight, compute span, host sync, Kineto busy, SM
-occupancy), freescale_impl.transport_selftest (the copy-engine transport's copies are
-communication) and the ground truth on CUDA (fsbench.running.groundtruth.cuda_selftest),
+Runs fsbench.measurement.selftests (flight, compute span, host sync, Kineto busy, the
+sleep kernel's warm calibration, SM occupancy), fsbench.measurement.copy_engines (what
+moves a same-GPU and a pinned host-to-device copy), freescale_impl.transport_selftest
+(the copy-engine transport's copies are communication, one host sync an exchange, what
+moves its one-rank pull) and the ground truth on CUDA (fsbench.running.groundtruth.cuda_selftest),
 each guarded, and rewrites OUT_JSON after every one: a step killed at its budget still
 leaves what finished. `quick` is every test but the ground truth (seconds), which the
 check runs as a step of its own (a minute). Without CUDA (the dry run) every test is
@@ -22,9 +24,11 @@ from pathlib import Path
 import torch
 
 from fsbench.measurement import selftests
+from fsbench.measurement.copy_engines import copies_on_copy_engines
 from fsbench.measurement.device_sleep import sleep_kernel
 from fsbench.running.groundtruth import cuda_selftest
-from freescale_impl.transport_selftest import sm_free_copies_are_communication
+from freescale_impl.transport_selftest import (sm_free_copies_are_communication, sm_free_exchange_syncs_once,
+                                               sm_free_pull_sm_util)
 
 
 def planned(device, work: Path) -> list[tuple[str, object]]:
@@ -35,8 +39,12 @@ def planned(device, work: Path) -> list[tuple[str, object]]:
         ("compute_span_of_known_kernels", lambda: selftests.compute_span_of_known_kernels(device, work, sleep())),
         ("planted_host_sync_counted_once", lambda: selftests.planted_host_sync_counted_once(device)),
         ("kineto_busy_of_known_sequence", lambda: selftests.kineto_busy_of_known_sequence(device, work, sleep())),
+        ("sleep_lengths_match_nominal", lambda: selftests.sleep_lengths_match_nominal(device, sleep())),
         ("sm_occupancy_busy_and_idle", lambda: selftests.sm_occupancy_busy_and_idle(device)),
+        ("copies_on_copy_engines", lambda: copies_on_copy_engines(device)),
         ("sm_free_copies_are_communication", lambda: sm_free_copies_are_communication(device, work)),
+        ("sm_free_exchange_syncs_once", lambda: sm_free_exchange_syncs_once(device)),
+        ("sm_free_pull_sm_util", lambda: sm_free_pull_sm_util(device)),
         ("ground_truth_on_cuda", lambda: cuda_selftest(work)),
     ]
 

@@ -65,8 +65,9 @@ def test_the_dry_run_passes_on_cpu_writes_its_report_and_leaves_the_checkout_as_
     assert doc["elapsed_s"] <= DEADLINE_S and doc["preflight"]["missing"] == []
     assert {t["name"] for t in doc["selftests"]} == {
         "flight_of_known_delay", "compute_span_of_known_kernels", "planted_host_sync_counted_once",
-        "kineto_busy_of_known_sequence", "sm_occupancy_busy_and_idle",
-        "sm_free_copies_are_communication", "ground_truth_on_cuda"}
+        "kineto_busy_of_known_sequence", "sleep_lengths_match_nominal", "sm_occupancy_busy_and_idle",
+        "copies_on_copy_engines", "sm_free_copies_are_communication", "sm_free_exchange_syncs_once",
+        "sm_free_pull_sm_util", "ground_truth_on_cuda"}
     assert all(t["passed"] is None for t in doc["selftests"])  # no CUDA: not run, said so
     assert sorted(r["options"] for r in doc["runs"]) == [
         "defaults", "defaults", "overlap=off, priority=off", "priority=off"]
@@ -74,6 +75,10 @@ def test_the_dry_run_passes_on_cpu_writes_its_report_and_leaves_the_checkout_as_
     assert all("sm_occupancy_reason" in r and r["sm_occupancy_reason"] for r in doc["runs"])
     md = (out / "summary.md").read_text()
     assert "| run-ddp | exit 0 |" in md and "## Not checked on one GPU" in md
+    assert "dry run" in md.splitlines()[0]
+    gpu = doc["preflight"]["gpu"]  # the probes ran (on CPU), and no GPM is the environment's
+    assert gpu["collective"]["ok"] and gpu["kernel"]["ok"] and gpu["gpm"]["environment"]
+    assert all(r["checks"] and all(c["verdict"] != "FAILED" for c in r["checks"]) for r in doc["runs"])
 
 
 def _stub_python(tmp_path: Path, body: str) -> Path:
@@ -110,12 +115,13 @@ def test_a_hung_step_is_cut_at_the_deadline_and_the_report_is_still_written(tmp_
 @pytest.mark.dist  # wall-clock waits: as above
 def test_a_killed_check_still_leaves_its_report(tmp_path):
     """SIGTERM in the middle of a step: the trap writes the report of what ran."""
-    out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "PY": str(_stub_python(tmp_path, "sleep 600"))}
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, "OUT": str(out), "GPU_CHECK_WORK": str(work),
+           "PY": str(_stub_python(tmp_path, "sleep 600"))}
     proc = subprocess.Popen(["bash", str(SCRIPT), "--dry-run"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and "run-ddp" not in _ran_steps(out):
+    while time.monotonic() < deadline and "run-ddp" not in _ran_steps(work):
         time.sleep(0.5)  # until the preflight and self-tests are done and run-ddp hangs
     time.sleep(1)
     os.kill(proc.pid, signal.SIGTERM)
@@ -127,7 +133,33 @@ def test_a_killed_check_still_leaves_its_report(tmp_path):
     assert doc["complete"] and not doc["ok"] and (out / "work.tar.gz").exists()
 
 
-def _ran_steps(out: Path) -> str:
-    """The steps started so far: their logs exist."""
-    logs = out / "work" / "logs"
+@pytest.mark.dist  # wall-clock waits: as above
+def test_the_work_folder_stays_outside_out_and_a_hard_kill_leaves_the_summary(tmp_path):
+    """SIGKILL (no trap runs) while run-ddp hangs: $OUT holds only the report so far, the
+    steps and the log, never the work tree of logs, runs and traces (before: work/ inside
+    $OUT until packed, which the device tool's file-count limit could cut, the summary
+    with it)."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, "OUT": str(out), "GPU_CHECK_WORK": str(work),
+           "PY": str(_stub_python(tmp_path, "sleep 600"))}
+    proc = subprocess.Popen(["bash", str(SCRIPT), "--dry-run"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "run-ddp" not in _ran_steps(work):
+            time.sleep(0.5)
+        time.sleep(1)
+        assert sorted(p.name for p in out.iterdir()) == ["check.log", "steps.tsv", "summary.json", "summary.md"]
+        assert (work / "preflight.json").exists()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the check, its step and the step's children
+        proc.wait(timeout=30)
+    doc = json.loads((out / "summary.json").read_text())
+    assert [s["step"] for s in doc["steps"]] == ["preflight", "selftests"]
+    assert doc["preflight"]["gpu"]["collective"]["ok"] and "dry run" in (out / "summary.md").read_text()
+
+
+def _ran_steps(work: Path) -> str:
+    """The steps started so far: their logs exist in the work folder."""
+    logs = work / "logs"
     return " ".join(p.stem for p in logs.glob("*.log")) if logs.is_dir() else ""

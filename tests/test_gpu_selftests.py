@@ -1,6 +1,8 @@
 """The CUDA measurements against truths known on one GPU (fsbench.measurement.selftests,
-freescale_impl.transport_selftest, fsbench.running.groundtruth.cuda_selftest): the same
-code the device check runs (scripts/gpu_selftests.py). Each fails on a wrong reading;
+fsbench.measurement.copy_engines, freescale_impl.transport_selftest,
+fsbench.running.groundtruth.cuda_selftest), and the device check's preflight probes and
+CUDA calibration: the same code the device check runs (scripts/gpu_selftests.py,
+scripts/gpu_preflight.py, fsbench calibrate). Each fails on a wrong reading;
 without a CUDA device each is skipped, saying so. NOT YET RUN ON A GPU."""
 import pytest
 import torch
@@ -64,3 +66,85 @@ def test_the_ground_truth_workloads_on_cuda_are_within_tolerance_of_closed_form(
     from fsbench.running.groundtruth import cuda_selftest
 
     _check(cuda_selftest(tmp_path))
+
+
+def test_the_sleep_kernel_runs_its_nominal_lengths_after_a_warm_calibration(device, sleep):
+    _check(selftests.sleep_lengths_match_nominal(device, sleep))
+
+
+def _verdict_or_skip(result: selftests.SelfTest) -> None:
+    if result.passed is None:
+        pytest.skip(result.detail)
+    _check(result)
+
+
+def test_what_moves_a_same_gpu_and_a_pinned_copy_is_measured_with_both_controls_holding(device):
+    from fsbench.measurement.copy_engines import copies_on_copy_engines
+
+    result = copies_on_copy_engines(device)
+    _verdict_or_skip(result)
+    assert {c["copy"] for c in result.record["copies"]} == {"sm_kernel_copy", "same_gpu_copy", "pinned_h2d_copy"}
+
+
+def test_an_sm_free_exchange_syncs_the_host_once(device):
+    from freescale_impl.transport_selftest import sm_free_exchange_syncs_once
+
+    _verdict_or_skip(sm_free_exchange_syncs_once(device))
+
+
+def test_the_one_rank_sm_free_pull_gets_a_verdict_on_what_moves_it(device):
+    from freescale_impl.transport_selftest import sm_free_pull_sm_util
+
+    result = sm_free_pull_sm_util(device)
+    _verdict_or_skip(result)
+    assert result.record["copies"][0]["moved_by"] in ("copy engine", "SM")
+
+
+def test_a_failing_transport_self_test_frees_its_symmetric_memory_and_nccl_group(device):
+    import torch.distributed as dist
+
+    from freescale_impl.transport import sm_free_unavailable
+    from freescale_impl.transport_selftest import one_rank_transport
+
+    why = sm_free_unavailable(device, 1)
+    if why:
+        pytest.skip(why)
+    with pytest.raises(RuntimeError, match="half-way"):
+        with one_rank_transport(device) as transport:
+            assert dist.get_backend() == "nccl"
+            raise RuntimeError("failed half-way")
+    assert transport.buffer is None and transport.handle is None and not dist.is_initialized()
+
+
+def test_the_preflight_runs_a_one_rank_nccl_all_reduce_a_kernel_and_two_gpm_samples():
+    import importlib.util
+    from pathlib import Path
+
+    from fsbench.measurement.nvml import gpm_probe
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_preflight.py"
+    spec = importlib.util.spec_from_file_location("gpu_preflight", path)
+    preflight = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(preflight)
+    assert preflight.one_rank_all_reduce("cuda:0") == {"backend": "nccl", "value": 2048.0}
+    assert preflight.one_kernel("cuda:0")["value"] > 0
+    probe = gpm_probe(0)
+    assert probe["ok"] or probe["error"], probe  # a reading, or NVML's reason for none
+    if probe["ok"]:
+        assert probe["sm_util"] is not None
+
+
+def test_the_replicated_tables_calibration_on_cuda_runs_ddp_over_nccl():
+    import dataclasses
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from fsbench.costmodel.timing import measure_replicated_ns_per_element
+    from fsbench.workloads.presets import tiny
+
+    w = dataclasses.replace(tiny(), item_vocab=20_000)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        ns = measure_replicated_ns_per_element(w, device="cuda", repeats=2)
+    ops = {e.name for e in prof.events()}
+    assert ns > 0 and "torch.distributed.ddp.reducer::copy_bucket_to_grad" in ops
+    assert "nccl:all_reduce" in ops, sorted(o for o in ops if "nccl" in o.lower())

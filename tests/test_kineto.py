@@ -252,6 +252,38 @@ def test_hidden_communication_comes_from_the_kernel_record_when_it_gives_busy_ti
                           for s in range(4)])
     out = metrics.summarize(spans, stats, gpu)
     assert (out["comm_overlap_ratio"], out["comm_overlap_source"]) == (pytest.approx(0.25), "kineto")
-    # the same run without a kernel record: flights against compute spans
-    out = metrics.summarize(spans.assign(profiled=False), stats)
+    # the same CUDA run without a kernel record (no profiled window, or no kernels in it):
+    # no figure and a note saying why, never flights against host spans (two clocks)
+    for gpu_busy in (None, gpu.assign(busy_ns=0, comm_ns=0, comm_overlap_ns=0, kernels=0)):
+        out = metrics.summarize(spans.assign(profiled=gpu_busy is not None and spans["step"].eq(1)),
+                                stats, gpu_busy)
+        assert (out["comm_overlap_ratio"], out["comm_overlap_source"]) == (None, None)
+        assert out["comm_overlap_note"].startswith("CUDA run with no"), out["comm_overlap_note"]
+    # a CPU run (thread CPU time, no CUDA events): flights against compute spans
+    out = metrics.summarize(spans.assign(profiled=False, gpu_ns=None), stats)
     assert (out["comm_overlap_ratio"], out["comm_overlap_source"]) == (pytest.approx(1.0), "flights")
+
+
+def test_a_cuda_run_reports_the_bubble_on_the_timed_steps_clock_and_its_copies():
+    """Profiled steps stretched to 40 ms by the profiler with 20 ms busy and 4 ms of copies;
+    timed steps of 25 ms. Beside the profiled bubble (1 - 20/40), the timed-clock bubble is
+    1 - 20/25, and memcpy_ratio the copies' share of the profiled steps (before: neither
+    was reported, and copies hid in other idle). CPU runs have neither."""
+    ms = 1_000_000
+    rows = []
+    for step, t, profiled in ((0, 50, False), (1, 40, True), (2, 40, True), (3, 25, False), (4, 25, False)):
+        for name, kind in (("step", "step"), ("forward", "compute")):
+            rows.append({"rank": 0, "step": step, "warmup": step == 0, "name": name, "kind": kind,
+                         "start_ns": step * 100 * ms, "dur_ns": t * ms, "cpu_ns": t * ms, "runq_ns": 0,
+                         "profiled": profiled, "gpu_ns": 20 * ms if kind == "compute" else None})
+    spans = pd.DataFrame(rows)
+    gpu = pd.DataFrame([{"step": s, "rank": 0, "busy_ns": 20 * ms, "comm_ns": 0, "comm_overlap_ns": 0,
+                         "memcpy_ns": 4 * ms, "kernels": 5} for s in (1, 2)])
+    stats = pd.DataFrame([{"rank": 0, "step": s, "loss": 1.0, "num_samples": 4, "num_targets": 8}
+                          for s in range(5)])
+    out = metrics.summarize(spans, stats, gpu)
+    assert out["bubble_ratio"] == pytest.approx(0.5)
+    assert out["bubble_ratio_timed"] == pytest.approx(1 - 20 / 25)
+    assert out["memcpy_ratio"] == pytest.approx(4 / 40)
+    cpu = metrics.summarize(spans.assign(profiled=False, gpu_ns=None), stats)
+    assert cpu["bubble_ratio_timed"] is None and cpu["memcpy_ratio"] is None

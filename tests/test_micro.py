@@ -48,8 +48,11 @@ def _synthetic_record():
     alone = ([1.0, 1.1, 0.9], [1.0, 1.0, 1.0])           # median 1.0 ms
     gemm = [(10.0, 11.2), (11.2, 12.4), (12.4, 13.6)]    # 1.2 ms each
     copies = [(9.0 + 0.5 * i, 9.5 + 0.5 * i) for i in range(12)]  # 9.0 .. 15.0, busy
-    beside = {"sm_copy": {"gemm": gemm, "copies": copies, "copy_alone_ms": [0.4, 0.4, 0.5]},
-              "ce_h2d": {"gemm": gemm[:2], "copies": [(10.0, 11.0)], "copy_alone_ms": [2.0]}}
+    # SM utilization read while each copy ran alone: the same-GPU copy's 0.62 refutes its
+    # "copy engine" claim; the pinned host-to-device copy reads 0.
+    beside = {"sm_copy": {"gemm": gemm, "copies": copies, "copy_alone_ms": [0.4, 0.4, 0.5], "sm_util": 0.9},
+              "ce_d2d": {"gemm": gemm, "copies": copies, "copy_alone_ms": [0.1], "sm_util": 0.62},
+              "ce_h2d": {"gemm": gemm[:2], "copies": [(10.0, 11.0)], "copy_alone_ms": [2.0], "sm_util": 0.0}}
     meta = {"device": "Fake GPU", "torch": "0.0"}
     return micro.build_record(meta, 1000, 4_000_000, 3, alone, beside)
 
@@ -71,6 +74,22 @@ def test_record_holds_slowdowns_tflops_and_bandwidths():
     assert h2d["overlap"] == pytest.approx(1.0 / 2.4)
     assert r["alone_drift"] == pytest.approx(1.0)
     json.dumps(r)  # storable as is
+
+
+def test_a_copy_is_labelled_by_the_sm_utilization_read_while_it_ran_alone():
+    """ce_d2d (a same-GPU copy_) is a copy engine's by its call, but at 0.62 SM utilization
+    alone it ran on SMs: labelled so, with the claim beside it, and the table says what
+    that means. Without a reading the claim stays, marked unverified (before: every
+    copy was labelled by its name alone)."""
+    r = _synthetic_record()
+    d2d, h2d = r["conditions"]["ce_d2d"], r["conditions"]["ce_h2d"]
+    assert (d2d["moved_by"], d2d["moved_by_claimed"], d2d["copy_sm_util_alone"]) == ("SM", "copy engine", 0.62)
+    assert (h2d["moved_by"], h2d["copy_sm_util_reason"]) == ("copy engine", None)
+    assert "note: ce_d2d moved its bytes on SM" in micro.format_table(r)
+    assert "note: ce_h2d" not in micro.format_table(r)
+    blind = micro.moved_by("ce_d2d", None, "GPM not supported on Tesla T4")
+    assert blind["moved_by"] == "copy engine (unverified)"
+    assert blind["copy_sm_util_reason"] == "GPM not supported on Tesla T4"
 
 
 def test_table_shows_every_condition_and_warns_about_uncovered_gemms():
@@ -190,6 +209,10 @@ def test_measure_on_a_stand_in_runs_every_condition_and_builds_a_record():
     fake = _fake_torch()
     record = micro.sm_contention(fake, 64, 4096, 2, device="cpu")
     assert list(record["conditions"]) == ["alone", "sm_copy", "ce_d2d", "ce_h2d"]
+    # no GPU, no GPM: every copy keeps its claim, marked unverified, with NVML's reason
+    for kind in ("sm_copy", "ce_d2d", "ce_h2d"):
+        c = record["conditions"][kind]
+        assert c["moved_by"].endswith("(unverified)") and c["copy_sm_util_reason"], c
     assert len(record["conditions"]["alone"]["gemm_ms"]) == 4      # 2 first + 2 last
     for kind, c in record["conditions"].items():
         assert len(c["gemm_ms"]) == (4 if kind == "alone" else 2)
@@ -208,4 +231,8 @@ def test_sm_contention_runs_on_a_gpu(tmp_path, capsys):
     assert {"alone", "sm_copy", "ce_d2d", "ce_h2d"} <= set(record["conditions"])
     for c in record["conditions"].values():
         assert c["gemm_tflops"] > 0
+    h2d = record["conditions"]["ce_h2d"]
+    if h2d["copy_sm_util_alone"] is not None:  # where GPM reads: the DMA control holds
+        assert h2d["moved_by"] == "copy engine", h2d
+        assert record["conditions"]["sm_copy"]["moved_by"] == "SM"
     assert "| condition" in capsys.readouterr().out

@@ -239,7 +239,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     judged = table[table["judged"]]
     worst = float(judged["abs_error"].max()) if len(judged) else float("nan")
     loud = list(table[table["cpu_wait_ratio"] > TRUTH_MAX_CPU_WAIT]["case"].unique())
-    unjudged = list(table[~table["judged"]]["case"].unique())
+    # Rows that cannot differ at this world size are not evidence, nor inconclusive.
+    unjudged = list(table[~table["judged"] & table["not_checked"].isna()]["case"].unique())
     ok = bool(judged["ok"].all())
     if args.format == "json":
         print(dumps({"ok": ok, "inconclusive": bool(unjudged), "worst_abs_error": worst,

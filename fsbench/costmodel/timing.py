@@ -6,10 +6,7 @@ them too)."""
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
 import statistics
-import tempfile
 import time
 
 import torch
@@ -117,46 +114,47 @@ def measure_replicated_ns_per_element(workload: WorkloadConfig, device: str = "c
     """A replica's table work per step at the workload's real table sizes, per element:
     a small batch's lookups, their backward into dense gradients (every row zeroed, then
     scattered into), PyTorch DDP's copies of those gradients into and out of its buckets
-    and its all-reduce at one rank (a gloo group of one, made here when none exists: the
-    copies touch every row, as they do in every replicated trainer), and the optimizer's
-    step over every row; divided by all tables' elements. What DDP-style trainers pay per
-    step whatever the batch."""
+    and its all-reduce at one rank, and the optimizer's step over every row; divided by
+    all tables' elements. What DDP-style trainers pay per step whatever the batch.
+
+    DDP runs on a world of one made here when none exists (fsbench.training.dist.
+    one_rank_group), on CUDA as on CPU: NCCL there, gloo here. Its bucket copies touch
+    every row, as they do in every replicated trainer; a CUDA calibration without them
+    under-books DDP-style trainers in `simulate --cluster-fit`."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    from fsbench.training.dist import one_rank_group
     from fsbench.training.optim import SPARSE_GRADIENTS, make_table_optimizer
 
     w = dataclasses.replace(workload, global_batch_size=samples)
     sparse = build_model(w, seed=0).sparse.to(device)
     sparse.sparse_gradients(w.table_optimizer in SPARSE_GRADIENTS)
     batch = SyntheticBatches(w, seed=CALIBRATION_SEED).global_batch(0).to(device)
-    own_group = device == "cpu" and not dist.is_initialized()
-    tmp = tempfile.mkdtemp(prefix="fsbench-calibrate-") if own_group else None
-    if own_group:
-        dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1),
-                                rank=0, world_size=1)
-    try:
+    cuda = torch.device(device).type == "cuda"
+    with one_rank_group(device) as group:
+        # At one rank only: inside a rank of a larger world an all-reduce would wait for
+        # ranks that are not calibrating.
         work = _TableWork(sparse)
-        if own_group:
-            work = DistributedDataParallel(work)
+        if dist.get_world_size(group) == 1:
+            index = torch.device(device).index if cuda else None
+            work = DistributedDataParallel(
+                work, process_group=group,
+                device_ids=[torch.cuda.current_device() if index is None else index] if cuda else None)
         opt = make_table_optimizer(sparse.parameters(), w)
         times = []
         for i in range(1 + repeats):
             if i == 1 and start is not None:  # co-running processes line up after the warm-up
                 start.wait()
-            if device == "cuda":
+            if cuda:
                 torch.cuda.synchronize()  # note: CPU-GPU sync point, so the timer sees the work
             t0 = time.perf_counter()
             work(batch).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            if device == "cuda":
+            if cuda:
                 torch.cuda.synchronize()  # note: CPU-GPU sync point
             if i >= 1:
                 times.append(time.perf_counter() - t0)
-    finally:
-        if own_group:
-            dist.destroy_process_group()
-            shutil.rmtree(tmp, ignore_errors=True)
     elements = sum(p.numel() for p in sparse.parameters())
     return statistics.median(times) * 1e9 / elements

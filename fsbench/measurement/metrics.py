@@ -57,7 +57,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsbench.measurement.profiled import comm_overlap_ratio, kernel_rows, overlap_on_one_clock, profiler_overhead
+from fsbench.measurement.profiled import (comm_overlap_ratio, kernel_rows, overlap_on_one_clock,
+                                          profiler_overhead, timed_bubble)
 from fsbench.measurement.speed_probe import probe_ns_per_step
 
 CAUSES = ("straggler", "exposed_comm", "input_stall", "other_idle")
@@ -126,12 +127,15 @@ def rank_step_table(spans: pd.DataFrame, gpu_busy: pd.DataFrame | None = None) -
     out = bounds.join(sums, how="left").fillna({"busy": 0, "comm": 0, "input": 0})
     out = out.rename(columns={"busy": "busy_ns", "comm": "comm_wait_ns", "input": "input_wait_ns",
                               "step_runq_ns": "runq_ns", "dur_ns": "span_ns"})
+    out["memcpy_ns"] = 0
     if gpu_busy is not None and len(gpu_busy):
         g = kernel_rows(gpu_busy).set_index(["step", "rank"])
         rows = out.index.intersection(g.index)
         out.loc[rows, "busy_ns"] = g.loc[rows, "busy_ns"]
         out.loc[rows, "comm_wait_ns"] = g.loc[rows, "comm_ns"] - g.loc[rows, "comm_overlap_ns"]
-    for col in ("busy_ns", "comm_wait_ns", "input_wait_ns", "runq_ns"):
+        if "memcpy_ns" in g:  # copies and sets: neither busy nor communication (kineto)
+            out.loc[rows, "memcpy_ns"] = g.loc[rows, "memcpy_ns"]
+    for col in ("busy_ns", "comm_wait_ns", "input_wait_ns", "runq_ns", "memcpy_ns"):
         out[col] = out[col].astype("int64")
     return out.reset_index()
 
@@ -213,6 +217,7 @@ def step_metrics(spans: pd.DataFrame, gpu_busy: pd.DataFrame | None = None) -> p
             # Per-rank skew: the slowest rank against the typical one (1.0 = no skew).
             "busy_skew": float(bmax / np.median(busy)) if np.median(busy) > 0 else 1.0,
             "runq_ns": float(g["runq_ns"].sum()), "span_ns": float(g["span_ns"].sum()),
+            "memcpy_ns": float(g["memcpy_ns"].sum()),
         }
         for name, values in parts.items():
             row[f"{name}_ns"] = float(values.sum())
@@ -328,8 +333,14 @@ def summarize(spans: pd.DataFrame, stats: pd.DataFrame,
         worker_cpu = input_cpu[input_cpu["step"].isin(m["step"])]
         own = float(worker_cpu["cpu_ns"].sum() / m["span_ns"].sum())
     out["input_worker_cpu_ratio"] = own
-    out.update(overlap_on_one_clock(spans, gpu_busy, m))
+    cuda = gpu_busy is not None or ("gpu_ns" in spans and bool(spans["gpu_ns"].notna().any()))
+    out.update(overlap_on_one_clock(spans, gpu_busy, m, cuda))
     out.update(profiler_overhead(m, timed))
+    # CUDA: the bubble on the timed steps' clock beside the profiled one, and the share of
+    # the profiled steps the GPU spent in memory copies (neither busy nor communication:
+    # a copy that runs on SMs reads as other idle): fsbench.measurement.profiled.
+    out["bubble_ratio_timed"] = timed_bubble(m, timed)
+    out["memcpy_ratio"] = float(m["memcpy_ns"].sum() / cap) if gpu_busy is not None and cap > 0 else None
     out["cpu_steal_ratio"] = steal_ticks / total_ticks if total_ticks > 0 else 0.0
     out.update(contention(m, spans, threads_runq, own, out["cpu_steal_ratio"]))
     for key in RATIO_KEYS:

@@ -23,6 +23,19 @@ MIB = 1024 * 1024
 # The default tick is 0.1 s: each tick takes the GIL, and a Python-bound training thread
 # (e.g. the ground-truth spin) then loses that time; at 0.05 s it cost ~1% of wall time.
 GPM_MIN_WINDOW_NS = 100_000_000
+# Reasons that the environment, not fsbench, decides: no GPU or NVML, a GPU without GPM,
+# MIG, and NVML's own words (pynvml's NVMLError strings) for counters the host hides
+# (a container without profiling rights, another client such as a profiler holding them).
+# A self-test that meets one is "not run: environment", never FAILED
+# (fsbench.measurement.selftests).
+ENVIRONMENT_LIMITS = ("no GPU", "GPM not supported", "MIG mode", "NVML could not open",
+                      "Insufficient Permissions", "Not Supported", "In use by another client",
+                      "Function Not Found", "Driver Not Loaded", "Library Not Found")
+
+
+def environment_limit(reason: str | None) -> bool:
+    """True when `reason` (a GPM reason or error) is the environment's limit."""
+    return bool(reason) and any(m.lower() in reason.lower() for m in ENVIRONMENT_LIMITS)
 
 
 def _cuda_pci_bus_id(index: int) -> str | None:
@@ -167,9 +180,11 @@ class NvmlSampler:
             return None, None
         self._bufs = [cur, prev]
         self._prev_t_ns = t_ns
-        out = []
-        for m in req.metrics[:2]:
-            out.append(float(m.value) if m.nvmlReturn == pynvml.NVML_SUCCESS else None)
+        out = [float(m.value) if m.nvmlReturn == pynvml.NVML_SUCCESS else None for m in req.metrics[:2]]
+        if out == [None, None]:
+            # Both metrics refused while the sample itself worked (counters the host
+            # hides): say why, or they would read as missing values with no reason.
+            self.gpm_error = f"GPM metrics failed ({pynvml.NVMLError(req.metrics[0].nvmlReturn)})"
         return out[0], out[1]
 
     def sample(self, t_ns: int) -> dict:
@@ -203,3 +218,28 @@ class NvmlSampler:
                 pynvml.nvmlShutdown()  # NVML is reference counted: one per nvmlInit
             except Exception:
                 pass
+
+
+def gpm_probe(index: int, gap_s: float = 0.15) -> dict:
+    """Two GPM samples `gap_s` apart (over NVML's 100 ms minimum) on CUDA device `index`,
+    as the monitor takes them: whether this machine gives SM occupancy at all, before any
+    run depends on it. `error` is NVML's reason when not, and `environment` whether that
+    reason is the environment's (ENVIRONMENT_LIMITS) rather than fsbench's."""
+    import time
+
+    sampler = NvmlSampler(index)
+    try:
+        out = {"ok": False, "sm_occupancy": None, "sm_util": None, "error": sampler.gpm_reason}
+        if sampler.gpm_reason is None:
+            t0 = time.monotonic_ns()
+            sampler.begin(t0)
+            time.sleep(gap_s)
+            row = sampler.sample(time.monotonic_ns())
+            out.update(sm_occupancy=row["sm_occupancy"], sm_util=row["sm_util"], error=sampler.gpm_error)
+            out["ok"] = row["sm_occupancy"] is not None and sampler.gpm_error is None
+            if not out["ok"] and out["error"] is None:
+                out["error"] = "GPM sampled without error but gave no SM occupancy"
+        out["environment"] = environment_limit(out["error"])
+        return out
+    finally:
+        sampler.close()

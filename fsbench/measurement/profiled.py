@@ -34,7 +34,11 @@ def busy_source(gpu_busy: pd.DataFrame | None, profiled_steps: set[int], events:
     their CUDA-event busy time (None when nothing fell back)."""
     fallback = "cuda_events" if events else "thread_cpu_time"
     if gpu_busy is None:
-        return {"busy_source": fallback, "busy_source_note": None}
+        # A CUDA run with no kernel record at all (too short to profile, or the profiler
+        # wrote nothing): say so, since its bubble is then CUDA-event time.
+        note = ("no profiled window with kernels: busy time is CUDA-event time, and no "
+                "communication overlap is measured") if events else None
+        return {"busy_source": fallback, "busy_source_note": note}
     rows = gpu_busy[gpu_busy["step"].isin(profiled_steps)] if profiled_steps else gpu_busy
     kept = kernel_rows(rows)
     empty = sorted(set(rows["step"].astype(int)) - set(kept["step"].astype(int)))
@@ -65,15 +69,35 @@ def profiler_overhead(profiled: pd.DataFrame, timed: pd.DataFrame) -> dict:
 
 
 def overlap_on_one_clock(spans: pd.DataFrame, gpu_busy: pd.DataFrame | None,
-                         measured: pd.DataFrame) -> dict:
-    """comm_overlap_ratio and its `comm_overlap_source`: the kernel record's where it gives
-    the busy time (fsbench.measurement.profiled: flights and host spans are two clocks on
-    CUDA), else flights against compute spans (CPU runs)."""
+                         measured: pd.DataFrame, cuda: bool = False) -> dict:
+    """comm_overlap_ratio, its `comm_overlap_source` and `comm_overlap_note`: the kernel
+    record's where it has kernels in the profiled steps, flights against compute spans on
+    CPU runs. A CUDA run without kernels in its profiled window gets no figure and a note
+    saying so: never flights against host spans, which are two clocks there."""
     steps = set(measured.loc[measured["profiled"], "step"].astype(int))
     if gpu_busy is not None and steps and len(kernel_rows(gpu_busy[gpu_busy["step"].isin(steps)])):
-        return {"comm_overlap_ratio": kernel_comm_overlap(gpu_busy, steps), "comm_overlap_source": "kineto"}
+        return {"comm_overlap_ratio": kernel_comm_overlap(gpu_busy, steps), "comm_overlap_source": "kineto",
+                "comm_overlap_note": None}
+    if cuda:
+        why = "no profiled window" if not steps or gpu_busy is None else "no kernel in the profiled window"
+        return {"comm_overlap_ratio": None, "comm_overlap_source": None,
+                "comm_overlap_note": f"CUDA run with {why}: not measured (flights and host spans "
+                                     "are two clocks)"}
     ratio = comm_overlap_ratio(spans)
-    return {"comm_overlap_ratio": ratio, "comm_overlap_source": None if ratio is None else "flights"}
+    return {"comm_overlap_ratio": ratio, "comm_overlap_source": None if ratio is None else "flights",
+            "comm_overlap_note": None}
+
+
+def timed_bubble(profiled: pd.DataFrame, timed: pd.DataFrame) -> float | None:
+    """The bubble on the timed steps' clock: 1 - median(profiled busy) / median(timed step
+    time), busy being the ranks' mean. The profiled `bubble_ratio` divides by steps that
+    ran under the profiler, whose host overhead stretches them; this one divides by steps
+    without it (busy time is the kernels', which the profiler barely slows). None without
+    a profiled window apart from the timed steps (CPU runs)."""
+    if profiled is timed or not len(profiled) or not len(timed):
+        return None
+    step_ms = float(timed["step_time_ms"].median())
+    return 1.0 - float(profiled["busy_mean_ms"].median()) / step_ms if step_ms > 0 else None
 
 
 def comm_overlap_ratio(spans: pd.DataFrame) -> float | None:

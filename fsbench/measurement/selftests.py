@@ -23,14 +23,13 @@ from fsbench.measurement import kineto
 from fsbench.measurement.device_sleep import SleepKernel
 from fsbench.measurement.host_syncs import HostSyncCounter
 from fsbench.measurement.monitor import RankMonitor
+from fsbench.measurement.nvml import environment_limit
 from fsbench.measurement.timeline import Timeline
 
 RELATIVE_TOLERANCE = 0.05  # the issue's 5%: far above launch latency (~10 us of 50 ms)
 BUSY_OCCUPANCY_MIN = 0.25  # warps resident over the maximum, under a wide elementwise kernel
 BUSY_SM_UTIL_MIN = 0.80    # share of SMs busy under the same kernel
 IDLE_MAX = 0.05            # both, with nothing running
-# Reasons (fsbench.measurement.nvml) that mean this GPU has no GPM to test.
-NO_GPM = ("no GPU", "GPM not supported", "MIG mode", "NVML could not open")
 
 
 @dataclasses.dataclass
@@ -43,6 +42,7 @@ class SelfTest:
     tolerance: str      # what "within" means, in words
     passed: bool | None  # None: could not run here (`detail` says why)
     detail: str = ""
+    record: dict | None = None  # what a reader needs beyond one number (copies' verdicts)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -166,6 +166,22 @@ def kineto_busy_of_known_sequence(device, work_dir: Path, sleep: SleepKernel) ->
                     f"step window {window:.1f} ms, {int(row['kernels'])} kernels")
 
 
+def sleep_lengths_match_nominal(device, sleep: SleepKernel, lengths_ms=(10.0, 30.0),
+                                rel: float = 0.02) -> SelfTest:
+    """The sleep kernel, calibrated warm (fsbench.measurement.device_sleep), runs its
+    nominal lengths: the ground truth's expected ratios take them as they are, so a clock
+    error of a few % would eat its 0.03 tolerance. Passes when the calibration settled
+    (two medians within 1%) and each length is within `rel`."""
+    measured = [sleep.time_ms(lambda ms=ms: sleep.launch(ms)) for ms in lengths_ms]
+    worst = max(abs(m / ms - 1) for m, ms in zip(measured, lengths_ms))
+    cal = sleep.calibration
+    return SelfTest("sleep_lengths_match_nominal", f"sleep kernels of {', '.join(f'{ms:g}' for ms in lengths_ms)} ms, "
+                    "calibrated warm", worst, 0.0, "relative error", f"within {rel:.0%}, calibration settled",
+                    bool(cal["settled"] and worst <= rel),
+                    f"measured {', '.join(f'{m:.3f}' for m in measured)} ms; calibration settled "
+                    f"{cal['settled']} after {cal['rounds']} rounds (medians {cal['medians_ms']})")
+
+
 def _occupancy(device, work) -> dict:
     monitor = RankMonitor(device, interval_s=0.1)
     monitor.start()
@@ -189,20 +205,27 @@ def sm_occupancy_busy_and_idle(device, seconds: float = 0.6) -> SelfTest:
             torch.cuda.synchronize(device)  # note: keeps the queue short, so stop() is on time
     loaded = _occupancy(device, busy)
     idle = _occupancy(device, lambda: time.sleep(seconds))
+    return judge_occupancy(loaded, idle)
+
+
+def judge_occupancy(loaded: dict, idle: dict) -> SelfTest:
+    """The occupancy self-test's verdict from the monitor's summaries under load and idle.
+    Where the environment gives no GPM (pre-Hopper, MIG, no NVML, counters the host hides:
+    fsbench.measurement.nvml.environment_limit) it is not run, saying so; a GPU with GPM
+    that gave no reading has failed."""
+    name, what = "sm_occupancy_busy_and_idle", "elementwise kernels back to back, then idle"
     occ, util = loaded["sm_occupancy"], loaded["sm_util"]
     if occ is None or util is None:
-        # Not run where GPM does not exist (pre-Hopper, MIG, no NVML); a Hopper that gave
-        # no reading (a failed sample, no window) has failed.
         why = loaded["sm_occupancy_reason"] or "no reading"
-        return SelfTest("sm_occupancy_busy_and_idle", "elementwise kernels back to back, then idle",
-                        None, None, "fraction", "", None if why.startswith(NO_GPM) else False, why)
+        if environment_limit(why):
+            return SelfTest(name, what, None, None, "fraction", "", None, f"not run: environment: {why}")
+        return SelfTest(name, what, None, None, "fraction", "", False, why)
     occ, util = occ / 100, util / 100
     idle_occ = (idle["sm_occupancy"] or 0) / 100
     idle_util = (idle["sm_util"] or 0) / 100
     ok = (occ >= BUSY_OCCUPANCY_MIN and util >= BUSY_SM_UTIL_MIN and idle["sm_occupancy"] is not None
           and idle_occ <= IDLE_MAX and idle_util <= IDLE_MAX)
-    return SelfTest("sm_occupancy_busy_and_idle", "elementwise kernels back to back, then idle",
-                    occ, BUSY_OCCUPANCY_MIN, "fraction",
+    return SelfTest(name, what, occ, BUSY_OCCUPANCY_MIN, "fraction",
                     f"busy: occupancy >= {BUSY_OCCUPANCY_MIN}, SM util >= {BUSY_SM_UTIL_MIN}; "
                     f"idle: both <= {IDLE_MAX}", ok,
                     f"busy SM util {util:.3f}; idle occupancy {idle_occ:.3f}, SM util {idle_util:.3f}")

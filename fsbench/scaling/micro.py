@@ -15,8 +15,10 @@ conditions:
               kernel whose thread blocks, resident on SMs, load and store every byte, the
               way NCCL's kernels move data. It competes for SMs and for memory bandwidth.
     ce_d2d    beside `dst.copy_(src)` of contiguous same-dtype device buffers: PyTorch
-              issues cudaMemcpyAsync device-to-device, a DMA that the driver runs on a copy
-              engine. It competes for memory bandwidth, not (by that reading) for SMs.
+              issues cudaMemcpyAsync device-to-device. Whether the driver runs it on a
+              copy engine or on SMs is not documented; at ~3 TB/s on an H100 (90% of HBM
+              bandwidth, more than copy engines are known to give) probably SMs. Its
+              label comes from the measurement below, not from its name.
     ce_h2d    beside `dst.copy_(pinned_host, non_blocking=True)`: a host-to-device DMA
               over PCIe on a copy engine; it competes for neither much.
     ce_peer   (two GPUs with peer access only) beside `peer_dst.copy_(src)` to GPU 1: a
@@ -29,10 +31,15 @@ copies' own events. `slowdown` = median GEMM time beside the copies / median GEM
 alone (1.00: no effect). Copy bandwidth is bytes copied per second (each byte is read once
 and written once), alone and while beside the GEMMs.
 
-Reading it: sm_copy slower than ce_d2d means the SM copy takes SMs from the GEMM; ce_d2d
-near 1.00 means memory-bandwidth contention alone costs little. If ce_d2d slowed the GEMM
-as much as sm_copy, the driver would be running same-device copies on SMs: ce_h2d is the
-case that certainly uses a copy engine.
+What moves each copy's bytes is measured, not assumed: NVML GPM SM utilization sampled
+while the copy runs alone (fsbench.measurement.copy_engines), about 0 on a copy engine.
+`moved_by` is that verdict ("SM", "copy engine"), or the claim of COPIES marked
+unverified where GPM gave no reading (`moved_by_claimed`, `copy_sm_util_alone` and
+`copy_sm_util_reason` beside it); the table notes a copy whose verdict refutes its claim.
+
+Reading it: sm_copy slower than a copy-engine copy means the SM copy takes SMs from the
+GEMM; a copy engine's near 1.00 means memory-bandwidth contention alone costs little.
+ce_h2d is the case that certainly uses a copy engine (its verdict checks the method).
 """
 from __future__ import annotations
 
@@ -55,7 +62,7 @@ COPIES = {  # name: (what moves the bytes, the call and why it runs there)
     "sm_copy": ("SM", "torch.add(src, 0, out=dst): an elementwise kernel; its thread blocks "
                       "on the SMs load and store every byte"),
     "ce_d2d": ("copy engine", "dst.copy_(src), contiguous, same device: cudaMemcpyAsync "
-                              "device-to-device, a DMA on a copy engine"),
+                              "device-to-device; the driver picks copy engine or SMs"),
     "ce_h2d": ("copy engine", "dst.copy_(pinned_host_src, non_blocking=True): "
                               "cudaMemcpyAsync host-to-device over PCIe, a copy engine"),
     "ce_peer": ("copy engine", "peer_dst.copy_(src) to GPU 1 (peer access): cudaMemcpyAsync "
@@ -128,7 +135,7 @@ def build_record(meta: dict, n: int, nbytes: int, repeats: int,
         median = statistics.median(gemm_ms)
         window = (m["gemm"][0][0], m["gemm"][-1][1])
         conditions[kind] = {
-            "moved_by": COPIES[kind][0], "copy": COPIES[kind][1],
+            **moved_by(kind, m.get("sm_util"), m.get("sm_util_reason")), "copy": COPIES[kind][1],
             "gemm_ms_median": median, "gemm_tflops": gemm_tflops(n, median),
             "slowdown": median / alone_ms,
             "copy_gb_per_s_alone": gb_per_s(nbytes, statistics.median(m["copy_alone_ms"])),
@@ -142,6 +149,18 @@ def build_record(meta: dict, n: int, nbytes: int, repeats: int,
             "copy_bytes": nbytes, "repeats": repeats, "warmup": WARMUP,
             "alone_drift": statistics.median(last) / statistics.median(first),
             "conditions": conditions}
+
+
+def moved_by(kind: str, sm_util: float | None, reason: str | None) -> dict:
+    """A copy's label from GPM SM utilization read while it ran alone (copy_engines.verdict),
+    beside the claim of COPIES; the claim, marked unverified, where there is no reading."""
+    from fsbench.measurement.copy_engines import verdict
+
+    claimed = COPIES[kind][0]
+    found = verdict(sm_util)
+    return {"moved_by": found if sm_util is not None else f"{claimed} (unverified)",
+            "moved_by_claimed": claimed, "copy_sm_util_alone": sm_util,
+            "copy_sm_util_reason": None if sm_util is not None else reason or "not measured"}
 
 
 def format_table(record: dict) -> str:
@@ -171,6 +190,11 @@ def format_table(record: dict) -> str:
     if short:
         out.append(f"warning: copies did not cover the GEMMs in {', '.join(short)}: "
                    "that slowdown understates the effect (use larger --bytes)")
+    for kind, c in record["conditions"].items():
+        if c.get("copy_sm_util_alone") is not None and c["moved_by"] != c["moved_by_claimed"]:
+            out.append(f"note: {kind} moved its bytes on {c['moved_by']} (GPM SM util "
+                       f"{c['copy_sm_util_alone']:.2f} alone), not on {c['moved_by_claimed']}: "
+                       "its slowdown is that of a copy on " + c["moved_by"])
     if abs(record["alone_drift"] - 1) > MAX_DRIFT:
         out.append(f"warning: the GEMM alone ran {record['alone_drift']:.3f}x as long at the "
                    "end as at the start (clocks changed): compare slowdowns with care")
@@ -237,9 +261,15 @@ def copy_ops(torch, device, nbytes: int) -> dict:
     return ops
 
 
-def measure(torch, device, n: int, nbytes: int, repeats: int):
-    """Time the GEMM alone, beside each copy, and alone again. Returns the arguments of
-    build_record after meta: (alone, beside)."""
+def measure(torch, device, n: int, nbytes: int, repeats: int, sm_util=None):
+    """Time the GEMM alone, beside each copy, and alone again; read SM utilization while
+    each copy runs alone (`sm_util(op)` -> (fraction or None, why); default: GPM through
+    fsbench.measurement.copy_engines). Returns the arguments of build_record after meta:
+    (alone, beside)."""
+    if sm_util is None:
+        from fsbench.measurement.copy_engines import sm_util_while
+
+        sm_util = lambda op: sm_util_while(torch.device(device), op)  # noqa: E731
     cuda = torch.cuda
     a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
     c = torch.empty_like(a)
@@ -257,7 +287,9 @@ def measure(torch, device, n: int, nbytes: int, repeats: int):
         copy_ms = durations(timeline(torch, side, rounds, copy=copy)[1][WARMUP:])
         k = copies_per_gemm(statistics.median(first), statistics.median(copy_ms))
         gemms, copies = timeline(torch, side, rounds, gemm=gemm, copy=copy, copies_per_round=k)
-        beside[kind] = {"gemm": gemms[WARMUP:], "copies": copies, "copy_alone_ms": copy_ms}
+        util, why = sm_util(copy)
+        beside[kind] = {"gemm": gemms[WARMUP:], "copies": copies, "copy_alone_ms": copy_ms,
+                        "sm_util": util, "sm_util_reason": why}
     return (first, gemm_alone()), beside
 
 

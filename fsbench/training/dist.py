@@ -6,6 +6,7 @@ worker runs unchanged on a laptop and across nodes.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from dataclasses import dataclass
@@ -75,4 +76,36 @@ def init_distributed(backend: str, device: str, timeout_s: float = 300.0) -> Ran
 
 def shutdown() -> None:
     if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def one_rank_backend(device: torch.device | str) -> str:
+    """The backend a world of one uses on `device`: the runs' own (NCCL on CUDA, so the
+    same communicator code runs where it is timed or checked), gloo elsewhere."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+@contextlib.contextmanager
+def one_rank_group(device: torch.device | str):
+    """A world of one in this process, for code that needs a process group outside a run
+    (the calibration's DDP, the device check's preflight and self-tests), on an in-memory
+    store (nothing to reach). Yields the world group and destroys it on the way out, also
+    on an exception: a communicator left behind holds NCCL's buffers and threads, and a
+    second init in the same process would fail. Inside a rank (a group exists already)
+    it yields that group and leaves it alone."""
+    if dist.is_initialized():
+        yield dist.group.WORLD
+        return
+    device = torch.device(device)
+    options = {}
+    if device.type == "cuda":
+        # device_id binds the communicator to this GPU now (eager init), so a broken NCCL
+        # fails here, at the group, and not at the first collective.
+        index = torch.cuda.current_device() if device.index is None else device.index
+        options["device_id"] = torch.device("cuda", index)
+    dist.init_process_group(one_rank_backend(device), store=dist.HashStore(), rank=0,
+                            world_size=1, **options)
+    try:
+        yield dist.group.WORLD
+    finally:
         dist.destroy_process_group()

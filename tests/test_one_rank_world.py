@@ -1,0 +1,88 @@
+"""A world of one made outside a run (fsbench.training.dist.one_rank_group): the backend the
+runs use on the device, a group torn down on every way out, and the code that needs it
+(the replicated tables' calibration under DDP, the transport self-tests' cleanup) on CPU
+with gloo. The CUDA side (NCCL) is in tests/test_gpu_selftests.py."""
+import dataclasses
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from fsbench.training.dist import one_rank_backend, one_rank_group
+from fsbench.workloads.presets import tiny
+
+
+def test_a_world_of_one_uses_the_runs_backend_and_is_gone_after_an_exception():
+    assert (one_rank_backend("cuda:0"), one_rank_backend(torch.device("cuda")), one_rank_backend("cpu")) == (
+        "nccl", "nccl", "gloo")
+    with pytest.raises(RuntimeError, match="half-way"):
+        with one_rank_group("cpu") as group:
+            x = torch.ones(4)
+            dist.all_reduce(x, group=group)
+            assert dist.get_world_size(group) == 1 and x.tolist() == [1.0] * 4
+            raise RuntimeError("a self-test failed half-way")
+    assert not dist.is_initialized()
+
+
+def test_a_world_that_exists_is_used_and_left_alone():
+    with one_rank_group("cpu") as outer:
+        with one_rank_group("cpu") as inner:
+            assert inner is outer
+        assert dist.is_initialized()  # the inner block did not destroy its caller's group
+    assert not dist.is_initialized()
+
+
+def _ops_during(fn) -> set[str]:
+    """The CPU-side ops the profiler saw while `fn` ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.name for e in prof.events()}
+
+
+def test_the_replicated_calibration_times_ddps_all_reduce_whoever_made_the_group():
+    """The replicated tables' calibration runs under DDP on a world of one, so its bucket
+    copies and all-reduce are timed. Before, it did so only on CPU when it made the group
+    itself: on CUDA (and wherever a group existed) it timed the tables without DDP and
+    `simulate --cluster-fit` under-booked DDP-style trainers. Here a one-rank gloo world
+    exists already, as a CUDA calibration's NCCL one does: DDP's all-reduce must still run."""
+    from fsbench.costmodel.timing import measure_replicated_ns_per_element
+
+    w = dataclasses.replace(tiny(), item_vocab=2_000, user_vocab=500)
+    with one_rank_group("cpu"):
+        ops = _ops_during(lambda: measure_replicated_ns_per_element(w, repeats=1, samples=4))
+    assert "gloo:all_reduce" in ops, "no all-reduce ran: DDP was not around the replicated tables"
+    assert "torch.distributed.ddp.reducer::copy_bucket_to_grad" in ops, "DDP's bucket copies were not timed"
+    assert not dist.is_initialized()
+
+
+class _Closing:
+    """Stands in for the transport only to see that it is closed (nothing is measured)."""
+
+    closed = 0
+
+    def __init__(self, group, device) -> None:
+        self.group = group
+
+    def close(self) -> None:
+        _Closing.closed += 1
+
+
+def test_the_transport_self_tests_free_their_transport_and_group_when_one_fails():
+    from freescale_impl.transport_selftest import one_rank_transport
+
+    _Closing.closed = 0
+    with pytest.raises(ValueError):
+        with one_rank_transport(torch.device("cpu"), make=_Closing) as transport:
+            assert dist.get_world_size(transport.group) == 1
+            raise ValueError("an assertion inside the self-test")
+    assert _Closing.closed == 1 and not dist.is_initialized()
+
+
+def test_both_transports_can_be_closed():
+    from freescale_impl.transport import CollectiveTransport, SmFreeTransport
+
+    assert callable(CollectiveTransport.close) and callable(SmFreeTransport.close)
+    with one_rank_group("cpu") as group:
+        CollectiveTransport(group).close()
