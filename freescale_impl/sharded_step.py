@@ -15,6 +15,7 @@ The dense part is replicated under DDP; the tables live in shards
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,7 @@ from fsbench.training.trainer import StepInput, StepStats
 from freescale_impl.embedding_exchange import ShardedEmbeddings
 from freescale_impl.exchange_plan import Request, Service, build_request
 from freescale_impl.sharded_tables import LocalShard, RowLayout, gather_tables
+from freescale_impl.node_transport import node_split_transport
 from freescale_impl.transport import Pending, make_transport
 
 
@@ -73,7 +75,11 @@ class ShardedTableTrainer:
         # reverse), and may stay in flight across the step boundary.
         group = dist.new_group(backend=ctx.backend)
         self.layout = layout
-        self.engine = ShardedEmbeddings(layout, shard, make_transport(opts.transport, group, ctx.device),
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))  # ranks a node (torchrun's)
+        transport = (node_split_transport(group, ctx.device, local, opts.comm_ctas)
+                     if opts.transport == "sm_free" and ctx.world_size > local
+                     else make_transport(opts.transport, group, ctx.device))
+        self.engine = ShardedEmbeddings(layout, shard, transport,
                                         group, ctx.rank, opts.chunks or (4 if ctx.device.type == "cuda" else 1), overlap=opts.overlap == "on",
                                         priority=opts.priority == "on")
         self.engine.grads_after_dense = True

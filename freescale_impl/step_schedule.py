@@ -9,35 +9,48 @@ counts, ids, fresh_mask (the requests' three messages), samples (data=sharded's
 exchange), offsets and barrier (the copy-engine transport's own collectives)."""
 from __future__ import annotations
 
+import dataclasses
+
 from fsbench.training.step_program import (Bucket, Comm, Compute, HostSync, Issue, Op, StepProgram, Wait,
                                            ddp_backward)
 
 
-def _exchange(comm: Comm, sm_free: bool) -> list[Op]:
-    """Issuing one row exchange on the transport: the copy-engine transport first swaps
-    offsets (a small all-to-all read on the host: one host sync; its own offsets go over
-    from pinned memory without one) and stages behind a barrier
-    (freescale_impl.transport.SmFreeTransport), then its pulls are the exchange."""
-    if not sm_free:
+def _exchange(comm: Comm, mode: str) -> list[Op]:
+    """Issuing one row exchange on the transport (`mode`: collective | sm_free | sm_free
+    between nodes). The copy-engine transport first swaps offsets (a small all-to-all read
+    on the host: one host sync; its own offsets go over from pinned memory without one)
+    and stages behind a barrier (freescale_impl.transport.SmFreeTransport), then its pulls
+    are the exchange. Between nodes it does so for the node's rows only, while NCCL carries
+    the other nodes' rows, its CTAs capped (freescale_impl.node_transport)."""
+    if mode == "collective":
         return [Issue(comm)]
-    offsets = Comm(f"{comm.name}.offsets", "all_to_all", "offsets", next_step=False)
-    barrier = Comm(f"{comm.name}.staged", "all_to_all", "barrier")
-    return [Issue(offsets), Wait(offsets, implicit=True), HostSync(),
-            Issue(barrier), Wait(barrier, implicit=True), Issue(comm)]
+    node = dataclasses.replace(comm, name=f"{comm.name}.node", scope="node") if mode == "sm_free_nodes" else comm
+    offsets = Comm(f"{node.name}.offsets", "all_to_all", "offsets", scope=node.scope)
+    barrier = Comm(f"{node.name}.staged", "all_to_all", "barrier", scope=node.scope)
+    ops = [Issue(offsets), Wait(offsets, implicit=True), HostSync(),
+           Issue(barrier), Wait(barrier, implicit=True), Issue(node)]
+    if mode == "sm_free_nodes":
+        ops.append(Issue(dataclasses.replace(comm, name=f"{comm.name}.nodes", scope="nodes")))
+    return ops
 
 
-def _arrived(comm: Comm, sm_free: bool) -> list[Op]:
-    if not sm_free:
+def _arrived(comm: Comm, mode: str) -> list[Op]:
+    if mode == "collective":
         return [Wait(comm)]
-    freed = Comm(f"{comm.name}.pulled", "all_to_all", "barrier")
-    return [Wait(comm), Issue(freed), Wait(freed, implicit=True)]
+    node = dataclasses.replace(comm, name=f"{comm.name}.node", scope="node") if mode == "sm_free_nodes" else comm
+    freed = Comm(f"{node.name}.pulled", "all_to_all", "barrier", scope=node.scope)
+    ops = [Wait(node), Issue(freed), Wait(freed, implicit=True)]
+    if mode == "sm_free_nodes":
+        ops.append(Wait(dataclasses.replace(comm, name=f"{comm.name}.nodes", scope="nodes")))
+    return ops
 
 
-def sharded_step_program(exchange: str, chunks: int, routing: str, sm_free: bool,
+def sharded_step_program(exchange: str, chunks: int, routing: str, transport: str,
                          buckets: list[Bucket], sample_exchange: bool = False) -> StepProgram:
     """The steady-state step (neither the first nor the last two) of
     `ShardedTableTrainer`: exchange is blocking | overlapped | prioritized; routing host |
-    exchanged (the requests' counts and ids travel over the steps before)."""
+    exchanged (the requests' counts and ids travel over the steps before); transport
+    collective | sm_free | sm_free_nodes (sm_free beyond one node)."""
     chunks = 1 if exchange == "blocking" else chunks
     priority = exchange == "prioritized"
     rows = "fresh_rows" if priority else "rows"
@@ -58,35 +71,35 @@ def sharded_step_program(exchange: str, chunks: int, routing: str, sm_free: bool
     mask = Comm("emb.fresh_mask", "all_to_all", "fresh_mask")
     if not priority:
         for f in fetch:  # every row of this step, now
-            ops += _exchange(f, sm_free)
+            ops += _exchange(f, transport)
     if exchange == "blocking":  # every row before anything else
-        ops += [w for f in fetch for w in _arrived(f, sm_free)]
+        ops += [w for f in fetch for w in _arrived(f, transport)]
     if exchanged:
         ops += [Wait(ids), Issue(counts)]  # the next step's ids; counts two steps ahead
         if priority:
             ops += [Issue(mask)]
     elif priority:
-        ops += _exchange(final, sm_free)  # host routing: the next step's final rows, now
+        ops += _exchange(final, transport)  # host routing: the next step's final rows, now
     ops += [Compute("forward", 0.0)]
     if exchange != "blocking":
         # The encoder reads every item row before its first layer: it waits for every
         # chunk there (the rows arrive chunk by chunk in reading order).
-        ops += ([w for w in _arrived(final, sm_free)] if priority else [])
-        ops += [w for f in fetch for w in _arrived(f, sm_free)]
+        ops += ([w for w in _arrived(final, transport)] if priority else [])
+        ops += [w for f in fetch for w in _arrived(f, transport)]
     ops += [Compute("forward", 1.0)]
     if exchanged:
         if priority:
             ops += [Wait(mask), HostSync()]  # the next step's plan from the fresh masks
-            ops += _exchange(final, sm_free)
+            ops += _exchange(final, transport)
         ops += [Wait(counts), HostSync(), Issue(ids)]  # counts read on the host: the ids' splits
     # Gradient chunks go after DDP's last bucket (one order of collectives on every rank),
     # last-consumed first; the blocking version sends its one after the backward.
-    sends = [o for g in reversed(grads) for o in _exchange(g, sm_free)]
+    sends = [o for g in reversed(grads) for o in _exchange(g, transport)]
     ops += ddp_backward(buckets, after_last=tuple(sends) if exchange != "blocking" else ())
     if exchange == "blocking":
         ops += sends
-    ops += [w for g in reversed(grads) for w in _arrived(g, sm_free)]
+    ops += [w for g in reversed(grads) for w in _arrived(g, transport)]
     ops += [Compute("table_update")]
     if priority:  # the next step's fresh rows, first in line, after the update made them
-        ops += [o for f in fetch for o in _exchange(f, sm_free)]
+        ops += [o for f in fetch for o in _exchange(f, transport)]
     return StepProgram((*ops, Compute("optimizer")))

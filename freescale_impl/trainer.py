@@ -54,6 +54,7 @@ from freescale_impl.balanced_share import PARTITIONERS, BalancedShare
 from freescale_impl.routing import OwnRequest, RoutedShare, check_routing, choose_routing
 from freescale_impl.sample_exchange import exchange_samples
 from freescale_impl.sharded_step import ShardedTableTrainer
+from freescale_impl.node_transport import NCCL_DEFAULT_CTAS
 from freescale_impl.step_schedule import sharded_step_program
 from freescale_impl.transport import sm_free_unavailable
 
@@ -90,6 +91,9 @@ class FreeScaleOptions(TrainerOptions):
     """Pieces each step's embedding exchange is cut into, in the model's reading order
     (0: auto, 1 on CPU and 4 on CUDA)."""
     transport: Literal["collective", "sm_free"] = "collective"
+    comm_ctas: int = field(default=0, metadata={"min": 0})
+    """sm_free beyond one node: the CTAs (SMs) NCCL may use for the rows between nodes
+    (0: NCCL's own limit; freescale_impl.node_transport). NOT YET RUN ON A GPU."""
     routing: Literal["auto", "host", "exchanged"] = "auto"
     """Sharded tables, replicated input: who learns what each owner serves. host: every
     rank's input stage computes every rank's requests (O(N x local batch)); exchanged:
@@ -169,10 +173,13 @@ class FreeScaleTrainer(DataParallelTrainer):
         chunks = (opts.chunks or 4) if exchange != "blocking" else 1  # auto: 4 on GPUs, where projected
         # Its step as ops, each switch as set (freescale_impl.step_schedule): the
         # simulator costs what the trainer runs.
-        def program(buckets):
+        def program(buckets, gpus_per_node: int):
             if not sharded_tables:
                 return ddp_program(buckets)
-            return sharded_step_program(exchange, chunks, routing, opts.transport == "sm_free", buckets,
+            transport = opts.transport  # sm_free beyond a node splits each exchange by node
+            if transport == "sm_free" and world_size > gpus_per_node:
+                transport = "sm_free_nodes"
+            return sharded_step_program(exchange, chunks, routing, transport, buckets,
                                         sample_exchange=opts.data == "sharded")
 
         return SimProfile(tables=FreeScaleTrainer.table_memory(options, world_size),
@@ -181,7 +188,8 @@ class FreeScaleTrainer(DataParallelTrainer):
                           route=route if sharded_tables else None,
                           sample_exchange=opts.data == "sharded",
                           window=opts.window if opts.balance == "on" else 1,
-                          chunks=chunks, program=program)
+                          chunks=chunks, program=program,
+                          nodes_sm_share=min(1.0, opts.comm_ctas / NCCL_DEFAULT_CTAS) if opts.comm_ctas else 1.0)
 
     @staticmethod
     def input_stage(workload, options: dict[str, str], n: int, routing: str, repeats: int,

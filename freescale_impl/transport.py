@@ -77,8 +77,10 @@ class CollectiveTransport:
         """Nothing of its own to free: the group is its owner's."""
 
 
-def sm_free_unavailable(device: torch.device | str, world_size: int) -> str | None:
-    """Why `sm_free` cannot run here (one line), or None where it can."""
+def sm_free_unavailable(device: torch.device | str, world_size: int, local_size: int | None = None) -> str | None:
+    """Why `sm_free` cannot run here (one line), or None where it can. Beyond one node
+    (`local_size` ranks a node, by default this host's GPUs) every node holds as many ranks
+    and the exchange splits by node (freescale_impl.node_transport)."""
     if getattr(device, "type", device) != "cuda" or not torch.cuda.is_available():
         return "it needs CUDA ranks (this run's device is cpu)"
     try:
@@ -86,10 +88,13 @@ def sm_free_unavailable(device: torch.device | str, world_size: int) -> str | No
     except ImportError:
         return f"torch {torch.__version__} has no torch.distributed._symmetric_memory"
     count = torch.cuda.device_count()
-    if world_size > count:
-        return f"it needs one local GPU per rank ({world_size} ranks, {count} GPUs)"
-    for a in range(world_size):
-        for b in range(world_size):
+    local = min(world_size, local_size or count)
+    if local > count:
+        return f"it needs one local GPU per rank ({local} ranks a node, {count} GPUs)"
+    if world_size % local:
+        return f"every node needs as many ranks ({world_size} ranks, {local} a node)"
+    for a in range(local):
+        for b in range(local):
             if a != b and not torch.cuda.can_device_access_peer(a, b):
                 return f"GPUs {a} and {b} have no peer access"
     return None
@@ -223,6 +228,7 @@ def offsets_to_device(values: list[int], device: torch.device) -> torch.Tensor:
 
 
 def make_transport(name: str, group, device: torch.device):
+    """Within one node (sm_free beyond one: freescale_impl.node_transport)."""
     if name == "collective":
         return CollectiveTransport(group)
     if name == "sm_free":

@@ -8,7 +8,6 @@ import dataclasses
 import pytest
 
 from fsbench.config import RunConfig
-from fsbench.errors import ConfigError
 from fsbench.scaling.sim_inputs import CLUSTERS
 from fsbench.scaling.simulate import profile_of, scaled_workload, simulate_run
 from fsbench.training.step_program import Bucket, HostSync, StepProgram
@@ -32,10 +31,18 @@ def steps_of(run: RunConfig, cluster=H100, **profile_changes):
     return simulate_run(run, cluster, "unused", profile=profile, planner_time=False)[1][1:]
 
 
-def test_sm_free_is_refused_across_nodes_as_the_trainer_refuses_it():
-    steps_of(run_at(8, transport="sm_free"))  # inside a node: it runs
-    with pytest.raises(ConfigError, match=r"refuses to start across nodes \(h100 has 8 GPUs a node"):
-        steps_of(run_at(16, transport="sm_free"))
+def test_sm_free_beyond_a_node_splits_each_exchange_and_its_capped_ctas_take_fewer_sms():
+    """Beyond one node each row exchange is the node's rows on copy engines and the other
+    nodes' on NCCL (freescale_impl.node_transport): both in the program, and the part
+    between nodes slows the compute it overlaps by its share of NCCL's CTAs."""
+    program = profile_of("freescale", trainer_options("freescale", {**SHARDED, "transport": "sm_free"}),
+                         16).program([Bucket(1.0, 1.0)], 8)
+    names = {op.comm.name for op in program.ops if hasattr(op, "comm")}
+    assert {"emb.fetch_c0.node", "emb.fetch_c0.nodes", "emb.grad_c0.node", "emb.grad_c0.nodes"} <= names
+    run = run_at(64, transport="sm_free", priority="on")
+    capped = steps_of(run_at(64, transport="sm_free", priority="on", comm_ctas="4"))
+    for full, few in zip(steps_of(run)[1:], capped[1:]):
+        assert few["busy_max_ms"] < full["busy_max_ms"]  # less of the compute slowed
 
 
 def test_each_chunk_pays_its_own_latency():
@@ -70,7 +77,7 @@ def test_host_syncs_cost_the_device_its_relaunch_on_gpus_and_nothing_is_busy_in_
     run = run_at(64, tables="replicated")  # a step without syncs of its own
     program = profile_of(run.trainer, run.trainer_options, 64).program
     quiet = steps_of(run)
-    synced = steps_of(run, program=lambda b: StepProgram(program(b).ops + (HostSync(),) * 5))
+    synced = steps_of(run, program=lambda b, g: StepProgram(program(b, g).ops + (HostSync(),) * 5))
     for a, b in zip(quiet, synced):
         assert b["step_time_ms"] - a["step_time_ms"] == pytest.approx(5 * H100.host_sync_s * 1e3, rel=1e-6)
         assert b["busy_max_ms"] == pytest.approx(a["busy_max_ms"])
@@ -79,7 +86,7 @@ def test_host_syncs_cost_the_device_its_relaunch_on_gpus_and_nothing_is_busy_in_
 
 def test_freescale_declares_the_host_syncs_of_its_step():
     def syncs(**sets):
-        return profile_of("freescale", trainer_options("freescale", {**SHARDED, **sets}), 64).program([Bucket(1.0, 1.0)]).host_syncs
+        return profile_of("freescale", trainer_options("freescale", {**SHARDED, **sets}), 64).program([Bucket(1.0, 1.0)], 8).host_syncs
 
     assert syncs() == 1  # the next requests' counts, read between forward and backward
     assert syncs(priority="on") == 2  # and the fresh masks' plan

@@ -65,7 +65,7 @@ def recorded_run(store, name: str, n: int):
     buckets = ddp_buckets(dense)
     ready = np.minimum(1.0, np.cumsum(buckets) / sum(dense))
     program = profile_of(run.trainer, run.trainer_options, n).program(
-        [Bucket(b, float(r)) for b, r in zip(buckets, ready)])
+        [Bucket(b, float(r)) for b, r in zip(buckets, ready)], n)  # one host
     ranks = [[json.loads(line) for line in open(run_dir / f"rank-{r}.jsonl")] for r in range(n)]
     return program, ranks
 

@@ -51,10 +51,13 @@ class SimProfile:
     window: int = 1
     chunks: int = 1
     """Pieces of the row exchange, each an all-to-all of its own (its own latency)."""
-    program: Callable[[list[Bucket]], StepProgram] = ddp_program
-    """DDP's buckets -> the trainer's step as ops (fsbench.training.step_program):
+    program: Callable[[list[Bucket], int], StepProgram] = lambda buckets, gpus_per_node: ddp_program(buckets)
+    """(DDP's buckets, GPUs a node) -> the trainer's step as ops (fsbench.training.step_program):
     every collective it issues and waits for, in its order, and its host syncs. The
     simulator costs exactly these (fsbench.scaling.step_engine)."""
+    nodes_sm_share: float = 1.0
+    """Of what NCCL's kernels take from overlapped compute, the share an exchange between
+    nodes takes with its CTAs capped (FreeScale's sm_free beyond one node: comm_ctas)."""
 
     def __post_init__(self) -> None:
         assert self.exchange in EXCHANGES, self.exchange

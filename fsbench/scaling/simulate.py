@@ -132,11 +132,6 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
 
     w, n = run.workload, run.world_size
     prof = profile or profile_of(run.trainer, run.trainer_options, n)
-    if prof.sm_free and cluster.compute != "fit" and n > cluster.gpus_per_node:
-        raise ConfigError(f"{run.trainer} with sm_free transport at {n} ranks: the trainer refuses to "
-                          f"start across nodes ({cluster.name} has {cluster.gpus_per_node} GPUs a node; "
-                          f"freescale_impl.transport.sm_free_unavailable): simulate it within a node, "
-                          f"or with transport=collective")
     costs_model = Costs(cluster, w, store, timeshare_efficiency)
     dist = parse_length_spec(w.lengths)
     zipf_s = float(parse_popularity(w.popularity).s)
@@ -220,7 +215,8 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # The previous step's global item draws (negatives shared by all ranks) and samples:
     # the rows it updated, which the prioritized exchange cannot send before its update.
     prev = None
-    program = prof.program([Bucket(b, float(r)) for b, r in zip(buckets, ready)])
+    per_node = cluster.gpus_per_node if cluster.compute != "fit" else n  # `local`: one host
+    program = prof.program([Bucket(b, float(r)) for b, r in zip(buckets, ready)], per_node)
     carry = carry_alone = None  # what each step leaves in flight for the next
     rows = []
     for window, lengths, plans, _ in windows:
@@ -255,7 +251,11 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             t_last = costs_model.collective_ms("all_reduce", n, buckets[-1]) if buckets else 0.0
 
             def comm_bytes(comm) -> float:
-                return (sum(buckets) if comm.payload == "dense_grads" else payload[comm.payload]) * comm.share
+                # An exchange split by node (sm_free beyond one node): the node's peers' share
+                # of the rows, and the other nodes'.
+                part = {"all": 1.0, "node": min(1.0, per_node / n), "nodes": max(0.0, 1 - per_node / n)}
+                whole = sum(buckets) if comm.payload == "dense_grads" else payload[comm.payload]
+                return whole * comm.share * part[comm.scope]
 
             def cost(comm) -> float:
                 if comm.payload == "dense_grads":
@@ -265,7 +265,8 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                     # last, issued once the backward is done, at least its own cost.
                     last = comm.name.endswith(f":{len(buckets) - 1}")
                     return max(t_ar * comm.share, t_last if last else 0.0)
-                return costs_model.collective_ms(comm.op, n, comm_bytes(comm))
+                return costs_model.collective_ms(comm.op, min(n, per_node) if comm.scope == "node" else n,
+                                                 comm_bytes(comm))
 
             # The step the trainer runs (its program), on the fastest rank's compute: what
             # it hides under its forward, backward and table step, and what it waits for.
@@ -279,10 +280,14 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             shared = max(0.0, ran.exposed_ms - alone.exposed_ms)
             hidden_by = {name: ms - ran.exposed_by.get(name, 0.0) for name, ms in ran.comm_ms.items()}
             kinds = {op.comm.name: op.comm for op in program.ops if hasattr(op, "comm")}
-            # Communication kernels on SMs slow the compute they overlap (a copy-engine
-            # transport's row exchanges do not).
-            on_sm = sum(ms for name, ms in hidden_by.items()
-                        if not (prof.sm_free and kinds[name].payload in ROW_PAYLOADS))
+            # Communication kernels on SMs slow the compute they overlap: a copy-engine
+            # transport's row exchanges do not, NCCL's between nodes with its CTAs capped less.
+            def sm_share(comm) -> float:
+                if not (prof.sm_free and comm.payload in ROW_PAYLOADS):
+                    return 1.0
+                return prof.nodes_sm_share if comm.scope == "nodes" else 0.0
+
+            on_sm = sum(ms * sm_share(kinds[name]) for name, ms in hidden_by.items())
             slowed = transport_slow * min(max(on_sm, 0.0), float(model_ms.min()))
             # Host syncs inside the step (a GPU drains its launch queue; the host then
             # relaunches): the device waits, outside communication.

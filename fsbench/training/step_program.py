@@ -42,6 +42,9 @@ class Comm:
     flight: str | None = None
     """The name its flight record carries, where not `name` (TorchRec's are its torch
     functions' names)."""
+    scope: str = "all"
+    """Which peers it reaches: all, the node's (`node`) or the other nodes' (`nodes`): an
+    exchange split by node (FreeScale's sm_free beyond one node)."""
 
     @property
     def recorded(self) -> str:
