@@ -87,8 +87,8 @@ class FreeScaleOptions(TrainerOptions):
     # exposed communication on all three (results/freescale_comm_cpu.md). On a GPU the
     # copies run beside the kernels, where cutting lets the forward start early.
     chunks: int = field(default=0, metadata={"min": 0})
-    """Pieces each step's embedding exchange is cut into, in the model's reading order
-    (0: auto, 1 on CPU and 4 on CUDA)."""
+    """Pieces each step's embedding exchange is cut into, one a sub-batch of whole samples
+    that the forward runs in turn (0: auto, 1 on CPU and 4 on CUDA)."""
     transport: Literal["collective", "sm_free"] = "collective"
     routing: Literal["auto", "host", "exchanged"] = "auto"
     """Sharded tables, replicated input: who learns what each owner serves. host: every
