@@ -9,14 +9,17 @@ after it, and sending each gradient chunk from an autograd hook as soon as it ex
 Every rank is both a *requester* (its samples need rows) and an *owner* (it holds a shard:
 `freescale_impl.sharded_tables`). One step, seen from a requester:
 
-  request   the unique rows its batch needs, in the order the model consumes them
-            (users, contexts, input items, targets, negatives), cut into `chunks` equal
-            pieces; entries are sent grouped by owner, then chunk. Counts first (an
-            all-to-all of an (N, chunks) matrix), then the ids (uneven splits; a rank with
-            no samples still asks for the batch's shared negatives).
-  fetch     owners look the rows up and send them back, chunk by chunk; the model waits
-            for a chunk only when it first reads one of its rows (`LazyLookups`), so the
-            targets' and negatives' rows arrive while the encoder runs.
+  request   the unique rows its batch needs, cut into `chunks` by whole samples: its
+            samples form `chunks` sub-batches (about equal tokens) and chunk c holds the
+            rows sub-batch c is the first to read (the shared negatives in chunk 0);
+            entries are sent grouped by owner, then chunk. Counts first (an all-to-all of
+            an (N, chunks) matrix), then the ids (uneven splits; a rank with no samples
+            still asks for the batch's shared negatives).
+  fetch     owners look the rows up and send them back, chunk by chunk, the first
+            sub-batch's first; the forward runs sub-batch by sub-batch
+            (`freescale_impl.sub_batches`), and sub-batch c waits only for the chunks it
+            reads, all <= c (`LazyLookups.sub_batch`): the first sub-batch's forward runs
+            while the later chunks are in flight.
   gradients each chunk's rows form one autograd leaf; when autograd has accumulated its
             gradient (a post-accumulate hook) the chunk's gradients go to the owners,
             while the rest of backward runs. Every collective issued from backward's hooks
@@ -43,7 +46,7 @@ waits for the device to drain: inside forward or backward it would undo the over
 every decision the host makes (split sizes, which chunks a use reads, which pending
 message carries which chunk) is planned from host-side values before the step, in the
 input stage when the routing is computed there (`freescale_impl.routing`), and the step
-itself only launches gathers with index tensors planned ahead (`Fetch`, `Request.use_index`,
+itself only launches gathers with index tensors planned ahead (`Fetch`, `Request.sub_index`,
 `Request.chunk_entries`). tests/test_sync_free_exchange.py records every such read the
 exchange makes inside forward and backward: none.
 
@@ -188,7 +191,8 @@ class ShardedEmbeddings:
         self._send(req, svc, req.final_fetch)
 
     def send_fresh(self, req: Request, svc: Service) -> None:
-        """Fresh rows, chunk by chunk in reading order (after the update that made them)."""
+        """Fresh rows, chunk by chunk, the first sub-batch's first (after the update that
+        made them)."""
         for f in req.fresh_fetches:
             self._send(req, svc, f)
 
@@ -222,18 +226,18 @@ class ShardedEmbeddings:
             req.leaves[c] = leaf
         return req.leaves[c]
 
-    def rows_for(self, req: Request, use: str) -> torch.Tensor:
-        needed = req.use_chunks[use]
-        if not needed:
-            return req.buffer.new_zeros(0, self.dim)
-        # Only the chunks this use reads: a chunk read by the targets alone then gets its
-        # gradient (and is sent) as soon as the loss's backward is done. Uses that read
-        # the same chunks share one concatenation.
-        key = tuple(needed)
-        if key not in req.tables:
-            leaves = [self._leaf(req, c) for c in needed]
-            req.tables[key] = leaves[0] if len(leaves) == 1 else torch.cat(leaves)
-        return req.tables[key].index_select(0, req.use_index[use])
+    def sub_batch_lookups(self, req: Request, c: int) -> EmbeddingLookups:
+        """Sub-batch c's rows (`Request.sub_batch`): waits only for the chunks it reads,
+        all <= c, so the first sub-batch's forward starts once chunk 0 has arrived."""
+        needed = req.sub_chunks[c]
+        leaves = [self._leaf(req, k) for k in needed]
+        table = (leaves[0] if len(leaves) == 1 else torch.cat(leaves) if leaves
+                 else req.buffer.new_zeros(0, self.dim))
+        rows = {u: table.index_select(0, i) for u, i in req.sub_index[c].items()}
+        samples = req.sub_samples[c + 1] - req.sub_samples[c]
+        contexts = rows["contexts"].view(samples, req.batch.context_ids.shape[1], self.dim)
+        return EmbeddingLookups(items=rows["items"], targets=rows["targets"],
+                                negatives=rows["negatives"], users=rows["users"], contexts=contexts)
 
     # -- gradients ------------------------------------------------------------------
     def prepare_gradients(self, req: Request, svc: Service) -> None:
@@ -291,31 +295,35 @@ class ShardedEmbeddings:
             self.shard.apply_gradients(torch.cat(locals_), torch.cat(grads))
         # The step's autograd leaves and the engine's hold on it go now: nothing reads
         # them after the update, and the look-ahead keeps later steps' requests alive.
-        req.leaves, req.tables = [], {}
+        req.leaves = []
         self._grad_sends, self._svc, self._grad_req = [], None, None
 
 
 class LazyLookups:
-    """EmbeddingLookups whose fields are fetched when the model first reads them."""
+    """The step's lookups, fetched when the model first reads them: sub-batch by sub-batch
+    (`sub_batch(c)`, what `freescale_impl.sub_batches.SubBatched` reads), or whole (the
+    fields, for a reader that takes the batch at once: the sub-batches' concatenated)."""
 
     def __init__(self, engine: ShardedEmbeddings, req: Request) -> None:
-        self._engine, self._req, self._cache = engine, req, {}
-
-    def _get(self, use: str) -> torch.Tensor:
-        if use not in self._cache:
-            self._cache[use] = self._engine.rows_for(self._req, use)
-        return self._cache[use]
-
-    users = property(lambda self: self._get("users"))
-    items = property(lambda self: self._get("items"))
-    targets = property(lambda self: self._get("targets"))
-    negatives = property(lambda self: self._get("negatives"))
+        self._engine, self._req, self._subs = engine, req, {}
 
     @property
-    def contexts(self) -> torch.Tensor:
-        b = self._req.batch
-        return self._get("contexts").view(b.batch_size, b.context_ids.shape[1], self._engine.dim)
+    def sub_batches(self) -> int:
+        return self._req.sub_batches
 
-    def materialize(self) -> EmbeddingLookups:
-        return EmbeddingLookups(items=self.items, targets=self.targets, negatives=self.negatives,
-                                users=self.users, contexts=self.contexts)
+    def sub_batch(self, c: int) -> EmbeddingLookups:
+        if c not in self._subs:
+            self._subs[c] = self._engine.sub_batch_lookups(self._req, c)
+        return self._subs[c]
+
+    def _whole(self, use: str) -> torch.Tensor:
+        bounds = self._req.sub_samples
+        parts = [getattr(self.sub_batch(c), use) for c in range(self.sub_batches)
+                 if c == 0 or bounds[c + 1] > bounds[c]]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    users = property(lambda self: self._whole("users"))
+    contexts = property(lambda self: self._whole("contexts"))
+    items = property(lambda self: self._whole("items"))
+    targets = property(lambda self: self._whole("targets"))
+    negatives = property(lambda self: self.sub_batch(0).negatives)  # shared: chunk 0

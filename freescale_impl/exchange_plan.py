@@ -50,7 +50,12 @@ class Fetch:
 
 @dataclass
 class Request:
-    """A requester's view of one step: entry e asks owner[e] for global row rows[e]."""
+    """A requester's view of one step: entry e asks owner[e] for global row rows[e].
+
+    Chunks are by whole samples: the rank's samples are cut into `chunks` sub-batches
+    (contiguous, about equal tokens), and chunk c holds the rows sub-batch c is the first
+    to read (the shared negatives, read by every sub-batch, in chunk 0). Sub-batch c then
+    reads only chunks <= c, and the forward runs sub-batch by sub-batch."""
 
     batch: JaggedBatch
     rows: torch.Tensor       # (E,) by owner, then chunk, then first use
@@ -61,17 +66,28 @@ class Request:
     grad_splits: list[list[int]]  # host: per chunk, its entries per owner (the gradients' splits)
     chunk_sizes: list[int]   # host: entries per chunk
     chunk_entries: list[torch.Tensor]  # per chunk, its entries in entry order (its leaf's rows)
-    use_chunks: dict[str, list[int]]   # host: per use, the chunks it reads (ascending)
-    use_index: dict[str, torch.Tensor]  # per use: each id's row in its chunks' concatenated leaves
+    sub_samples: list[int]   # host: (chunks + 1) sample bounds of the sub-batches
+    sub_tokens: list[int]    # host: (chunks + 1) token bounds of the sub-batches
+    sub_chunks: list[list[int]]  # host: per sub-batch, the chunks it reads (ascending)
+    sub_index: list[dict[str, torch.Tensor]]  # per sub-batch and use: each id's row in
+    #                                           its chunks' concatenated leaves
     # planned once the fresh rows are known (`plan_fetches`)
     fresh: torch.Tensor | None = None  # (E,) rows that must wait for the previous update
     final_fetch: Fetch | None = None   # priority: rows the previous step cannot change
-    fresh_fetches: list[Fetch] = field(default_factory=list)  # per chunk, in reading order
+    fresh_fetches: list[Fetch] = field(default_factory=list)  # per chunk, first sub-batch first
     # filled as the protocol runs
     pending: list[tuple[Pending, torch.Tensor, set[int]]] = field(default_factory=list)
     buffer: torch.Tensor | None = None  # (E, D) fetched rows
     leaves: list[torch.Tensor | None] = field(default_factory=list)
-    tables: dict = field(default_factory=dict)  # chunks read together -> their leaves concatenated
+
+    @property
+    def sub_batches(self) -> int:
+        return len(self.sub_samples) - 1
+
+    def sub_batch(self, batch: JaggedBatch, c: int) -> JaggedBatch:
+        """Sub-batch c of `batch` (the step's batch, on any device): host bounds only."""
+        return batch.between(self.sub_samples[c], self.sub_samples[c + 1],
+                             self.sub_tokens[c], self.sub_tokens[c + 1])
 
 
 @dataclass
@@ -103,25 +119,51 @@ def all_rows(batch: JaggedBatch, layout: RowLayout) -> torch.Tensor:
     return torch.cat(list(rows_by_use(batch, layout).values()))
 
 
+def sub_batch_bounds(lengths: np.ndarray, chunks: int) -> np.ndarray:
+    """(chunks + 1) sample bounds cutting a rank's samples into `chunks` contiguous
+    sub-batches of about equal tokens (sub-batch c: samples bounds[c]..bounds[c+1]), none
+    empty; with fewer samples than chunks, one sample each and the empty ones last."""
+    b, arange = lengths.size, np.arange(chunks + 1)
+    if b <= chunks:
+        return np.minimum(arange, b)
+    starts = np.cumsum(lengths) - lengths  # tokens before each sample
+    bounds = np.searchsorted(starts, int(lengths.sum()) * arange / chunks, side="left")
+    bounds[0], bounds[-1] = 0, b
+    # At least one sample each: strictly increasing bounds.
+    bounds = np.clip(bounds, arange, b - chunks + arange)
+    return np.maximum.accumulate(bounds - arange) + arange
+
+
 def build_request(batch: JaggedBatch, layout: RowLayout, chunks: int) -> Request:
     """The step's request and its host plan (ahead of the step: reads values to the host).
 
-    O(local ids + N). In numpy on the host: its sorts are several times faster than
-    torch's at these sizes (a rank's ~20k ids: `fsbench micro input-stage`); the tensors
-    are zero-copy views, moved to the batch's device at the end."""
+    O(local ids + N + chunks x negatives). In numpy on the host: its sorts are several
+    times faster than torch's at these sizes (a rank's ~20k ids: `fsbench micro
+    input-stage`); the tensors are zero-copy views, moved to the batch's device at the end."""
     ids = rows_by_use(batch, layout)
     use_sizes = [ids[u].numel() for u in USES]
     # A host copy of the ids: on a GPU a sync, outside any forward or backward.
     flat = torch.cat([ids[u] for u in USES]).cpu().numpy()
+    lengths = batch.lengths.cpu().numpy()
+    n_ctx = batch.context_ids.shape[1]
+    bounds = sub_batch_bounds(lengths, chunks)
+    token_bounds = np.concatenate([[0], np.cumsum(lengths)])[bounds]
+    sub_of_sample = np.repeat(np.arange(chunks), np.diff(bounds))
+    sub_of_token = np.repeat(sub_of_sample, lengths)
+    # The sub-batch each id is read by (the negatives: by every one, first by 0).
+    sub_of_id = np.concatenate([sub_of_sample, np.repeat(sub_of_sample, n_ctx), sub_of_token,
+                                sub_of_token, np.zeros(use_sizes[-1], dtype=np.int64)])
     uniq, inverse = np.unique(flat, return_inverse=True)
     n_uniq = uniq.size
-    # Each unique row's first use (the smallest position of its ids), then its rank in
-    # reading order.
+    inv = torch.from_numpy(inverse)
+    # Each unique row's chunk: the first sub-batch that reads it; its first use (the
+    # smallest position of its ids), then its rank in reading order.
+    chunk = torch.full((n_uniq,), chunks, dtype=torch.int64).scatter_reduce_(
+        0, inv, torch.from_numpy(sub_of_id), reduce="amin").numpy()
     first_use = torch.full((n_uniq,), flat.size, dtype=torch.int64).scatter_reduce_(
-        0, torch.from_numpy(inverse), torch.arange(flat.size), reduce="amin").numpy()
+        0, inv, torch.arange(flat.size), reduce="amin").numpy()
     order_rank = np.empty(n_uniq, dtype=np.int64)
     order_rank[np.argsort(first_use)] = np.arange(n_uniq)  # first uses are distinct
-    chunk = order_rank * chunks // max(n_uniq, 1)  # equal pieces in reading order
     owner = layout.owner(torch.from_numpy(uniq)).numpy()
     # Entries by owner, then chunk, then first use (keys distinct: any sort will do).
     send_order = np.argsort((owner * chunks + chunk) * max(n_uniq, 1) + order_rank)
@@ -140,23 +182,29 @@ def build_request(batch: JaggedBatch, layout: RowLayout, chunks: int) -> Request
     pos_in_chunk = np.empty(n_uniq, dtype=np.int64)
     pos_in_chunk[by_chunk] = arange - starts[chunk[by_chunk]]
     sizes_h = sizes.tolist()
-    # Each use reads the concatenation of the leaves of the chunks it touches, ascending.
-    # (Host lists of N entries come from one array call each: Python loops over the
-    # ranks would make the request O(N) in interpreter time at 1,024 ranks.)
-    use_chunks, use_index = {}, {}
-    for u in USES:
-        used = chunk[use_entry[u]]
-        needed = np.flatnonzero(np.bincount(used, minlength=chunks)).tolist()
+    # Sub-batch c reads the concatenation of the leaves of the chunks it touches,
+    # ascending (all <= c). (Host lists of N entries come from one array call each:
+    # Python loops over the ranks would make the request O(N) in interpreter time.)
+    sub_chunks, sub_index = [], []
+    for c in range(chunks):
+        s0, s1, t0, t1 = bounds[c], bounds[c + 1], token_bounds[c], token_bounds[c + 1]
+        entries = {"users": use_entry["users"][s0:s1],
+                   "contexts": use_entry["contexts"][s0 * n_ctx:s1 * n_ctx],
+                   "items": use_entry["items"][t0:t1], "targets": use_entry["targets"][t0:t1],
+                   "negatives": use_entry["negatives"]}
+        read = np.bincount(np.concatenate([chunk[e] for e in entries.values()]), minlength=chunks)
+        needed = np.flatnonzero(read).tolist()
         offset = np.zeros(chunks, dtype=np.int64)
-        offset[needed] = np.cumsum([0] + [sizes_h[c] for c in needed[:-1]])
-        use_chunks[u] = needed
-        use_index[u] = offset[used] + pos_in_chunk[use_entry[u]]
+        offset[needed] = np.cumsum([0] + [sizes_h[k] for k in needed[:-1]])
+        sub_chunks.append(needed)
+        sub_index.append({u: offset[chunk[e]] + pos_in_chunk[e] for u, e in entries.items()})
     device = batch.item_ids.device
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
     return Request(batch, t(uniq[send_order]), t(owner[send_order]), t(chunk), t(counts),
                    counts.sum(1).tolist(), counts.T.tolist(), sizes_h,
                    [t(e) for e in np.split(by_chunk, np.cumsum(sizes)[:-1])],
-                   use_chunks, {u: t(i) for u, i in use_index.items()})
+                   bounds.tolist(), token_bounds.tolist(), sub_chunks,
+                   [{u: t(i) for u, i in index.items()} for index in sub_index])
 
 
 def service_of(counts_in: torch.Tensor, n: int, chunks: int) -> Service:

@@ -5,7 +5,7 @@ The dense part is replicated under DDP; the tables live in shards
 `freescale_impl.embedding_exchange`. The step, with every switch on:
 
     pull step k+1's input; send its requests (counts, ids)       comm spans
-    forward k: reads rows as it needs them, chunk by chunk      compute (+ blocked waits)
+    forward k, sub-batch by sub-batch: each waits for its chunk  compute (+ blocked waits)
     split k+1's rows into fresh/final; send the final ones      comm: in flight in backward
     backward k: DDP all-reduces dense gradients; each embedding
       gradient chunk is sent from its autograd hook             compute (+ flights)
@@ -33,6 +33,7 @@ from freescale_impl.embedding_exchange import ShardedEmbeddings
 from freescale_impl.exchange_plan import Request, Service, build_request
 from freescale_impl.sharded_tables import LocalShard, RowLayout, gather_tables
 from freescale_impl.node_transport import node_split_transport
+from freescale_impl.sub_batches import SubBatched, sub_batches
 from freescale_impl.transport import Pending, make_transport
 
 
@@ -65,7 +66,10 @@ class ShardedTableTrainer:
         # Sums, not averages: each rank's loss is already its share of the global loss.
         # The embedding gradients' all-to-alls wait for DDP's last bucket: one order of
         # the collectives issued from backward's hooks on every rank (embedding_exchange).
-        self.dense = wrap_ddp(build_dense(run, ctx.device), ctx, w.dense_bucket_mb, average=False,
+        # The dense part runs sub-batch by sub-batch inside the one call DDP sees
+        # (freescale_impl.sub_batches): each waits only for its own chunks.
+        self.dense = wrap_ddp(SubBatched(build_dense(run, ctx.device)), ctx, w.dense_bucket_mb,
+                              average=False,
                               after_last_bucket=lambda: self.engine.dense_gradients_issued())
         self.optimizer = make_dense_optimizer(self.dense.parameters(), w)
         layout = RowLayout(table_specs(w.model.row_dim, w.item_vocab, w.user_vocab, w.context_vocabs),
@@ -131,8 +135,7 @@ class ShardedTableTrainer:
             nxt: StepInput = next(inputs)  # pulled one step ahead (an input span)
             upcoming = (nxt, *engine.adopt(nxt.batches[0], nxt.aux))
             engine.send_final(*upcoming[1:])  # routing known: final rows for k+1 go now
-        with span("forward"):
-            loss = self.dense(engine.lookups(req), batch)
+        loss = self.dense(engine.lookups(req), sub_batches(req, batch))  # forward spans
         self._backward_and_update(loss, req, svc)
         if upcoming is not None:
             engine.send_fresh(*upcoming[1:])  # rows this update changed, first in line
@@ -175,8 +178,7 @@ class ShardedTableTrainer:
                  if cur.prepared.step + 2 < steps else None)  # k+2: an input span, counts out
         mask = (engine.send_fresh_mask(nxt.req, nxt.svc, touched=cur.svc.local)
                 if engine.priority and nxt is not None else None)
-        with span("forward"):
-            loss = self.dense(engine.lookups(cur.req), cur.prepared.batches[0])
+        loss = self.dense(engine.lookups(cur.req), sub_batches(cur.req, cur.prepared.batches[0]))
         if mask is not None:
             engine.adopt_fresh_mask(nxt.req, nxt.svc, mask)
             engine.send_final(nxt.req, nxt.svc)  # in flight during the backward
@@ -214,5 +216,5 @@ class ShardedTableTrainer:
         if tables is None:
             return None
         state = {f"sparse.tables.{name}.weight": w for name, w in tables.items()}
-        state.update({f"dense.{k}": v for k, v in self.dense.module.state_dict().items()})
+        state.update({f"dense.{k}": v for k, v in self.dense.module.dense.state_dict().items()})
         return model_from_state(self.run.workload, state)

@@ -80,13 +80,14 @@ def sharded_step_program(exchange: str, chunks: int, routing: str, transport: st
             ops += [Issue(mask)]
     elif priority:
         ops += _exchange(final, transport)  # host routing: the next step's final rows, now
-    ops += [Compute("forward", 0.0)]
-    if exchange != "blocking":
-        # The encoder reads every item row before its first layer: it waits for every
-        # chunk there (the rows arrive chunk by chunk in reading order).
-        ops += ([w for w in _arrived(final, transport)] if priority else [])
-        ops += [w for f in fetch for w in _arrived(f, transport)]
-    ops += [Compute("forward", 1.0)]
+    # The forward runs sub-batch by sub-batch, each in a span of its own after the waits
+    # for its chunk (freescale_impl.sub_batches): chunk 0 (and with priority the final
+    # rows, sent the step before) before the first; chunk c after sub-batch c-1.
+    for c in range(chunks):
+        if exchange != "blocking":
+            ops += [w for f in ([final] if priority and c == 0 else []) + [fetch[c]]
+                    for w in _arrived(f, transport)]
+        ops += [Compute("forward", 1 / chunks, own_span=True)]
     if exchanged:
         if priority:
             ops += [Wait(mask), HostSync()]  # the next step's plan from the fresh masks

@@ -88,8 +88,8 @@ class FreeScaleOptions(TrainerOptions):
     # exposed communication on all three (results/freescale_comm_cpu.md). On a GPU the
     # copies run beside the kernels, where cutting lets the forward start early.
     chunks: int = field(default=0, metadata={"min": 0})
-    """Pieces each step's embedding exchange is cut into, in the model's reading order
-    (0: auto, 1 on CPU and 4 on CUDA)."""
+    """Pieces each step's embedding exchange is cut into, one a sub-batch of whole samples
+    that the forward runs in turn (0: auto, 1 on CPU and 4 on CUDA)."""
     transport: Literal["collective", "sm_free"] = "collective"
     comm_ctas: int = field(default=0, metadata={"min": 0})
     """sm_free beyond one node: the CTAs (SMs) NCCL may use for the rows between nodes

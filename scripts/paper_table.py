@@ -159,8 +159,8 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str,
         f"the rest ASSUMED: {assumptions(CLUSTERS['h100'])}. How far the headline moves when "
         "each assumed figure is halved or doubled is in the last section.\n",
         "The step is FreeScale's as built (fsbench.scaling.simulate): each chunk of the "
-        "embedding exchange is an all-to-all of its own; the forward waits for every chunk (the "
-        "encoder reads all item rows before its first layer); the gradients' all-to-alls follow "
+        "embedding exchange is an all-to-all of its own; the forward runs sub-batch by sub-batch, "
+        "each after its own chunk (the rows it is the first to read); the gradients' all-to-alls follow "
         "DDP's last bucket; with priority, the next step's final rows fly during the backward "
         "and its fresh rows after the update; host syncs inside the step are booked; and the "
         "SM-free transport runs only inside a node (the trainer refuses across nodes), so "

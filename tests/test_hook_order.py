@@ -38,13 +38,15 @@ SEED = 5
 
 def _loss(rank: int, dense: torch.nn.Module, lk) -> torch.Tensor:
     """Rank 0 reads every use through the dense layer, so its chunks' gradients arrive
-    after the dense part's. Rank 1 reads only the users through it and the item rows
-    apart from it, later in forward: the chunks that hold item rows alone get their
-    gradients first in backward, before any dense gradient."""
+    after the dense part's. Rank 1 reads only its first sub-batch's rows through it and
+    the later sub-batches' apart from it, later in forward: the chunks those read first
+    (chunks 1 and 2) get their gradients first in backward, before any dense gradient."""
     if rank == 0:
         return dense(torch.cat([lk.users, lk.items, lk.targets, lk.negatives])).sum()
-    through_dense = dense(lk.users).sum()  # first in forward: last in backward
-    return through_dense + sum((getattr(lk, use) ** 2).sum() for use in ("items", "targets", "negatives"))
+    first = lk.sub_batch(0)
+    through_dense = dense(torch.cat([first.users, first.items, first.negatives])).sum()
+    return through_dense + sum((getattr(lk.sub_batch(c), use) ** 2).sum()
+                               for c in range(1, lk.sub_batches) for use in ("users", "items", "targets"))
 
 
 def _rank_main(rank, port, gated, out):

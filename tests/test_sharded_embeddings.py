@@ -66,21 +66,21 @@ def _join(rank: int, world_size: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
 
 
-def _engine(rank, world_size, layout_kind, optimizer, overlap):
-    """This rank's (layout, shard, engine): 3 chunks, no priority, on the world group."""
+def _engine(rank, world_size, layout_kind, optimizer, overlap, chunks=3):
+    """This rank's (layout, shard, engine): `chunks` chunks, no priority, on the world group."""
     specs = table_specs(WORKLOAD.model.dim, WORKLOAD.item_vocab, WORKLOAD.user_vocab,
                         WORKLOAD.context_vocabs)
     layout = RowLayout(specs, world_size, layout_kind)
     shard = LocalShard(layout, rank, SEED, optimizer, LR, torch.device("cpu"))
     group = dist.group.WORLD
     return layout, shard, ShardedEmbeddings(layout, shard, CollectiveTransport(group), group,
-                                            rank, chunks=3, overlap=overlap, priority=False)
+                                            rank, chunks=chunks, overlap=overlap, priority=False)
 
 
-def _rank_main(rank, world_size, port, layout_kind, optimizer, overlap, out):
+def _rank_main(rank, world_size, port, layout_kind, optimizer, overlap, chunks, out):
     _join(rank, world_size, port)
     try:
-        layout, shard, engine = _engine(rank, world_size, layout_kind, optimizer, overlap)
+        layout, shard, engine = _engine(rank, world_size, layout_kind, optimizer, overlap, chunks)
         batch = make_batch_source(WORKLOAD, SEED).global_batch(0).select(rank_samples(world_size)[rank])
         req, svc, ids = engine.request(batch)
         engine.serve(svc, ids)
@@ -97,12 +97,14 @@ def _rank_main(rank, world_size, port, layout_kind, optimizer, overlap, out):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world_size,layout_kind,optimizer,overlap", [
-    (2, "row", "adagrad", True), (2, "table", "sgd", False),
-    (4, "row", "sgd", True), (4, "table", "adagrad", True)])
+@pytest.mark.parametrize("world_size,layout_kind,optimizer,overlap,chunks", [
+    (2, "row", "adagrad", True, 3), (2, "table", "sgd", False, 3), (2, "row", "sgd", True, 4),
+    (4, "row", "sgd", True, 2), (4, "table", "adagrad", True, 4), (4, "row", "adagrad", True, 1)])
 def test_sharded_lookups_and_updates_equal_replicated(tmp_path, world_size, layout_kind,
-                                                      optimizer, overlap):
-    mp.spawn(_rank_main, args=(world_size, free_port(), layout_kind, optimizer, overlap,
+                                                      optimizer, overlap, chunks):
+    """Chunks by sub-batch (4 chunks: rank 3 of 4 has one sample, so three sub-batches
+    are empty; rank 1 has none)."""
+    mp.spawn(_rank_main, args=(world_size, free_port(), layout_kind, optimizer, overlap, chunks,
                                str(tmp_path)), nprocs=world_size)
     ref_lookups, ref_rows = reference(world_size, optimizer)
     covered = 0
@@ -166,8 +168,11 @@ def test_table_layout_places_whole_tables():
 
 # --- whole runs --------------------------------------------------------------------
 
-def _losses(tmp_path, trainer: str, world_size: int, **opts) -> tuple[np.ndarray, object]:
-    workload = dataclasses.replace(tiny(), steps=20, warmup=1, lengths="yelp")
+def _losses(tmp_path, trainer: str, world_size: int, steps: int = 20, batch: int | None = None,
+            **opts) -> tuple[np.ndarray, object]:
+    workload = dataclasses.replace(tiny(), steps=steps, warmup=1, lengths="yelp")
+    if batch is not None:
+        workload = dataclasses.replace(workload, global_batch_size=batch)
     run = RunConfig(workload=workload, trainer=trainer, world_size=world_size, seed=3,
                     trainer_options={k: str(v) for k, v in opts.items()})
     run_dir, _ = run_once(run, tmp_path / "runs", timeout_s=300)
@@ -224,6 +229,26 @@ def test_overlapped_prioritized_equals_blocking_and_ddp(tmp_path, rank_pythonpat
         # gradient chunks are sent from inside backward (nested issue spans)
         grads = s[s["name"].str.match(r"emb\.grad_c\d+\.issue") & s["nested"]]
         assert len(grads) > 0
+
+
+# Every switch set of the overlapped exchange (the requests routed on the host with 2
+# chunks, else exchanged).
+SWITCH_SETS = [dict(priority=p, chunks=c, routing="host" if c == 2 else "exchanged")
+               for p in ("off", "on") for c in (1, 2, 4)]
+
+
+@pytest.mark.parametrize("world_size,batch", [(2, 8), (4, 4), (4, 10)],
+                         ids=["2-uneven", "4-one-each", "4-uneven"])
+def test_every_switch_set_equals_the_blocking_version(tmp_path, rank_pythonpath, world_size, batch):
+    """The forward sub-batch by sub-batch (chunk c: the rows sub-batch c reads first) is
+    exact: every switch set's losses equal the blocking version's within 1e-6, with uneven
+    shares, and at 4 ranks of 4 samples (one a rank: every sub-batch beyond the first
+    empty). A run gives every rank a sample; a rank with none is the engine's test above."""
+    blocking, _ = _losses(tmp_path, "freescale", world_size, 8, batch, overlap="off", priority="off")
+    for opts in SWITCH_SETS:
+        got, _ = _losses(tmp_path, "freescale", world_size, 8, batch, **opts)
+        err = np.max(np.abs(got - blocking) / np.abs(blocking))
+        assert err <= 1e-6, (opts, err)
 
 
 def test_exchanged_routing_keeps_every_wait_off_the_critical_path(tmp_path, rank_pythonpath):

@@ -1130,16 +1130,16 @@ def test_the_planner_plans_with_its_predicted_costs_and_the_cluster_books_the_tr
 # many GPUs). The directions are the real trainer's as built (freescale_impl.sharded_step):
 # balancing lowers the straggler share, the window the steps' summed max where whales are
 # (small per-rank batches of long histories), prioritizing the exposed communication (the
-# next step's final rows fly during the backward). Overlapping alone hides nothing: the
-# encoder reads every row before its first layer and the gradients follow DDP's last
-# bucket, so it only adds its host sync; more chunks add a latency each; the SM-free
+# next step's final rows fly during the backward). Overlapping alone hides the later
+# chunks under the earlier sub-batches' forwards (sub-batch c waits for chunk c only),
+# though the gradients follow DDP's last bucket; more chunks add a latency each; the SM-free
 # transport (inside a node: it refuses across nodes) adds its barriers and host syncs.
 SHARDED_OFF = {"tables": "sharded", "balance": "off", "overlap": "off", "priority": "off",
                "transport": "collective", "chunks": "4"}
 SWITCHES = [
     ("balance", SHARDED_OFF, "on", "straggler_bubble_ratio", "lower", 64),
     ("window", {**SHARDED_OFF, "balance": "on"}, "4", "step_time_ms_mean", "lower", 64),
-    ("overlap", SHARDED_OFF, "on", "exposed_comm_ratio", "not lower", 64),
+    ("overlap", SHARDED_OFF, "on", "exposed_comm_ratio", "lower", 64),
     ("priority", {**SHARDED_OFF, "overlap": "on"}, "on", "exposed_comm_ratio", "lower", 64),
     ("chunks", {**SHARDED_OFF, "overlap": "on", "chunks": "2"}, "16", "exposed_comm_ratio", "higher", 64),
     ("transport", {**SHARDED_OFF, "overlap": "on"}, "sm_free", "step_time_ms_mean", "higher", 8),
@@ -1327,8 +1327,10 @@ def test_sharded_data_books_the_sample_exchange_blocking_and_plans_on_the_ranks_
     replicated = simulate_run(run, H100, ".", planner_time=False)[1]
     assert all(r["sample_exchange_ms"] > 0 for r in rows)
     assert all(r["sample_exchange_ms"] == 0 for r in replicated)
-    for s, r in zip(rows, replicated):  # same plan, same rows: the step grows by the exchange
-        assert s["step_time_ms"] == pytest.approx(r["step_time_ms"] + s["sample_exchange_ms"], rel=1e-9)
+    for s, r in zip(rows, replicated):  # same plan, same rows: the step grows by the exchange,
+        # and by what of the rows' flight the replicated step hid under its first
+        # sub-batches: the blocking exchange queues behind those rows on the link
+        assert s["step_time_ms"] >= (r["step_time_ms"] + s["sample_exchange_ms"]) * (1 - 1e-9)
     slow = lambda *args: StageTimes(20.0, 1.0)  # noqa: E731
     for opts, pace in (({"data": "sharded"}, 2.0 + 20.0 + 1.0), ({}, (2.0 + 20.0) / 4)):
         prof = dataclasses.replace(profile_of("freescale", opts, 8), route=slow)

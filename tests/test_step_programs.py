@@ -96,17 +96,30 @@ def measured_replay(program, records: list[dict], step: int) -> tuple[float, flo
         if r.get("step") == step and r["kind"] == "compute" and r["name"] in PHASE_OF_SPAN:
             phase = PHASE_OF_SPAN[r["name"]]
             phase_ms[phase] = phase_ms.get(phase, 0.0) + r["dur_ns"] / 1e6
-    # Where in the forward the rows are read: the real encoder reads them first (the
-    # simulator's share 0), the emulated one after its wait; the replay reads them where
-    # this run did.
-    fwd = next(r for r in records if r.get("step") == step and r["kind"] == "compute" and r["name"] == "forward")
-    reads = [r["start_ns"] for r in records if r.get("step") == step and r["kind"] == "comm"
-             and r["name"].endswith(".wait") and fwd["start_ns"] <= r["start_ns"] <= fwd["start_ns"] + fwd["dur_ns"]]
-    if reads:
-        read = (min(reads) - fwd["start_ns"]) / fwd["dur_ns"]
-        ops = [Compute("forward", read if op.share == 0.0 else 1.0 - read)
-               if isinstance(op, Compute) and op.phase == "forward" else op for op in program.ops]
-        program = StepProgram(tuple(ops))
+    forwards = sorted((r for r in records if r.get("step") == step and r["kind"] == "compute"
+                       and r["name"] == "forward"), key=lambda r: r["start_ns"])
+    parts = [i for i, op in enumerate(program.ops) if isinstance(op, Compute) and op.phase == "forward"]
+    ops = list(program.ops)
+    if all(ops[i].own_span for i in parts):
+        # Sub-batches' forwards, each in its own span after its chunk's waits (FreeScale):
+        # each part its span's share of the forward; the empty sub-batches (last: they
+        # leave no span) none.
+        total = sum(r["dur_ns"] for r in forwards) or 1
+        shares = [r["dur_ns"] / total for r in forwards] + [0.0] * (len(parts) - len(forwards))
+        for i, share in zip(parts, shares):
+            ops[i] = Compute("forward", share, own_span=True)
+    else:
+        # Where in the forward the rows are read: the real encoder reads them first (the
+        # simulator's share 0), the emulated one after its wait; the replay reads them
+        # where this run did.
+        fwd = forwards[0]
+        reads = [r["start_ns"] for r in records if r.get("step") == step and r["kind"] == "comm"
+                 and r["name"].endswith(".wait") and fwd["start_ns"] <= r["start_ns"] <= fwd["start_ns"] + fwd["dur_ns"]]
+        if reads:
+            read = (min(reads) - fwd["start_ns"]) / fwd["dur_ns"]
+            ops = [Compute("forward", read if op.share == 0.0 else 1.0 - read)
+                   if isinstance(op, Compute) and op.phase == "forward" else op for op in ops]
+    program = StepProgram(tuple(ops))
     ran = replay(program, lambda c: ms[c.name], phase_ms, carry=Carry(arrivals))
     spanned = {op.comm.name for op in program.ops if isinstance(op, Wait) and not op.implicit}
     predicted = sum(v for k, v in ran.exposed_by.items() if k in spanned)

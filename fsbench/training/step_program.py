@@ -5,7 +5,8 @@ ops, the order the trainer's own code runs them in on every rank:
 
     Compute(phase, share)   the rank computes: `share` of `phase`'s time (forward,
                             backward, table_update, optimizer); a phase split by hooks
-                            (DDP's buckets, a gradient chunk's send) appears in parts
+                            (DDP's buckets, a gradient chunk's send) appears in parts,
+                            one split into spans (sub-batches' forwards) in `own_span` parts
     Issue(name)             a collective is issued (async); it carries `Comm.payload`
     Wait(name)              the rank blocks until it has arrived; `implicit`: inside a
                             phase, where no span of its own records it (DDP's finalize
@@ -55,6 +56,9 @@ class Comm:
 class Compute:
     phase: str
     share: float = 1.0
+    own_span: bool = False
+    """The part is a span of its own (a sub-batch's forward): what follows it is `after`
+    the phase even where more of the phase follows (else `in` it: a phase split by hooks)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +119,8 @@ class StepProgram:
             if isinstance(op, Compute):
                 # Inside the phase while more of the same phase follows (hooks split it).
                 later = next((o for o in ops[i + 1:] if isinstance(o, Compute)), None)
-                where = f"in {op.phase}" if later is not None and later.phase == op.phase else f"after {op.phase}"
+                inside = later is not None and later.phase == op.phase and not op.own_span
+                where = f"in {op.phase}" if inside else f"after {op.phase}"
             elif isinstance(op, Issue):
                 out.append(("issue", op.comm.recorded, where))
             elif isinstance(op, Span):

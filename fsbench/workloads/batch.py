@@ -100,6 +100,16 @@ class JaggedBatch:
             step=self.step,
         )
 
+    def between(self, lo: int, hi: int, token_lo: int, token_hi: int) -> "JaggedBatch":
+        """Samples lo..hi (their tokens token_lo..token_hi, known to the caller: slices by
+        host bounds, no gather), keeping global_num_targets."""
+        return JaggedBatch(
+            item_ids=self.item_ids[token_lo:token_hi], targets=self.targets[token_lo:token_hi],
+            lengths=self.lengths[lo:hi], user_ids=self.user_ids[lo:hi],
+            context_ids=self.context_ids[lo:hi], negative_ids=self.negative_ids,
+            global_num_targets=self.global_num_targets, step=self.step,
+        )
+
     def contiguous_slice(self, rank: int, world_size: int) -> "JaggedBatch":
         """Rank `rank`'s contiguous share (what the baselines do): B/N samples, the
         first B % N ranks take one more."""
