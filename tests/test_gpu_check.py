@@ -81,11 +81,13 @@ def test_the_dry_run_passes_on_cpu_writes_its_report_and_leaves_the_checkout_as_
     assert all(r["checks"] and all(c["verdict"] != "FAILED" for c in r["checks"]) for r in doc["runs"])
 
 
-def _stub_python(tmp_path: Path, body: str) -> Path:
-    """A `PY` that runs the real python, except for the fsbench CLI, which does `body`."""
+def _stub_python(tmp_path: Path, body: str, preflight: str | None = None) -> Path:
+    """A `PY` that runs the real python, except for the fsbench CLI, which does `body`, and
+    with `preflight` the preflight script (its record's path is its first argument)."""
     stub = tmp_path / "py"
+    pre = f"if [ \"$1\" = scripts/gpu_preflight.py ]; then shift; {preflight}; fi\n" if preflight else ""
     stub.write_text(f"#!/usr/bin/env bash\nif [ \"$1\" = -m ] && [ \"$2\" = fsbench.cli ]; then {body}; fi\n"
-                    f"exec {sys.executable} \"$@\"\n")
+                    f"{pre}exec {sys.executable} \"$@\"\n")
     stub.chmod(0o755)
     return stub
 
@@ -97,7 +99,11 @@ def test_a_hung_step_is_cut_at_the_deadline_and_the_report_is_still_written(tmp_
     is listed as not run for lack of time, and the trap writes the report (not ok) and
     packs the logs."""
     out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "PY": str(_stub_python(tmp_path, "sleep 600")),
+    # The preflight answers at once: its probes (torch's imports, a gloo all-reduce, a
+    # kernel) are not what this is about, and beside a busy neighbour they can outlast the
+    # 20 s this deadline leaves the steps.
+    stub = _stub_python(tmp_path, "sleep 600", preflight='echo "{}" > "$1"; exit 0')
+    env = {**os.environ, "OUT": str(out), "PY": str(stub),
            "GPU_CHECK_DEADLINE_S": "30", "GPU_CHECK_RESERVE_S": "10"}
     t0 = time.monotonic()
     proc = subprocess.run(["bash", str(SCRIPT), "--dry-run"], cwd=ROOT, env=env,
