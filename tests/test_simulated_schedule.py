@@ -1,6 +1,7 @@
 """The simulator books FreeScale's exchange as the trainer runs it (freescale_impl.sharded_step,
 embedding_exchange, transport): a latency per chunk, a forward that runs sub-batch by
-sub-batch (each after its own chunk), gradients after DDP's last bucket, host syncs inside the step, and no SM-free transport
+sub-batch (each after its own chunk), gradient chunks as the backward makes them (chunk 0 after DDP's
+last bucket), host syncs inside the step, and no SM-free transport
 across nodes. Each test changes one thing and checks what it costs, on the h100 preset
 with the planner's time left out (nothing here depends on this machine's speed)."""
 import dataclasses
