@@ -21,14 +21,18 @@ Every rank is both a *requester* (its samples need rows) and an *owner* (it hold
             reads, all <= c (`LazyLookups.sub_batch`): the first sub-batch's forward runs
             while the later chunks are in flight.
   gradients each chunk's rows form one autograd leaf; when autograd has accumulated its
-            gradient (a post-accumulate hook) the chunk's gradients go to the owners,
-            while the rest of backward runs. Every collective issued from backward's hooks
-            goes in one fixed order on every rank, since collectives must match across
-            ranks: with `grads_after_dense`, first DDP's dense all-reduce buckets (in
-            DDP's order), then the chunks, last-consumed first, each once it is ready.
-            (Issued as each became ready, the chunks' all-to-alls and DDP's all-reduces,
-            on two communicators, interleaved by the data: a chunk no sample read counted
-            as ready at once, so ranks could issue them in different orders.)
+            gradient (a post-accumulate hook: sub-batch c's backward, the last of those
+            that read chunk c, has run) the chunk's gradients go to the owners, while the
+            rest of backward runs. Every collective issued from backward's hooks goes
+            through one queue (fsbench.training.issue_queue), in one order every rank
+            derives from the chunk count alone (`grad_order`): chunks C-1 down to 1, each
+            once it is ready (one this rank does not read is ready at the backward's
+            first hook); then DDP's buckets in index order, where DDP shares the queue
+            (sub-batch 0's backward finishes the dense gradients); then chunk 0 (the
+            shared negatives: ready at the backward's end). Issued as each became ready,
+            the chunks' all-to-alls and DDP's all-reduces, on two communicators, would
+            interleave by the data, in different orders on different ranks: on NCCL, a
+            deadlock.
   update    the owner sums the contributions per row and steps only those rows (with
             dense Adam, every row it holds: freescale_impl.sharded_tables).
 
@@ -60,6 +64,7 @@ import torch
 from fsbench.models.sparse import EmbeddingLookups
 from fsbench.measurement.timeline import span
 from fsbench.workloads.batch import JaggedBatch
+from fsbench.training.issue_queue import IssueQueue
 from freescale_impl.sharded_tables import LocalShard, RowLayout
 from freescale_impl.transport import CollectiveTransport, Pending
 
@@ -74,7 +79,8 @@ class ShardedEmbeddings:
     `prepare_gradients`, backward (chunk hooks send gradients), `finish_gradients`."""
 
     def __init__(self, layout: RowLayout, shard: LocalShard, transport, group, rank: int,
-                 chunks: int, overlap: bool, priority: bool) -> None:
+                 chunks: int, overlap: bool, priority: bool, queue: IssueQueue | None = None,
+                 dense_slot: str | None = None) -> None:
         self.layout, self.shard, self.transport = layout, shard, transport
         self.control = CollectiveTransport(group)  # counts, ids, masks: small messages
         self.rank, self.n = rank, layout.world_size
@@ -85,12 +91,11 @@ class ShardedEmbeddings:
         self.dim = layout.dim
         self.device = shard.weight.device
         self._grad_sends: list[tuple[Pending, int]] = []  # (exchange, chunk) this step
-        self._sent = 0
-        self._ready: list[bool] = []
-        # Set by a trainer whose dense gradients DDP all-reduces from its own hooks: the
-        # chunks' sends then wait for DDP's last bucket (`dense_gradients_issued`).
-        self.grads_after_dense = False
-        self._dense_issued = True
+        self._put: set[int] = set()  # chunks handed to the queue this step
+        # The backward's collectives in one order (`grad_order`): the queue DDP's buckets
+        # take too (`dense_slot`, fsbench.training.dp.wrap_ddp(queue=...)), else our own.
+        self.queue, self.dense_slot = queue or IssueQueue(), dense_slot if queue else None
+        self._svc: Service | None = None
         self._grad_req: Request | None = None
 
     # -- requests -----------------------------------------------------------------
@@ -240,47 +245,60 @@ class ShardedEmbeddings:
                                 negatives=rows["negatives"], users=rows["users"], contexts=contexts)
 
     # -- gradients ------------------------------------------------------------------
+    def grad_order(self) -> list[str]:
+        """The backward's collectives in issue order, from the chunk count alone (the same
+        on every rank): chunks C-1 down to 1 (the order sub-batches' backwards make them),
+        DDP's buckets, chunk 0 (the shared negatives, made last). The blocking version's
+        one chunk goes after the backward, outside the queue."""
+        dense = [self.dense_slot] if self.dense_slot else []
+        if not self.overlap:
+            return dense
+        return [_grad_name(c) for c in range(self.chunks - 1, 0, -1)] + dense + [_grad_name(0)]
+
     def prepare_gradients(self, req: Request, svc: Service) -> None:
-        """Before backward: which chunks have no gradient to wait for (none of their rows
-        was read, or the chunk is empty)."""
-        self._ready = [req.leaves[c] is None for c in range(self.chunks)]
-        self._grad_sends, self._sent = [], 0
+        """Before backward: the step's order of collectives begins (`grad_order`)."""
+        self._grad_sends, self._put = [], set()
         self._svc, self._grad_req = svc, req
-        self._dense_issued = not self.grads_after_dense
+        self.queue.begin(self.grad_order(), at_start=self._put_unread, at_end=self._put_rest)
 
     def _grad_ready(self, c: int) -> None:
-        self._ready[c] = True
-        self._send_grads(self._grad_req)
+        """Chunk c's gradient is complete (its leaf's post-accumulate hook)."""
+        self._put_chunk(c, in_backward=True)
 
-    def dense_gradients_issued(self) -> None:
-        """DDP issued the step's last dense all-reduce (fsbench.training.dp.wrap_ddp's
-        after_last_bucket, on autograd's thread): the chunks may go now."""
-        self._dense_issued = True
-        if self._grad_req is not None:
-            self._send_grads(self._grad_req)
+    def _put_chunk(self, c: int, in_backward: bool) -> None:
+        if self.overlap and c not in self._put:
+            self._put.add(c)
+            self.queue.put(_grad_name(c), lambda: self._send_grad(c), in_backward=in_backward)
 
-    def _send_grads(self, req: Request, everything: bool = False) -> None:
-        """Send chunk gradients in one fixed order, last-consumed first (the order autograd
-        produces them), as far as they are ready, and only after DDP's dense all-reduces
-        where those come from hooks too: collectives must match across ranks. `everything`
-        (after backward, when DDP has issued every bucket): the rest, ready or not."""
-        if not (everything or self._dense_issued):
-            return
-        while self._sent < self.chunks:
-            c = self.chunks - 1 - self._sent
-            if not (self._ready[c] or everything):
-                return
-            leaf = req.leaves[c]
-            grads = (leaf.grad if leaf is not None and leaf.grad is not None
-                     else req.buffer.new_zeros(req.chunk_sizes[c], self.dim))
-            p = self.transport.all_to_all(grads, req.grad_splits[c], self._svc.grad_splits[c],
-                                          f"emb.grad_c{c}")
-            self._grad_sends.append((p, c))
-            self._sent += 1
+    def _put_unread(self) -> None:
+        """At the backward's first hook: chunks none of whose rows this rank read have no
+        gradient to wait for (zeros go)."""
+        for c in range(self.chunks - 1, -1, -1):
+            if self._grad_req.leaves[c] is None:
+                self._put_chunk(c, in_backward=True)
+
+    def _put_rest(self) -> None:
+        """After the backward's graph: chunks no gradient reached (zeros go)."""
+        for c in range(self.chunks - 1, -1, -1):
+            self._put_chunk(c, in_backward=False)
+
+    def _send_grad(self, c: int) -> None:
+        """Issue chunk c's gradients to its rows' owners (the queue's turn for it)."""
+        req = self._grad_req
+        leaf = req.leaves[c]
+        grads = (leaf.grad if leaf is not None and leaf.grad is not None
+                 else req.buffer.new_zeros(req.chunk_sizes[c], self.dim))
+        p = self.transport.all_to_all(grads, req.grad_splits[c], self._svc.grad_splits[c],
+                                      _grad_name(c))
+        self._grad_sends.append((p, c))
 
     def finish_gradients(self, req: Request, svc: Service) -> None:
-        """After backward: send what is left, receive everything, update the owned rows."""
-        self._send_grads(req, everything=True)
+        """After backward: send what is left (the queue's rest, where no hook inside the
+        backward ran it; the blocking version's one chunk), receive everything, update the
+        owned rows."""
+        self.queue.end()
+        if not self.overlap:
+            self._send_grad(0)
         # Messages that brought this rank no rows (its part of the collective was empty)
         # were never needed by a lookup: complete them, so that no collective is left
         # unwaited when the step's objects go.
@@ -297,6 +315,10 @@ class ShardedEmbeddings:
         # them after the update, and the look-ahead keeps later steps' requests alive.
         req.leaves = []
         self._grad_sends, self._svc, self._grad_req = [], None, None
+
+
+def _grad_name(c: int) -> str:
+    return f"emb.grad_c{c}"
 
 
 class LazyLookups:

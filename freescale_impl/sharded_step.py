@@ -7,8 +7,10 @@ The dense part is replicated under DDP; the tables live in shards
     pull step k+1's input; send its requests (counts, ids)       comm spans
     forward k, sub-batch by sub-batch: each waits for its chunk  compute (+ blocked waits)
     split k+1's rows into fresh/final; send the final ones      comm: in flight in backward
-    backward k: DDP all-reduces dense gradients; each embedding
-      gradient chunk is sent from its autograd hook             compute (+ flights)
+    backward k, sub-batch by sub-batch, the last first: each
+      embedding gradient chunk is sent from its autograd hook
+      as the sub-batch makes it, then DDP's buckets, then chunk 0
+      (one queue, one order on every rank)                      compute (+ flights)
     receive gradients; update the owned rows                    comm waits, sparse_optimizer
     send k+1's fresh rows, first in line                        comm: in flight in optimizer
     dense optimizer                                             compute
@@ -23,7 +25,8 @@ import torch.distributed as dist
 
 from fsbench.config import RunConfig
 from fsbench.training.dist import RankContext
-from fsbench.training.dp import wrap_ddp
+from fsbench.training.dp import DDP_SLOT, wrap_ddp
+from fsbench.training.issue_queue import IssueQueue
 from fsbench.models import RecModel, model_from_state, table_specs
 from fsbench.models.init import materialize
 from fsbench.training.optim import make_dense_optimizer
@@ -64,13 +67,13 @@ class ShardedTableTrainer:
         self.ctx, self.run, self.opts = ctx, run, opts
         w = run.workload
         # Sums, not averages: each rank's loss is already its share of the global loss.
-        # The embedding gradients' all-to-alls wait for DDP's last bucket: one order of
-        # the collectives issued from backward's hooks on every rank (embedding_exchange).
-        # The dense part runs sub-batch by sub-batch inside the one call DDP sees
-        # (freescale_impl.sub_batches): each waits only for its own chunks.
+        # DDP's buckets and the embedding gradients' chunks go through one queue, in one
+        # order on every rank (ShardedEmbeddings.grad_order): nothing waits for DDP's last
+        # bucket but chunk 0. The dense part runs sub-batch by sub-batch inside the one
+        # call DDP sees (freescale_impl.sub_batches): each waits only for its own chunks.
+        queue = IssueQueue()
         self.dense = wrap_ddp(SubBatched(build_dense(run, ctx.device)), ctx, w.dense_bucket_mb,
-                              average=False,
-                              after_last_bucket=lambda: self.engine.dense_gradients_issued())
+                              average=False, queue=queue)
         self.optimizer = make_dense_optimizer(self.dense.parameters(), w)
         layout = RowLayout(table_specs(w.model.row_dim, w.item_vocab, w.user_vocab, w.context_vocabs),
                            ctx.world_size, opts.sharding)
@@ -85,8 +88,7 @@ class ShardedTableTrainer:
                      else make_transport(opts.transport, group, ctx.device))
         self.engine = ShardedEmbeddings(layout, shard, transport,
                                         group, ctx.rank, opts.chunks or (4 if ctx.device.type == "cuda" else 1), overlap=opts.overlap == "on",
-                                        priority=opts.priority == "on")
-        self.engine.grads_after_dense = True
+                                        priority=opts.priority == "on", queue=queue, dense_slot=DDP_SLOT)
         self.ahead = None  # host routing: (StepInput, Request, Service) of the next step
         self.exchanged: list[Routed] = []  # exchanged routing: this step's, then the next
         self.host_routed: bool | None = None  # known at the first step

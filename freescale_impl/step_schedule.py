@@ -93,12 +93,18 @@ def sharded_step_program(exchange: str, chunks: int, routing: str, transport: st
             ops += [Wait(mask), HostSync()]  # the next step's plan from the fresh masks
             ops += _exchange(final, transport)
         ops += [Wait(counts), HostSync(), Issue(ids)]  # counts read on the host: the ids' splits
-    # Gradient chunks go after DDP's last bucket (one order of collectives on every rank),
-    # last-consumed first; the blocking version sends its one after the backward.
-    sends = [o for g in reversed(grads) for o in _exchange(g, transport)]
-    ops += ddp_backward(buckets, after_last=tuple(sends) if exchange != "blocking" else ())
+    # The backward runs sub-batch by sub-batch, the last first, and the backward's
+    # collectives go through one queue in one order on every rank
+    # (ShardedEmbeddings.grad_order): gradient chunk c >= 1 as soon as sub-batch c's
+    # backward has made it; DDP's buckets in sub-batch 0's backward, which finishes every
+    # dense gradient; chunk 0 (the shared negatives) after the last bucket. The blocking
+    # version sends its one chunk after the backward.
     if exchange == "blocking":
-        ops += sends
+        ops += ddp_backward(buckets) + [o for o in _exchange(grads[0], transport)]
+    else:
+        for c in range(chunks - 1, 0, -1):
+            ops += [Compute("backward", 1 / chunks), *_exchange(grads[c], transport)]
+        ops += ddp_backward(buckets, share=1 / chunks, after_last=tuple(_exchange(grads[0], transport)))
     ops += [w for g in reversed(grads) for w in _arrived(g, transport)]
     ops += [Compute("table_update")]
     if priority:  # the next step's fresh rows, first in line, after the update made them

@@ -160,8 +160,9 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str,
         "each assumed figure is halved or doubled is in the last section.\n",
         "The step is FreeScale's as built (fsbench.scaling.simulate): each chunk of the "
         "embedding exchange is an all-to-all of its own; the forward runs sub-batch by sub-batch, "
-        "each after its own chunk (the rows it is the first to read); the gradients' all-to-alls follow "
-        "DDP's last bucket; with priority, the next step's final rows fly during the backward "
+        "each after its own chunk (the rows it is the first to read), the backward likewise, the last "
+        "sub-batch first: each gradient chunk's all-to-all leaves as its sub-batch's backward makes it, "
+        "but chunk 0's (the shared negatives), which follows DDP's last bucket; with priority, the next step's final rows fly during the backward "
         "and its fresh rows after the update; host syncs inside the step are booked; and the "
         "SM-free transport runs only inside a node (the trainer refuses across nodes), so "
         "beyond 8 GPUs FreeScale in full exchanges over NCCL and `overlap + SM-free` reads "

@@ -3,10 +3,11 @@
 FreeScale's backward issues two kinds from hooks, on two communicators: DDP's dense
 all-reduce buckets and the embedding gradient chunks' all-to-alls. Issued as each became
 ready, their interleaving followed the data; on NCCL, different orders on different
-ranks may deadlock. Here two gloo ranks read their chunks in different ways, so that
-their gradients become ready in different orders relative to the dense part's; the
-collectives each rank issued (its timeline's flights, in issue order) must still be the
-same sequence on both.
+ranks may deadlock. Both go through one queue (fsbench.training.issue_queue) whose order
+every rank derives from the chunk count: chunks C-1 down to 1, DDP's buckets, chunk 0.
+Here two gloo ranks read their chunks in different ways, so that their gradients become
+ready in different orders relative to the dense part's; the collectives each rank issued
+(its timeline's flights, in issue order) must still be that sequence on both.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from ports import free_port
 from fsbench.measurement.timeline import Timeline, read_timelines, set_current
 from fsbench.models import table_specs
 from fsbench.training.dist import RankContext
-from fsbench.training.dp import wrap_ddp
+from fsbench.training.dp import DDP_SLOT, wrap_ddp
+from fsbench.training.issue_queue import IssueQueue
 from fsbench.workloads import make_batch_source
 from fsbench.workloads.presets import tiny
 from freescale_impl.embedding_exchange import ShardedEmbeddings
@@ -62,8 +64,10 @@ def _rank_main(rank, port, gated, out):
         layout = RowLayout(specs, 2, "row")
         shard = LocalShard(layout, rank, SEED, "sgd", 0.1, torch.device("cpu"))
         group = dist.new_group(backend="gloo")  # the embeddings' own, as the trainer's
+        queue = IssueQueue() if gated else None  # shared with DDP, else the engine's own
         engine = ShardedEmbeddings(layout, shard, CollectiveTransport(group), group, rank,
-                                   chunks=3, overlap=True, priority=False)
+                                   chunks=3, overlap=True, priority=False, queue=queue,
+                                   dense_slot=DDP_SLOT)
         ready = []  # the order gradients became ready in, as the hooks saw it
         hooked = engine._grad_ready
 
@@ -71,15 +75,12 @@ def _rank_main(rank, port, gated, out):
             ready.append(f"chunk {c}")
             hooked(c)
         engine._grad_ready = grad_ready
-
-        def last_bucket():
-            ready.append("dense")
-            if gated:
-                engine.dense_gradients_issued()
-        engine.grads_after_dense = gated
         torch.manual_seed(SEED)
         dense = wrap_ddp(torch.nn.Linear(WORKLOAD.model.dim, 1), ctx, WORKLOAD.dense_bucket_mb, average=False,
-                         after_last_bucket=last_bucket)
+                         queue=queue)
+        # The dense part's gradient is ready once its weight's is accumulated: where
+        # DDP's own hook sees it too.
+        dense.module.weight.register_post_accumulate_grad_hook(lambda _t: ready.append("dense"))
         batch = make_batch_source(WORKLOAD, SEED).global_batch(0)
         half = batch.batch_size // 2
         batch = batch.select(list(range(half)) if rank == 0 else list(range(half, batch.batch_size)))
@@ -116,16 +117,20 @@ def _run(tmp_path, gated: bool):
 
 def test_backward_collectives_go_in_one_order_on_every_rank_whatever_became_ready_first(tmp_path):
     ready, issued = _run(tmp_path, gated=True)
-    # The premise: the ranks' gradients became ready in different orders.
+    # The premise: the ranks' gradients became ready in different orders (rank 0's dense
+    # part before any chunk, rank 1's chunks 2 and 1 before its dense part).
     assert ready[0] != ready[1], ready
-    assert ready[1].index("chunk 2") < ready[1].index("dense") and ready[0][0] == "dense", ready
-    # Every rank issued the same collectives in the same order: DDP's, then the chunks.
+    assert ready[0][0] == "dense", ready
+    assert ready[1].index("chunk 2") < ready[1].index("chunk 1") < ready[1].index("dense"), ready
+    # Every rank issued the same collectives in the queue's order: the later chunks as
+    # they were made, DDP's bucket (rank 0's held until chunks 2 and 1 had gone), chunk 0.
     assert issued[0] == issued[1], issued
-    assert issued[0] == ["ddp.allreduce", "emb.grad_c2", "emb.grad_c1", "emb.grad_c0"], issued
+    assert issued[0] == ["emb.grad_c2", "emb.grad_c1", "ddp.allreduce", "emb.grad_c0"], issued
 
 
 def test_issued_as_they_became_ready_the_same_ranks_disagree_on_the_order(tmp_path):
-    """The same two ranks without the gate (as before): rank 1 sends its negatives' chunk
-    before DDP's all-reduce, rank 0 after it. What the gate prevents."""
+    """The same two ranks with DDP outside the engine's queue (as before the queue): rank
+    0 issues DDP's all-reduce before its chunks, rank 1 after chunks 2 and 1. What the
+    shared queue prevents."""
     _, issued = _run(tmp_path, gated=False)
     assert sorted(issued[0]) == sorted(issued[1]) and issued[0] != issued[1], issued

@@ -1,6 +1,7 @@
 """The simulator books FreeScale's exchange as the trainer runs it (freescale_impl.sharded_step,
 embedding_exchange, transport): a latency per chunk, a forward that runs sub-batch by
-sub-batch (each after its own chunk), gradients after DDP's last bucket, host syncs inside the step, and no SM-free transport
+sub-batch (each after its own chunk), gradient chunks as the backward makes them (chunk 0 after DDP's
+last bucket), host syncs inside the step, and no SM-free transport
 across nodes. Each test changes one thing and checks what it costs, on the h100 preset
 with the planner's time left out (nothing here depends on this machine's speed)."""
 import dataclasses
@@ -100,24 +101,26 @@ def test_freescale_declares_the_host_syncs_of_its_step():
     assert syncs(transport="sm_free", chunks="2") == 1 + 1 * 2 * 2
 
 
-def test_the_order_check_rejects_the_schedule_the_simulator_used_to_cost():
-    """The simulator before it replayed the trainer's program costed a FreeScale whose
-    gradient chunks left during the backward ahead of DDP's last bucket. Written as a
-    program, the order check (tests/test_step_programs.py) tells it from the trainer's
-    step. (Where inside a phase a wait falls, the first chunk's or the last's, leaves the
-    order alone: that one the exposed-time comparison there checks.)"""
+def test_the_order_check_tells_chunks_made_in_the_backward_from_chunks_held_for_dense():
+    """FreeScale's gradient chunks used to wait for DDP's last bucket; now chunk 1 leaves
+    as sub-batch 1's backward makes it, ahead of DDP's buckets. Written as a program, the
+    order check (tests/test_step_programs.py) tells the schedule the trainer left from the
+    one it runs. (Where inside a phase a wait falls, the first chunk's or the last's,
+    leaves the order alone: that one the exposed-time comparison there checks.)"""
     from fsbench.measurement.recorded_step import same_order
-    from fsbench.training.step_program import Compute, Issue
+    from fsbench.training.step_program import Issue
     from freescale_impl.step_schedule import sharded_step_program
 
     built = sharded_step_program("overlapped", 2, "exchanged", False, [Bucket(1.0, 1.0)])
     assert same_order(built.events(), built.events())
     ops = list(built.ops)
+    issued = [op.comm.name for op in ops if isinstance(op, Issue)]
+    assert issued.index("emb.grad_c1") < issued.index("ddp.allreduce:0") < issued.index("emb.grad_c0")
     grad = next(op for op in ops if isinstance(op, Issue) and op.comm.name == "emb.grad_c1")
-    first_bwd = next(i for i, op in enumerate(ops) if isinstance(op, Compute) and op.phase == "backward")
-    early = [op for op in ops if op is not grad]
-    early[first_bwd + 1:first_bwd + 1] = [grad, Compute("backward", 0.0)]
-    assert not same_order(built.events(), StepProgram(tuple(early)).events())
+    held = [op for op in ops if op is not grad]
+    last_bucket = next(i for i, op in enumerate(held) if isinstance(op, Issue) and op.comm.name == "ddp.allreduce:0")
+    held[last_bucket + 1:last_bucket + 1] = [grad]
+    assert not same_order(built.events(), StepProgram(tuple(held)).events())
 
 
 def test_smaller_dense_buckets_leave_a_smaller_last_bucket_after_the_backward():

@@ -28,7 +28,7 @@ from freescale_impl.transport import CollectiveTransport
 
 pytestmark = pytest.mark.dist
 WORKLOAD = dataclasses.replace(tiny(), global_batch_size=12, lengths="yelp")
-EXCHANGE_FILES = ("embedding_exchange.py", "exchange_plan.py", "transport.py")
+EXCHANGE_FILES = ("embedding_exchange.py", "exchange_plan.py", "transport.py", "issue_queue.py")
 
 
 def _shares(step: int, n: int):
@@ -69,7 +69,9 @@ def _rank(rank, world_size, port, out):
         with recorder, live:  # the backward, chunk gradients sent from their hooks
             loss.backward()
         engine.finish_gradients(req, svc)
-        sent = engine._sent  # chunk gradients sent this step (the exchanges themselves are freed)
+        # Chunk gradients sent this step (the exchanges themselves are freed): every one
+        # handed to the queue, and the queue issued them all.
+        sent = len(engine._put) if engine.queue.issued else -1
         with open(f"{out}/rank-{rank}.json", "w") as f:
             json.dump({"found": recorder.found, "live": live.found, "grad_sends": sent,
                        "fresh": int(req.fresh.sum()), "final": int((~req.fresh).sum())}, f)

@@ -8,7 +8,6 @@ trainers compute the same function on the same global batch by construction.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -17,44 +16,61 @@ from torch.nn.parallel import DistributedDataParallel
 from fsbench.config import RunConfig
 from fsbench.training.dist import RankContext
 from fsbench.models import build_model, model_from_state
+from fsbench.training.issue_queue import IssueQueue
 from fsbench.training.optim import make_model_optimizer
 from fsbench.measurement.timeline import current, span
 from fsbench.training.trainer import Preparer, StepInput, StepStats
 
 
+DDP_SLOT = "ddp.allreduce"
+"""The slot DDP's buckets take in a trainer's `IssueQueue` (its flights' name)."""
+
+
 def wrap_ddp(module: torch.nn.Module, ctx: RankContext, bucket_cap_mb: float, average: bool = True,
-             after_last_bucket: Callable[[], None] | None = None) -> DistributedDataParallel:
+             queue: IssueQueue | None = None) -> DistributedDataParallel:
     """DDP over `module`, its gradient all-reduce recorded as flights (fsbench.measurement.timeline:
     issue to completion, for `comm_overlap_ratio`). average=True is DDP's own arithmetic
     (divide by N, then sum); average=False sums, for trainers whose loss is already the
     rank's share of the global loss. bucket_cap_mb: the workload's `dense_bucket_mb`.
 
-    after_last_bucket: called (from DDP's comm hook, on autograd's thread) once the step's
-    last bucket's all-reduce is issued. A trainer that issues other collectives from
-    autograd hooks issues them only after it, so that every rank issues the step's
-    collectives in one order whatever order its gradients become ready in: collectives
-    on different NCCL communicators issued in different orders on different ranks may
-    deadlock (FreeScale's embedding gradients, freescale_impl.embedding_exchange). DDP
-    itself issues its buckets in index order on every rank."""
+    queue: for a trainer that issues collectives of its own from backward's hooks, the
+    queue that puts them and DDP's buckets in one order on every rank
+    (fsbench.training.issue_queue): the buckets take its slot `DDP_SLOT` (closed by the
+    last), in index order, as DDP hands them over; the comm hook returns a future that
+    the queue fulfils when it issues the bucket's all-reduce in its turn. Without one,
+    each bucket's all-reduce is issued from its hook at once."""
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     # DDP broadcasts rank 0's weights at construction; models are built seeded, so the
     # replicas already agree and the broadcast only guards against drift.
     ddp = DistributedDataParallel(module, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb)
     n = ctx.world_size
+    # A bucket's future holds a device tensor: on CUDA it must know the device, so that
+    # whoever waits for it waits for the all-reduce's stream.
+    devices = [ctx.device] if ctx.device.type == "cuda" else None
 
-    def timed_allreduce(group, bucket):
-        flight = current().in_flight("ddp.allreduce")
-        tensor = bucket.buffer()
+    def allreduce(group, tensor: torch.Tensor, result: torch.futures.Future | None):
+        flight = current().in_flight(DDP_SLOT)
         if average:
             tensor.div_(n)
         fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
-        if after_last_bucket is not None and bucket.is_last():
-            after_last_bucket()
 
         def done(f):
             flight.finish()
-            return f.value()[0]
+            if result is None:
+                return f.value()[0]
+            try:
+                result.set_result(f.value()[0])
+            except Exception as e:  # noqa: BLE001 (DDP's finalize waits for it: never leave it unset)
+                result.set_exception(e)
         return fut.then(done)
+
+    def timed_allreduce(group, bucket):
+        tensor = bucket.buffer()
+        if queue is None:
+            return allreduce(group, tensor, None)
+        result = torch.futures.Future(devices=devices)
+        queue.put(DDP_SLOT, lambda: allreduce(group, tensor, result), last=bucket.is_last())
+        return result
 
     ddp.register_comm_hook(ctx.group, timed_allreduce)
     return ddp

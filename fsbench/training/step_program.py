@@ -140,20 +140,23 @@ class Bucket:
 
 
 def ddp_backward(buckets: list[Bucket], name: str = "ddp.allreduce", flight: str | None = None,
-                 after_last: tuple[Op, ...] = ()) -> list[Op]:
+                 after_last: tuple[Op, ...] = (), share: float = 1.0) -> list[Op]:
     """DDP's backward: each bucket's all-reduce issued from the comm hook once it is full
     (`Bucket.ready`), all waited at backward's end inside it (DDP's finalize). `flight`:
     the name its flights carry (fsbench.training.dp's comm hook: `name`). `after_last`:
-    what a trainer's hook issues right after the last bucket."""
+    what a trainer's hook issues right after the last bucket. `share`: the part of the
+    backward in which every dense gradient is made (its last part, where the backward
+    runs sub-batch by sub-batch: each parameter's gradient is complete only after the
+    last sub-batch's backward), `Bucket.ready` read within it."""
     total = sum(b.nbytes for b in buckets) or 1.0
     ops: list[Op] = []
     comms, done = [], 0.0
     for i, b in enumerate(buckets):
         comm = Comm(f"{name}:{i}", "all_reduce", "dense_grads", b.nbytes / total, flight=flight or name)
-        ops += [Compute("backward", max(0.0, b.ready - done)), Issue(comm)]
+        ops += [Compute("backward", share * max(0.0, b.ready - done)), Issue(comm)]
         comms.append(comm)
         done = max(done, b.ready)
-    ops.append(Compute("backward", 1.0 - done))
+    ops.append(Compute("backward", share * (1.0 - done)))
     # The hook's own issues and DDP's waits all sit inside the backward's span.
     return ops + list(after_last) + [Wait(comm, implicit=True) for comm in comms] + [Compute("backward", 0.0)]
 

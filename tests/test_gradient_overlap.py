@@ -1,0 +1,114 @@
+"""Gradients leave as they are made (FreeScale 2). The backward runs sub-batch by sub-batch,
+the last first, and gradient chunk c is complete once sub-batch c's backward has run: it
+goes to its owners then, through the queue it shares with DDP's buckets
+(fsbench.training.issue_queue), while the earlier sub-batches' backward still runs. On 2
+gloo ranks, each sub-batch's backward takes `SLOW_S` longer: each rank's timeline shows
+the last chunk's gradients issued, and arrived, while at least two more sub-batches'
+backward had yet to run, ahead of DDP's all-reduce and of chunk 0."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ports import free_port
+
+from fsbench.measurement.timeline import Timeline, read_timelines, set_current, span
+from fsbench.models import build_model, table_specs
+from fsbench.training.dist import RankContext
+from fsbench.training.dp import DDP_SLOT, wrap_ddp
+from fsbench.training.issue_queue import IssueQueue
+from fsbench.workloads import make_batch_source
+from fsbench.workloads.presets import tiny
+from freescale_impl.embedding_exchange import ShardedEmbeddings
+from freescale_impl.sharded_tables import LocalShard, RowLayout
+from freescale_impl.sub_batches import SubBatched, sub_batches
+from freescale_impl.transport import CollectiveTransport
+
+pytestmark = pytest.mark.dist
+WORKLOAD = dataclasses.replace(tiny(), global_batch_size=12, lengths="yelp")
+SEED, CHUNKS, SLOW_S = 5, 4, 0.25
+LAST = f"emb.grad_c{CHUNKS - 1}"
+
+
+class _SlowBackward(torch.autograd.Function):
+    """The identity, whose backward first sleeps `SLOW_S`: a sub-batch's backward made long."""
+
+    @staticmethod
+    def forward(ctx, loss):
+        return loss.view_as(loss)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(SLOW_S)
+        return grad
+
+
+class SlowBackward(torch.nn.Module):
+    def __init__(self, dense: torch.nn.Module) -> None:
+        super().__init__()
+        self.dense = dense
+
+    def forward(self, rows, batch):
+        return _SlowBackward.apply(self.dense(rows, batch))
+
+
+def _rank_main(rank, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        timeline = Timeline(f"{out}/rank-{rank}.jsonl", rank=rank)
+        set_current(timeline)
+        ctx = RankContext(rank, 2, rank, torch.device("cpu"), "gloo", dist.group.WORLD)
+        specs = table_specs(WORKLOAD.model.dim, WORKLOAD.item_vocab, WORKLOAD.user_vocab,
+                            WORKLOAD.context_vocabs)
+        layout = RowLayout(specs, 2, "row")
+        shard = LocalShard(layout, rank, SEED, "adagrad", 0.1, torch.device("cpu"))
+        group = dist.new_group(backend="gloo")
+        queue = IssueQueue()  # the trainer's: DDP's buckets and the chunks in one order
+        engine = ShardedEmbeddings(layout, shard, CollectiveTransport(group), group, rank,
+                                   chunks=CHUNKS, overlap=True, priority=False, queue=queue,
+                                   dense_slot=DDP_SLOT)
+        dense = wrap_ddp(SubBatched(SlowBackward(build_model(WORKLOAD, seed=SEED).dense)), ctx,
+                         WORKLOAD.dense_bucket_mb, average=False, queue=queue)
+        batch = make_batch_source(WORKLOAD, SEED).global_batch(0).select(list(range(rank, 12, 2)))
+        timeline.begin_step(0, warmup=False)
+        req, svc, ids = engine.request(batch)
+        engine.serve(svc, ids)
+        engine.fetch_all(req, svc)
+        loss = dense(engine.lookups(req), sub_batches(req, batch))  # one forward for DDP
+        engine.prepare_gradients(req, svc)
+        with span("backward"):
+            loss.backward()
+        engine.finish_gradients(req, svc)
+        timeline.flush()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_gradient_chunk_is_issued_before_the_backward_ends(tmp_path):
+    mp.spawn(_rank_main, args=(free_port(), str(tmp_path)), nprocs=2)
+    spans = read_timelines(tmp_path)
+    for rank in range(2):
+        mine = spans[spans["rank"] == rank]
+        assert (mine["name"] == "forward").sum() == CHUNKS  # 6 samples: every sub-batch has some
+        backward = mine[mine["name"] == "backward"].iloc[0]
+        ends = backward["start_ns"] + backward["dur_ns"]
+        flights = mine[mine["kind"] == "flight"].sort_values("start_ns")
+        last = flights[flights["name"] == LAST].iloc[0]
+        # Issued inside the backward, with sub-batches 2..0's backward (3 x SLOW_S) to run:
+        # at least two of them after it ...
+        assert backward["start_ns"] < last["start_ns"], rank
+        assert ends - last["start_ns"] > 2 * SLOW_S * 1e9, (rank, (ends - last["start_ns"]) / 1e9)
+        # ... and arrived at its owners before the backward ended: hidden under it.
+        assert last["start_ns"] + last["dur_ns"] < ends, rank
+        # In the queue's order: chunks C-1 down to 1, DDP's bucket, chunk 0.
+        order = [n for n in flights["name"] if n.startswith(("emb.grad", DDP_SLOT))]
+        order = [n for i, n in enumerate(order) if i == 0 or n != order[i - 1]]  # DDP's buckets as one
+        assert order == [f"emb.grad_c{c}" for c in range(CHUNKS - 1, 0, -1)] + [DDP_SLOT, "emb.grad_c0"], order
