@@ -8,7 +8,6 @@ backward had yet to run, ahead of DDP's all-reduce and of chunk 0."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 
 import pytest
@@ -16,18 +15,17 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from exchange_ranks import join, one_step, rank_shard
 from ports import free_port
 
-from fsbench.measurement.timeline import Timeline, read_timelines, set_current, span
-from fsbench.models import build_model, table_specs
-from fsbench.training.dist import RankContext
+from fsbench.measurement.timeline import read_timelines
+from fsbench.models import build_model
 from fsbench.training.dp import DDP_SLOT, wrap_ddp
 from fsbench.training.issue_queue import IssueQueue
 from fsbench.workloads import make_batch_source
 from fsbench.workloads.presets import tiny
 from freescale_impl.embedding_exchange import ShardedEmbeddings
-from freescale_impl.sharded_tables import LocalShard, RowLayout
-from freescale_impl.sub_batches import SubBatched, sub_batches
+from freescale_impl.sub_batches import SubBatched
 from freescale_impl.transport import CollectiveTransport
 
 pytestmark = pytest.mark.dist
@@ -59,17 +57,9 @@ class SlowBackward(torch.nn.Module):
 
 
 def _rank_main(rank, port, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    timeline, ctx = join(rank, port, out)
     try:
-        timeline = Timeline(f"{out}/rank-{rank}.jsonl", rank=rank)
-        set_current(timeline)
-        ctx = RankContext(rank, 2, rank, torch.device("cpu"), "gloo", dist.group.WORLD)
-        specs = table_specs(WORKLOAD.model.dim, WORKLOAD.item_vocab, WORKLOAD.user_vocab,
-                            WORKLOAD.context_vocabs)
-        layout = RowLayout(specs, 2, "row")
-        shard = LocalShard(layout, rank, SEED, "adagrad", 0.1, torch.device("cpu"))
+        layout, shard = rank_shard(WORKLOAD, rank, SEED, "adagrad")
         group = dist.new_group(backend="gloo")
         queue = IssueQueue()  # the trainer's: DDP's buckets and the chunks in one order
         engine = ShardedEmbeddings(layout, shard, CollectiveTransport(group), group, rank,
@@ -77,17 +67,8 @@ def _rank_main(rank, port, out):
                                    dense_slot=DDP_SLOT)
         dense = wrap_ddp(SubBatched(SlowBackward(build_model(WORKLOAD, seed=SEED).dense)), ctx,
                          WORKLOAD.dense_bucket_mb, average=False, queue=queue)
-        batch = make_batch_source(WORKLOAD, SEED).global_batch(0).select(list(range(rank, 12, 2)))
-        timeline.begin_step(0, warmup=False)
-        req, svc, ids = engine.request(batch)
-        engine.serve(svc, ids)
-        engine.fetch_all(req, svc)
-        loss = dense(engine.lookups(req), sub_batches(req, batch))  # one forward for DDP
-        engine.prepare_gradients(req, svc)
-        with span("backward"):
-            loss.backward()
-        engine.finish_gradients(req, svc)
-        timeline.flush()
+        one_step(timeline, engine, dense, make_batch_source(WORKLOAD, SEED).global_batch(0).select(
+            list(range(rank, 12, 2))))
     finally:
         dist.destroy_process_group()
 

@@ -13,24 +13,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from exchange_ranks import join, rank_shard
 from ports import free_port
 
-from fsbench.measurement.timeline import Timeline, read_timelines, set_current
-from fsbench.models import table_specs
-from fsbench.training.dist import RankContext
+from fsbench.measurement.timeline import read_timelines
 from fsbench.training.dp import DDP_SLOT, wrap_ddp
 from fsbench.training.issue_queue import IssueQueue
 from fsbench.workloads import make_batch_source
 from fsbench.workloads.presets import tiny
 from freescale_impl.embedding_exchange import ShardedEmbeddings
-from freescale_impl.sharded_tables import LocalShard, RowLayout
 from freescale_impl.transport import CollectiveTransport
 
 pytestmark = pytest.mark.dist
@@ -52,17 +49,9 @@ def _loss(rank: int, dense: torch.nn.Module, lk) -> torch.Tensor:
 
 
 def _rank_main(rank, port, gated, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    timeline, ctx = join(rank, port, out)
     try:
-        timeline = Timeline(f"{out}/rank-{rank}.jsonl", rank=rank)
-        set_current(timeline)
-        ctx = RankContext(rank, 2, rank, torch.device("cpu"), "gloo", dist.group.WORLD)
-        specs = table_specs(WORKLOAD.model.dim, WORKLOAD.item_vocab, WORKLOAD.user_vocab,
-                            WORKLOAD.context_vocabs)
-        layout = RowLayout(specs, 2, "row")
-        shard = LocalShard(layout, rank, SEED, "sgd", 0.1, torch.device("cpu"))
+        layout, shard = rank_shard(WORKLOAD, rank, SEED, "sgd")
         group = dist.new_group(backend="gloo")  # the embeddings' own, as the trainer's
         queue = IssueQueue() if gated else None  # shared with DDP, else the engine's own
         engine = ShardedEmbeddings(layout, shard, CollectiveTransport(group), group, rank,
