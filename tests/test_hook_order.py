@@ -17,9 +17,9 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from ports import free_port
+from rank_spawn import spawn_ranks
 
 from fsbench.measurement.timeline import Timeline, read_timelines, set_current
 from fsbench.models import table_specs
@@ -107,7 +107,7 @@ def _issued(out) -> list[list[str]]:
 def _run(tmp_path, gated: bool):
     out = tmp_path / ("gated" if gated else "as_ready")
     out.mkdir()
-    mp.spawn(_rank_main, args=(free_port(), gated, str(out)), nprocs=2)
+    spawn_ranks(_rank_main, args=(free_port(), gated, str(out)), nprocs=2)
     ready = [json.loads((out / f"ready-{r}.json").read_text()) for r in range(2)]
     return ready, _issued(out)
 
