@@ -20,10 +20,11 @@
 # traces.tar.gz. NOT YET RUN ON A GPU.
 #
 #   bash scripts/gpu_check.sh --dry-run   the same steps on CPU (tiny workload, a few
-#                                         steps; GPU-only steps listed as skipped, the
-#                                         self-tests as not run): what CI runs
-#                                         (tests/test_gpu_check.py) so that the script
-#                                         cannot rot. It writes nothing in the checkout.
+#                                         steps, the python planner; GPU-only steps
+#                                         listed as skipped, the self-tests as not
+#                                         run): what CI runs (tests/test_gpu_check.py)
+#                                         so that the script cannot rot. It writes
+#                                         nothing in the checkout.
 set -uo pipefail
 DRY=0
 [ "${1:-}" = "--dry-run" ] && DRY=1
@@ -33,6 +34,11 @@ if [ "$DRY" = 1 ]; then
   # CI's CPUs run calibrate and simulate slower than the GPU machine's 16 cores: the dry
   # run checks the script, not its timing, so each budget is tripled (the deadline holds).
   BUDGET_SCALE=3
+  # The python planner: the simulate step's 64 and 256 ranks would compile the numba one
+  # into the fresh NUMBA_CACHE_DIR below (about 20 of the dry run's 80 s on CI's 2 cores).
+  # The two make the same plans bit for bit, compiled at cluster scale on every push by
+  # tests/test_plan_kernels.py.
+  export FSBENCH_PLANNER=python
 else
   OUT="${OUT:-gpu_out}"
   # 40 steps: 5 warm-up, 8 profiled (one profiler warm-up step before them), 27 timed,

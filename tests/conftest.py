@@ -22,6 +22,20 @@ def rank_pythonpath(monkeypatch):
         [str(SUPPORT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
 
 
+@pytest.fixture
+def no_corun_measurement(monkeypatch):
+    """For a test that calibrates in this process and reads nothing of the co-run slowdown
+    (one rank, or emulated compute): calibrate's two co-run measurements start 12 fresh
+    interpreters, ~20 s of a `tiny` calibration on 2 cores, so here they return 1.0 (no
+    slowdown) at once. Measured for real on every push: the measurement by
+    test_simulate.py::test_corun_slowdown_is_measured_in_real_processes, the whole
+    `fsbench calibrate` with it by the gpu_check dry run (test_gpu_check.py)."""
+    from fsbench.costmodel import calibrate
+
+    monkeypatch.setattr(calibrate, "measure_corun_slowdown",
+                        lambda workload, processes=None, **kw: (1.0, processes or os.cpu_count() or 1))
+
+
 @pytest.fixture(scope="session")
 def tiny_sweep(tmp_path_factory):
     """A real sweep, made once per session for the tests that only read it: `tiny`, ddp and

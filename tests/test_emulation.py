@@ -16,7 +16,7 @@ from fsbench.workloads.generator import SyntheticBatches
 pytestmark = pytest.mark.dist
 
 
-def test_four_emulated_ranks_are_busy_exactly_their_modelled_cost(tmp_path, capsys):
+def test_four_emulated_ranks_are_busy_exactly_their_modelled_cost(tmp_path, capsys, no_corun_measurement):
     args = ["run", "--workload", "tiny", "--set", "compute=emulated", "--trainer", "ddp",
             "--world-size", "4", "--steps", "4", "--warmup", "1", "--store", str(tmp_path)]
     assert main(args) == 0

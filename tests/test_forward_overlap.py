@@ -12,10 +12,10 @@ import time
 
 import pytest
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from exchange_ranks import join, one_step, rank_shard
 from ports import free_port
+from rank_spawn import spawn_ranks
 
 from fsbench.measurement.timeline import read_timelines
 from fsbench.models import build_model
@@ -59,7 +59,7 @@ def _rank_main(rank, port, out):
 
 
 def test_the_first_sub_batch_computes_before_the_last_chunk_has_arrived(tmp_path):
-    mp.spawn(_rank_main, args=(free_port(), str(tmp_path)), nprocs=2)
+    spawn_ranks(_rank_main, args=(free_port(), str(tmp_path)), nprocs=2)
     spans = read_timelines(tmp_path)
     mine = spans[spans["rank"] == 0]
     forwards = mine[mine["name"] == "forward"].sort_values("start_ns")

@@ -13,10 +13,10 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from exchange_ranks import join, one_step, rank_shard
 from ports import free_port
+from rank_spawn import spawn_ranks
 
 from fsbench.measurement.timeline import read_timelines
 from fsbench.models import build_model
@@ -74,7 +74,7 @@ def _rank_main(rank, port, out):
 
 
 def test_a_gradient_chunk_is_issued_before_the_backward_ends(tmp_path):
-    mp.spawn(_rank_main, args=(free_port(), str(tmp_path)), nprocs=2)
+    spawn_ranks(_rank_main, args=(free_port(), str(tmp_path)), nprocs=2)
     spans = read_timelines(tmp_path)
     for rank in range(2):
         mine = spans[spans["rank"] == rank]

@@ -17,10 +17,10 @@ import json
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from exchange_ranks import join, rank_shard
 from ports import free_port
+from rank_spawn import spawn_ranks
 
 from fsbench.measurement.timeline import read_timelines
 from fsbench.training.dp import DDP_SLOT, wrap_ddp
@@ -99,7 +99,7 @@ def _issued(out) -> list[list[str]]:
 def _run(tmp_path, gated: bool):
     out = tmp_path / ("gated" if gated else "as_ready")
     out.mkdir()
-    mp.spawn(_rank_main, args=(free_port(), gated, str(out)), nprocs=2)
+    spawn_ranks(_rank_main, args=(free_port(), gated, str(out)), nprocs=2)
     ready = [json.loads((out / f"ready-{r}.json").read_text()) for r in range(2)]
     return ready, _issued(out)
 

@@ -10,9 +10,9 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from ports import free_port
+from rank_spawn import spawn_ranks
 
 from freescale_impl.node_transport import NodeSplitTransport, node_block, split_by_node
 from freescale_impl.transport import CollectiveTransport
@@ -57,7 +57,7 @@ def _rank_main(rank: int, world: int, port: int, out: str) -> None:
 @pytest.mark.dist
 def test_the_node_split_exchange_delivers_what_one_all_to_all_does(tmp_path):
     world = 4
-    mp.spawn(_rank_main, args=(world, free_port(), str(tmp_path)), nprocs=world)
+    spawn_ranks(_rank_main, args=(world, free_port(), str(tmp_path)), nprocs=world)
     for rank in range(world):
         result = torch.load(tmp_path / f"rank-{rank}.pt")
         assert torch.equal(result["got"], result["want"]), rank

@@ -182,3 +182,19 @@ def test_cheapest_is_the_head_of_a_stable_argsort():
         s = int(rng.integers(1, c.size + 2))
         np.testing.assert_array_equal(window._cheapest(c, s),
                                       np.argsort(c, kind="stable")[:s])
+
+
+@needs_numba
+def test_the_ci_precompile_compiles_the_planner(monkeypatch, capsys):
+    """scripts/compile_planner.py, which .ci/run starts beside the fast tier so that the
+    tests above load the kernels, plans in compiled mode and says so (cached by now)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "compile_planner.py"
+    spec = importlib.util.spec_from_file_location("compile_planner", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setenv(plan_kernels.ENV, "auto")  # restored after: the script sets "compiled"
+    assert script.main() == 0
+    assert "kernels compiled in" in capsys.readouterr().out

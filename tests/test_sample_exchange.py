@@ -3,8 +3,9 @@ exactly `global.select(assignment[rank])`, given only its own shard.
 
 The test process builds the global batches and writes each rank one file holding only
 what `data=sharded` gives it: its shard (fresh tensors, no view into the global batch),
-the lengths all-gather's result, the shard starts and the plan. The spawned ranks never
-see a global batch, so a correct result proves nothing outside the shard was read.
+the lengths all-gather's result, the shard starts and the plan. The ranks (forked from a
+server that never held one either: tests/support/rank_spawn.py) never see a global batch,
+so a correct result proves nothing outside the shard was read.
 """
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from fsbench.workloads import make_batch_source
 from fsbench.workloads.batch import JaggedBatch
 from fsbench.workloads.presets import tiny
 from freescale_impl.sample_exchange import exchange_samples
 from ports import free_port
+from rank_spawn import spawn_ranks
 
 pytestmark = pytest.mark.dist
 WORKLOAD = dataclasses.replace(tiny(), global_batch_size=12, lengths="yelp")
@@ -104,8 +105,8 @@ def test_each_rank_gets_exactly_its_planned_samples(tmp_path, world_size, monkey
         assert any(s == e for _, st, _ in todo for s, e in zip(st, st[1:]))
         assert any(len(a) == 0 for _, _, asg in todo for a in asg)
 
-    mp.spawn(_rank_main, args=(world_size, free_port(), str(tmp_path), len(todo)),
-             nprocs=world_size)
+    spawn_ranks(_rank_main, args=(world_size, free_port(), str(tmp_path), len(todo)),
+                nprocs=world_size)
 
     for c, (batch, _, assignment) in enumerate(todo):
         for rank in range(world_size):

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from ports import free_port
+from rank_spawn import spawn_ranks
 
 from fsbench.config import RunConfig
 from fsbench.models import SparseArch, table_specs
@@ -104,7 +104,7 @@ def test_sharded_lookups_and_updates_equal_replicated(tmp_path, world_size, layo
                                                       optimizer, overlap, chunks):
     """Chunks by sub-batch (4 chunks: rank 3 of 4 has one sample, so three sub-batches
     are empty; rank 1 has none)."""
-    mp.spawn(_rank_main, args=(world_size, free_port(), layout_kind, optimizer, overlap, chunks,
+    spawn_ranks(_rank_main, args=(world_size, free_port(), layout_kind, optimizer, overlap, chunks,
                                str(tmp_path)), nprocs=world_size)
     ref_lookups, ref_rows = reference(world_size, optimizer)
     covered = 0
@@ -151,7 +151,7 @@ def test_a_finished_step_leaves_nothing_behind(tmp_path):
     done. Gradient hooks live on the leaves in C++, where the garbage collector cannot
     see: a hook that held its request kept every step's tensors (about 2 MB a step on
     `small`, the peak memory `fsbench gate` saw grow)."""
-    mp.spawn(_rank_released, args=(2, free_port(), str(tmp_path)), nprocs=2)
+    spawn_ranks(_rank_released, args=(2, free_port(), str(tmp_path)), nprocs=2)
     for rank in range(2):
         assert json.loads((tmp_path / f"alive-{rank}.json").read_text()) == [False] * 5
 

@@ -637,7 +637,8 @@ def test_calibrate_refuses_no_passes(tmp_path, capsys):
 
 
 @pytest.mark.dist
-def test_calibrate_measures_each_trainers_overhead_and_the_simulator_adds_it(tmp_path, capsys):
+def test_calibrate_measures_each_trainers_overhead_and_the_simulator_adds_it(tmp_path, capsys,
+                                                                          no_corun_measurement):
     """`fsbench calibrate --overhead ddp` runs real 1-rank runs in both compute modes, at
     the batch and a quarter of it, and stores what they cost beyond the model; a 1-rank
     simulation of the calibrated batch then takes exactly the stored wall overhead more

@@ -13,11 +13,10 @@ from fsbench.reporting.report import select_runs
 
 
 @pytest.fixture(scope="module")
-def good_run(tmp_path_factory):
-    """One real complete run (tiny, 1 rank), copied into each test's store."""
-    out = tmp_path_factory.mktemp("good")
-    assert main(["run", "--workload", "tiny", "--store", str(out)]) == 0
-    (run_dir,) = [d for d in out.iterdir() if d.is_dir()]
+def good_run(tiny_sweep):
+    """One real complete run (tiny, ddp, 1 rank: the session's sweep has it), copied into
+    each test's store; never written to."""
+    (run_dir,) = [d for d in tiny_sweep.iterdir() if "-ddp-n1-" in d.name]
     return run_dir
 
 

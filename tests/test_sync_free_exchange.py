@@ -14,9 +14,9 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from ports import free_port
+from rank_spawn import spawn_ranks
 
 from fsbench.models import table_specs
 from fsbench.workloads import make_batch_source
@@ -80,7 +80,7 @@ def _rank(rank, world_size, port, out):
 
 
 def test_no_host_sync_inside_forward_and_backward(tmp_path):
-    mp.spawn(_rank, args=(2, free_port(), str(tmp_path)), nprocs=2)
+    spawn_ranks(_rank, args=(2, free_port(), str(tmp_path)), nprocs=2)
     for rank in range(2):
         got = json.loads((tmp_path / f"rank-{rank}.json").read_text())
         assert got["found"] == [], got["found"]

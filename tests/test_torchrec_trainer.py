@@ -299,10 +299,10 @@ def _probe_rank(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    import torch.multiprocessing as mp
+    from rank_spawn import spawn_ranks
 
     out = tmp_path_factory.mktemp("probe")
-    mp.spawn(_probe_rank, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    spawn_ranks(_probe_rank, args=(_free_port(), str(out)), nprocs=WORLD)
     return [torch.load(out / f"probe-{r}.pt", weights_only=False) for r in range(WORLD)]
 
 

@@ -102,11 +102,14 @@ def test_chrome_trace_of_hand_made_spans():
 
 
 @pytest.mark.dist
-def test_trace_of_a_real_two_rank_run(tmp_path, capsys):
+def test_trace_of_a_real_two_rank_run(tiny_sweep, tmp_path, capsys):
+    import shutil
+
     from fsbench.measurement.timeline import read_timelines
 
-    assert main(["run", "--workload", "tiny", "--world-size", "2", "--store", str(tmp_path)]) == 0
-    (run_dir,) = [d for d in tmp_path.iterdir() if d.is_dir()]
+    # The session's 2-rank ddp run, copied: the trace is written beside its timelines.
+    (shared,) = [d for d in tiny_sweep.iterdir() if "-ddp-n2-" in d.name]
+    run_dir = shutil.copytree(shared, tmp_path / shared.name)
     assert main(["trace", str(run_dir)]) == 0
     assert "trace.json" in capsys.readouterr().out
     trace = json.loads((run_dir / "trace.json").read_text())
