@@ -300,16 +300,15 @@ def before_after_section(df: pd.DataFrame, before: pd.DataFrame, commit: str) ->
     a, b = old[old["gpus"] == 256].set_index(key), df[df["gpus"] == 256].set_index(key)
     h = CLUSTERS["h100"]
     lines = [f"## The headline before and after (256 GPUs, the step alone; before: `{commit}`)\n",
-             "Why it moved: (1) collectives priced by the nccl-tests-fitted model "
-             "(fsbench/scaling/collectives.py) instead of the assumed one: an all-reduce across "
-             f"nodes runs over every NIC of a node ({h.gpus_per_node * h.nic_share:.1f}x one NIC's "
-             "bandwidth), which shrinks ddp's exposed all-reduce of its replicated tables' "
-             "gradients; every collective across nodes pays a fixed cost per rank (all-to-all "
-             f"{h.a2a_peer_s * 1e6:.1f} us a peer, a ring {h.ring_peer_s * 1e6:.1f} us a rank, in "
-             "full from 32 MiB), which grows every sharded configuration's exchange; (2) FreeScale "
-             "as built: every chunk pays its latency, the forward waits for every chunk, the "
-             "gradients follow DDP's last bucket, a host sync sits between forward and backward, "
-             "and beyond a node it exchanges over NCCL (no SM-free).\n",
+             "Why it moved (against `b00cea5`, which already priced collectives by the "
+             "nccl-tests fit): (1) the simulator replays each trainer's declared step "
+             "(fsbench/scaling/step_engine.py): DDP's buckets are ready through the backward by "
+             "the encoder's bytes and a replicated table's at its end, which exposes more of "
+             "ddp's and the sharded baseline's all-reduce; (2) FreeScale's exchange changed: "
+             "chunks by whole samples, the forward sub-batch by sub-batch each after its own "
+             "chunk, and the gradient chunks sent as each sub-batch's backward makes them "
+             "(one queue with DDP's buckets), where before the forward waited for every chunk "
+             "and the gradients followed DDP's last bucket.\n",
              "| preset | batch/rank | sharded bubble | freescale bubble | reduction vs sharded | "
              "ddp bubble | reduction vs ddp |", "|---|--:|--:|--:|--:|--:|--:|"]
 
