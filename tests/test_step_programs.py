@@ -21,10 +21,10 @@ from timing import ContendedMachineWarning
 from fsbench.cli import main
 from fsbench.config_io import run_from_dict
 from fsbench.measurement.recorded_step import PHASE_OF_SPAN, same_order, step_events
-from fsbench.scaling.ddp_buckets import ddp_buckets, dense_grad_bytes
+from fsbench.scaling.ddp_buckets import step_buckets
 from fsbench.scaling.simulate import profile_of
 from fsbench.scaling.step_engine import Carry, replay
-from fsbench.training.step_program import Bucket, Compute, Issue, StepProgram, Wait
+from fsbench.training.step_program import Compute, Issue, StepProgram, Wait
 
 pytestmark = pytest.mark.dist
 
@@ -66,12 +66,7 @@ def recorded_run(store, name: str, n: int, attempt: int = 0):
     assert main(args) == 0
     (run_dir,) = [d for d in here.iterdir() if (d / "summary.json").exists()]
     run = run_from_dict(json.loads((run_dir / "run_spec.json").read_text()))
-    w = run.workload
-    dense = list(dense_grad_bytes(w))
-    buckets = ddp_buckets(dense)
-    ready = np.minimum(1.0, np.cumsum(buckets) / sum(dense))
-    program = profile_of(run.trainer, run.trainer_options, n).program(
-        [Bucket(b, float(r)) for b, r in zip(buckets, ready)], n)  # one host
+    program = profile_of(run.trainer, run.trainer_options, n).program(step_buckets(run.workload), n)  # one host
     ranks = [[json.loads(line) for line in open(run_dir / f"rank-{r}.jsonl")] for r in range(n)]
     return program, ranks, bool(json.loads((run_dir / "summary.json").read_text())["contended"])
 

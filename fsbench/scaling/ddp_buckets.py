@@ -71,3 +71,20 @@ def ddp_buckets(ready_bytes: list[float], cap_bytes: float = DDP_BUCKET_BYTES) -
     if current > 0:
         out.append(current)
     return out
+
+
+def step_buckets(workload: WorkloadConfig, replica_bytes: list[float] = ()) -> list:
+    """DDP's buckets of a step (the workload's `dense_bucket_mb`) as a step program takes them
+    (fsbench.training.step_program.Bucket): the encoder's gradients, then the replicated
+    tables' (`replica_bytes`, in reverse registration order: read first in forward, so ready
+    last); each bucket full as far into the backward as the encoder's bytes in it say, a
+    bucket holding a table's at the backward's end."""
+    from fsbench.training.step_program import Bucket
+
+    dense = list(dense_grad_bytes(workload))
+    sizes = ddp_buckets(dense + list(replica_bytes), workload.dense_bucket_mb * 2**20)
+    total, filled, out = sum(dense) or 1.0, 0.0, []
+    for size in sizes:
+        filled += size
+        out.append(Bucket(size, min(1.0, filled / total)))
+    return out

@@ -95,14 +95,13 @@ from pathlib import Path
 import numpy as np
 
 from fsbench.config import RunConfig, WorkloadConfig
-from fsbench.scaling.ddp_buckets import ddp_buckets, dense_grad_bytes
+from fsbench.scaling.ddp_buckets import step_buckets
 from fsbench.errors import ConfigError
 from fsbench.measurement.metrics import rank_causes
 from fsbench.scaling.sim_costs import (INPUT_PAYLOADS, OVERHEAD_KEYS, ROW_PAYLOADS, SAMPLE_PAYLOADS, Costs,
                                       expected_distinct, expected_fresh, expected_tokens, step_payloads,
                                       worker_preemption_ms)
 from fsbench.scaling.step_engine import replay
-from fsbench.training.step_program import Bucket
 from fsbench.scaling.sim_inputs import Cluster, PlanInputs, SimProfile, contiguous_plan
 from fsbench.scaling.sim_summary import summarize_steps
 
@@ -142,11 +141,8 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # ready, then the tables where a trainer replicates them (read first in forward, so
     # ready last in backward; among themselves in reverse registration order).
     replicas = [rows * dim_bytes for rows in vocabs] if prof.tables.placement == "replicated" else []
-    dense_bytes = list(dense_grad_bytes(w))
-    buckets = ddp_buckets(dense_bytes + replicas[::-1], w.dense_bucket_mb * 2**20)
-    # How far into the backward each bucket is full: the encoder's gradients come through
-    # it by bytes; a bucket holding a table's waits for its end.
-    ready = np.minimum(1.0, np.cumsum(buckets) / (sum(dense_bytes) or 1.0))
+    ready_buckets = step_buckets(w, replicas[::-1])
+    buckets = [b.nbytes for b in ready_buckets]
     transport_slow = cluster.sm_slowdown
     # CPU work slows when ranks share the host's cores (co-run), and beyond the cores it
     # waits its turn (time-sharing): thread CPU time grows by the first, the wall by both;
@@ -216,7 +212,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # the rows it updated, which the prioritized exchange cannot send before its update.
     prev = None
     per_node = cluster.gpus_per_node if cluster.compute != "fit" else n  # `local`: one host
-    program = prof.program([Bucket(b, float(r)) for b, r in zip(buckets, ready)], per_node)
+    program = prof.program(ready_buckets, per_node)
     carry = carry_alone = None  # what each step leaves in flight for the next
     rows = []
     for window, lengths, plans, _ in windows:
