@@ -12,9 +12,10 @@ Every rank is both a *requester* (its samples need rows) and an *owner* (it hold
   request   the unique rows its batch needs, cut into `chunks` by whole samples: its
             samples form `chunks` sub-batches (about equal tokens) and chunk c holds the
             rows sub-batch c is the first to read (the shared negatives in chunk 0);
-            entries are sent grouped by owner, then chunk. Counts first (an all-to-all of
-            an (N, chunks) matrix), then the ids (uneven splits; a rank with no samples
-            still asks for the batch's shared negatives).
+            entries are sent grouped by owner, then chunk. Counts first (an (N, chunks)
+            matrix), then the ids (uneven splits; a rank with no samples still asks for
+            the batch's shared negatives): in the trainer, steps ahead, in one control
+            message a step (freescale_impl.request_pipeline).
   fetch     owners look the rows up and send them back, chunk by chunk, the first
             sub-batch's first; the forward runs sub-batch by sub-batch
             (`freescale_impl.sub_batches`), and sub-batch c waits only for the chunks it
@@ -36,10 +37,10 @@ Every rank is both a *requester* (its samples need rows) and an *owner* (it hold
   update    the owner sums the contributions per row and steps only those rows (with
             dense Adam, every row it holds: freescale_impl.sharded_tables).
 
-With `priority=on`, step k also prepares step k+1 (its input is pulled one step ahead):
-after step k's forward every owner splits step k+1's requests into rows that step k
-touches (*fresh*: any rank asked for them at step k, so the update may change them) and
-the rest (*final*: step k cannot change them). Final rows are looked up and sent during
+With `priority=on`, step k also prepares step k+1: every owner splits step k+1's requests
+into rows that step k touches (*fresh*: any rank asked for them at step k, so the update
+may change them) and the rest (*final*: step k cannot change them); the requesters learn
+which at step k's start (freescale_impl.request_pipeline). Final rows are looked up and sent during
 step k's backward; fresh rows are sent right after step k's update, first in line, chunk
 by chunk. Nothing is stale: every row the model reads at step k+1 holds the value after
 step k's update, so the losses equal the blocking version's (tested to 1e-6).
@@ -68,8 +69,7 @@ from fsbench.training.issue_queue import IssueQueue
 from freescale_impl.sharded_tables import LocalShard, RowLayout
 from freescale_impl.transport import CollectiveTransport, Pending
 
-from freescale_impl.exchange_plan import (Fetch, Request, Service, _counts, build_request,
-                                          plan_fetches, service_of, touched_mask)
+from freescale_impl.exchange_plan import Fetch, Request, Service, build_request, plan_fetches, service_of
 
 
 class ShardedEmbeddings:
@@ -99,9 +99,9 @@ class ShardedEmbeddings:
         self._grad_req: Request | None = None
 
     # -- requests -----------------------------------------------------------------
-    # A step's requests are exchanged in three messages, each issued early and waited
-    # late (freescale_impl.sharded_step pipelines them over the steps before): counts
-    # (the ids' splits), the ids, and with priority the owners' fresh masks.
+    # A step's requests at once, counts then ids (a step on its own: the engine's tests).
+    # The trainer sends them steps ahead, with the owners' fresh masks, in one control
+    # message a step (freescale_impl.request_pipeline).
     def request(self, batch: JaggedBatch, req: Request | None = None
                 ) -> tuple[Request, Service, Pending]:
         """Send a step's requests at once: counts (waited: the ids' splits need them),
@@ -138,9 +138,12 @@ class ShardedEmbeddings:
         req.buffer = torch.empty(req.rows.numel(), self.dim, dtype=self.shard.weight.dtype,
                                  device=self.device)
 
-    def _plan(self, req: Request, svc: Service, final: bool) -> None:
-        """Requests exchanged inside the step: plan its messages now (before the forward,
-        or between forward and backward), and move the plan's indices to the device."""
+    def plan(self, req: Request, svc: Service, final: bool) -> None:
+        """Requests exchanged: plan a step's messages on the host (at a step's start, from
+        sizes and masks that came a step ahead: freescale_impl.request_pipeline), and move
+        the plan's indices to the device."""
+        if req.buffer is None:
+            self._new_buffer(req)
         with span("emb.route", kind="compute"):
             plan_fetches(req, svc, self.n, self.chunks, final)
         to = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
@@ -160,7 +163,7 @@ class ShardedEmbeddings:
         """Every row of this step now (no rows prepared ahead): chunk by chunk."""
         req.fresh = torch.ones(req.rows.numel(), dtype=torch.bool)
         svc.fresh = torch.ones(svc.chunk.numel(), dtype=torch.bool)
-        self._plan(req, svc, final=False)
+        self.plan(req, svc, final=False)
         self.send_fresh(req, svc)
 
     def adopt(self, batch: JaggedBatch, routing: dict) -> tuple[Request, Service]:
@@ -169,27 +172,6 @@ class ShardedEmbeddings:
         req.batch = batch
         self._new_buffer(req)
         return req, svc
-
-    def split_and_send_final(self, req: Request, svc: Service, touched: torch.Tensor) -> None:
-        """Priority, requests exchanged: rows the current step touches (`touched`: this
-        owner's local rows asked for at the current step) are fresh; tell the requesters
-        which, plan, and send the others now (between the current forward and backward)."""
-        self.adopt_fresh_mask(req, svc, self.send_fresh_mask(req, svc, touched))
-        self.send_final(req, svc)
-
-    def send_fresh_mask(self, req: Request, svc: Service, touched: torch.Tensor) -> Pending:
-        """Priority, requests exchanged: mark this owner's entries whose rows the current
-        step touches (`touched`: its local rows asked for at the current step, repeats
-        allowed) fresh, and issue the mask to the requesters."""
-        with span("emb.route", kind="compute"):
-            svc.fresh = touched_mask(svc.local, touched, self.shard.weight.shape[0])
-        return self.control.all_to_all(svc.fresh.to(torch.uint8), _counts(svc.src, self.n),
-                                       req.send_counts, "emb.fresh_mask")
-
-    def adopt_fresh_mask(self, req: Request, svc: Service, mask: Pending) -> None:
-        """The owners' fresh masks arrived: plan the step's messages from them."""
-        req.fresh = mask.wait().bool()
-        self._plan(req, svc, final=True)
 
     def send_final(self, req: Request, svc: Service) -> None:
         """Priority: rows the current step cannot change, now (they are final)."""

@@ -17,8 +17,8 @@ The dense part is replicated under DDP; the tables live in shards
 """
 from __future__ import annotations
 
+import itertools
 import os
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -33,11 +33,11 @@ from fsbench.training.optim import make_dense_optimizer
 from fsbench.measurement.timeline import span
 from fsbench.training.trainer import StepInput, StepStats
 from freescale_impl.embedding_exchange import ShardedEmbeddings
-from freescale_impl.exchange_plan import Request, Service, build_request
 from freescale_impl.sharded_tables import LocalShard, RowLayout, gather_tables
 from freescale_impl.node_transport import node_split_transport
 from freescale_impl.sub_batches import SubBatched, sub_batches
-from freescale_impl.transport import Pending, make_transport
+from freescale_impl.request_pipeline import RequestPipeline
+from freescale_impl.transport import make_transport
 
 
 def build_dense(run: RunConfig, device: torch.device) -> torch.nn.Module:
@@ -49,17 +49,6 @@ def build_dense(run: RunConfig, device: torch.device) -> torch.nn.Module:
     dense = materialize(model.dense)
     dense.init_weights(run.seed)
     return dense.to(device)
-
-
-@dataclass
-class Routed:
-    """A step whose requests are being exchanged (exchanged routing)."""
-    prepared: StepInput
-    req: Request
-    counts: Pending | None = None
-    svc: Service | None = None
-    ids: Pending | None = None
-    rows_sent: bool = False  # its rows are on their way (priority, sent during the step before)
 
 
 class ShardedTableTrainer:
@@ -90,7 +79,7 @@ class ShardedTableTrainer:
                                         group, ctx.rank, opts.chunks or (4 if ctx.device.type == "cuda" else 1), overlap=opts.overlap == "on",
                                         priority=opts.priority == "on", queue=queue, dense_slot=DDP_SLOT)
         self.ahead = None  # host routing: (StepInput, Request, Service) of the next step
-        self.exchanged: list[Routed] = []  # exchanged routing: this step's, then the next
+        self.pipeline: RequestPipeline | None = None  # exchanged routing: the requests ahead
         self.host_routed: bool | None = None  # known at the first step
 
     def step(self, inputs) -> StepStats:
@@ -100,14 +89,13 @@ class ShardedTableTrainer:
 
     def _first_step(self, inputs) -> bool:
         """Pull the first step: the input stage routed it (host) or left its requests to
-        exchange. Returns whether it was routed."""
+        exchange (then the request pipeline starts). Returns whether it was routed."""
         first = next(inputs)
         if first.aux is not None and "service" in first.aux:
             self.ahead = (first, *self.begin(first))
             return True
-        self.exchanged = [self._requested(first)]
-        self._advance_ids(self.exchanged[0])
-        self.engine.serve(self.exchanged[0].svc, self.exchanged[0].ids)
+        self.pipeline = RequestPipeline(self.engine, self.run.workload.steps)
+        self.pipeline.start(itertools.chain([first], inputs))
         return False
 
     # -- host routing: every rank's routing known ahead (freescale_impl.routing.RoutedShare)
@@ -145,52 +133,33 @@ class ShardedTableTrainer:
         return self._dense_step(loss, prepared)
 
     # -- exchanged routing: each rank knows its own requests (OwnRequest, data=sharded) --
-    def _requested(self, prepared: StepInput) -> "Routed":
-        """A pulled step: its request (built by the input stage, else here), counts issued."""
-        req = prepared.aux["request"] if prepared.aux is not None else None
-        if req is None:
-            with span("emb.route", kind="compute"):
-                req = build_request(prepared.batches[0], self.layout, self.engine.chunks)
-        req.batch = prepared.batches[0]
-        return Routed(prepared, req, counts=self.engine.send_counts(req))
-
-    def _advance_ids(self, r: "Routed") -> None:
-        r.svc, r.ids = self.engine.send_ids(r.req, r.counts)
-
     def _step_exchanged(self, inputs) -> StepStats:
-        """Step k with its requests exchanged over the steps before it, so that no wait
-        sits on the critical path: k+1's ids went out after k-1's forward, k+2's counts go
-        out now and its ids after k's forward; with priority k+1's fresh masks go out now,
-        are read after k's forward, and its final rows fly during k's backward.
-        `self.exchanged` holds k (served; rows sent unless first or without priority),
-        then k+1 (ids in flight)."""
-        engine, steps = self.engine, self.run.workload.steps
-        cur = self.exchanged.pop(0)
-        nxt = self.exchanged.pop(0) if self.exchanged else None
-        if nxt is None and cur.prepared.step + 1 < steps:  # the first step: pull k+1 too
-            nxt = self._requested(next(inputs))
-            self._advance_ids(nxt)
+        """Step k with its requests exchanged over the steps before it
+        (freescale_impl.request_pipeline): at the step's start its rows go (unless sent
+        during the step before), then the last control message is read (the step's one
+        host sync) and this step's goes out; with priority step k+1's rows are planned
+        then, its final rows fly during k's backward and its fresh rows go after k's
+        update. Nothing between the forward and the backward reads a value on the host."""
+        engine, pipeline = self.engine, self.pipeline
+        k = min(pipeline.ahead)  # the steps before it are done
+        cur = pipeline.ahead[k]
         if not cur.rows_sent:
             engine.fetch_all(cur.req, cur.svc)
+        pipeline.current(k, inputs)  # control k-1 read: k+1's fresh masks, k+2's ids, ...
+        nxt = pipeline.ahead.get(k + 1) if engine.priority else None
+        if nxt is not None:
+            engine.plan(nxt.req, nxt.svc, final=True)
+        pipeline.send_control(k)
         if not engine.overlap:
             engine.wait_all(cur.req)  # the blocking version: every row before the forward
-        if nxt is not None:
-            engine.serve(nxt.svc, nxt.ids)  # issued a whole backward ago
-        after = (self._requested(next(inputs))
-                 if cur.prepared.step + 2 < steps else None)  # k+2: an input span, counts out
-        mask = (engine.send_fresh_mask(nxt.req, nxt.svc, touched=cur.svc.local)
-                if engine.priority and nxt is not None else None)
         loss = self.dense(engine.lookups(cur.req), sub_batches(cur.req, cur.prepared.batches[0]))
-        if mask is not None:
-            engine.adopt_fresh_mask(nxt.req, nxt.svc, mask)
+        if nxt is not None:
             engine.send_final(nxt.req, nxt.svc)  # in flight during the backward
-        if after is not None:
-            self._advance_ids(after)
         self._backward_and_update(loss, cur.req, cur.svc)
-        if mask is not None:
+        if nxt is not None:
             engine.send_fresh(nxt.req, nxt.svc)  # rows this update changed, first in line
             nxt.rows_sent = True
-        self.exchanged = [r for r in (nxt, after) if r is not None]
+        pipeline.done(k)
         return self._dense_step(loss, cur.prepared)
 
     # -- both -----------------------------------------------------------------------------

@@ -5,8 +5,9 @@ at 2 and 4 ranks, so a change to the step that is not made here too fails there.
 
 Payloads (the simulator turns them into bytes): rows / final_rows / fresh_rows (a rank's
 rows, all of them, those the previous update cannot change, those it can), row_grads,
-counts, ids, fresh_mask (the requests' three messages), samples (data=sharded's
-exchange), offsets and barrier (the copy-engine transport's own collectives)."""
+control / control_priority (exchanged routing's control message: later steps' counts and
+ids, with priority their fresh masks), samples (data=sharded's exchange), offsets and
+barrier (the copy-engine transport's own collectives)."""
 from __future__ import annotations
 
 import dataclasses
@@ -66,20 +67,19 @@ def sharded_step_program(exchange: str, chunks: int, routing: str, transport: st
             comm = Comm(name, "all_to_all", payload)
             ops += [Issue(comm), Wait(comm)]
     exchanged = routing == "exchanged"
-    counts = Comm("emb.counts", "all_to_all", "counts")
-    ids = Comm("emb.ids", "all_to_all", "ids", next_step=True)
-    mask = Comm("emb.fresh_mask", "all_to_all", "fresh_mask")
+    # Exchanged routing: one control message a step carries later steps' counts, ids and
+    # fresh masks (freescale_impl.request_pipeline), read at the next step's start.
+    control = Comm("emb.control", "all_to_all", "control_priority" if priority else "control",
+                   next_step=True)
     if not priority:
         for f in fetch:  # every row of this step, now
             ops += _exchange(f, transport)
-    if exchange == "blocking":  # every row before anything else
-        ops += [w for f in fetch for w in _arrived(f, transport)]
-    if exchanged:
-        ops += [Wait(ids), Issue(counts)]  # the next step's ids; counts two steps ahead
-        if priority:
-            ops += [Issue(mask)]
+    if exchanged:  # the last step's control read on the host (the step's one host sync)
+        ops += [Wait(control), HostSync(), Issue(control)]
     elif priority:
         ops += _exchange(final, transport)  # host routing: the next step's final rows, now
+    if exchange == "blocking":  # every row before the forward
+        ops += [w for f in fetch for w in _arrived(f, transport)]
     # The forward runs sub-batch by sub-batch, each in a span of its own after the waits
     # for its chunk (freescale_impl.sub_batches): chunk 0 (and with priority the final
     # rows, sent the step before) before the first; chunk c after sub-batch c-1.
@@ -88,11 +88,8 @@ def sharded_step_program(exchange: str, chunks: int, routing: str, transport: st
             ops += [w for f in ([final] if priority and c == 0 else []) + [fetch[c]]
                     for w in _arrived(f, transport)]
         ops += [Compute("forward", 1 / chunks, own_span=True)]
-    if exchanged:
-        if priority:
-            ops += [Wait(mask), HostSync()]  # the next step's plan from the fresh masks
-            ops += _exchange(final, transport)
-        ops += [Wait(counts), HostSync(), Issue(ids)]  # counts read on the host: the ids' splits
+    if exchanged and priority:  # the next step's final rows, planned at the step's start
+        ops += _exchange(final, transport)
     # The backward runs sub-batch by sub-batch, the last first, and the backward's
     # collectives go through one queue in one order on every rank
     # (ShardedEmbeddings.grad_order): gradient chunk c >= 1 as soon as sub-batch c's

@@ -11,7 +11,7 @@ import pytest
 from fsbench.config import RunConfig
 from fsbench.scaling.sim_inputs import CLUSTERS
 from fsbench.scaling.simulate import profile_of, scaled_workload, simulate_run
-from fsbench.training.step_program import Bucket, HostSync, StepProgram
+from fsbench.training.step_program import Bucket, Compute, HostSync, StepProgram
 from fsbench.training.trainer import trainer_options
 from fsbench.workloads.presets import get_workload
 
@@ -92,9 +92,14 @@ def test_freescale_declares_the_host_syncs_of_its_step():
     def syncs(**sets):
         return profile_of("freescale", trainer_options("freescale", {**SHARDED, **sets}), 64).program([Bucket(1.0, 1.0)], 8).host_syncs
 
-    assert syncs() == 1  # the next requests' counts, read between forward and backward
-    assert syncs(priority="on") == 2  # and the fresh masks' plan
+    # the last control message (later steps' counts, ids, fresh masks), read at the
+    # step's start: one, with or without priority, and none between forward and backward
+    assert syncs() == 1
+    assert syncs(priority="on") == 1
     assert syncs(tables="replicated") == 0
+    ops = profile_of("freescale", trainer_options("freescale", SHARDED), 64).program([Bucket(1.0, 1.0)], 8).ops
+    first_forward = next(i for i, op in enumerate(ops) if isinstance(op, Compute) and op.phase == "forward")
+    assert [i for i, op in enumerate(ops) if isinstance(op, HostSync)][0] < first_forward
     # copy engines: each exchange (rows and gradients, each chunk) reads its peers' offsets
     # back: 1 more a chunk and direction (its own offsets go over from pinned memory, no
     # wait; from pageable memory they were a second sync: freescale_impl.transport)
@@ -111,7 +116,7 @@ def test_the_order_check_tells_chunks_made_in_the_backward_from_chunks_held_for_
     from fsbench.training.step_program import Issue
     from freescale_impl.step_schedule import sharded_step_program
 
-    built = sharded_step_program("overlapped", 2, "exchanged", False, [Bucket(1.0, 1.0)])
+    built = sharded_step_program("overlapped", 2, "exchanged", "collective", [Bucket(1.0, 1.0)])
     assert same_order(built.events(), built.events())
     ops = list(built.ops)
     issued = [op.comm.name for op in ops if isinstance(op, Issue)]
@@ -121,6 +126,27 @@ def test_the_order_check_tells_chunks_made_in_the_backward_from_chunks_held_for_
     last_bucket = next(i for i, op in enumerate(held) if isinstance(op, Issue) and op.comm.name == "ddp.allreduce:0")
     held[last_bucket + 1:last_bucket + 1] = [grad]
     assert not same_order(built.events(), StepProgram(tuple(held)).events())
+
+
+def test_the_order_check_takes_unread_chunks_late_and_nowhere_else():
+    """A rank whose later sub-batches are empty reads none of chunks 1..3 in its forward:
+    their messages are completed after the backward (ShardedEmbeddings.finish_gradients).
+    The order check takes the declared waits there; waits that never come, or come
+    anywhere else, fail it."""
+    from fsbench.measurement.recorded_step import same_order
+    from freescale_impl.step_schedule import sharded_step_program
+
+    declared = sharded_step_program("overlapped", 4, "exchanged", "collective", [Bucket(1.0, 1.0)]).events()
+    late = {f"emb.fetch_c{c}" for c in (1, 2, 3)}
+    after_forward = [e for e in declared if e[0] == "wait" and e[1] in late]
+    assert [e[2] for e in after_forward] == ["after forward"] * 3
+    rest = [e for e in declared if e not in after_forward]
+    first_late = next(i for i, e in enumerate(rest) if e[0] == "wait" and e[2] == "after backward")
+    unread = [("wait", name, "after backward") for name in sorted(late)]
+    assert same_order(rest[:first_late] + unread + rest[first_late:], declared)
+    assert not same_order(rest, declared)  # never waited
+    assert not same_order(rest[:first_late] + [("wait", n, "in backward") for n in sorted(late)]
+                          + rest[first_late:], declared)  # waited elsewhere
 
 
 def test_smaller_dense_buckets_leave_a_smaller_last_bucket_after_the_backward():

@@ -5,8 +5,8 @@ replaced by waiting its calibrated time).
 
 For ddp, torchrec and each of FreeScale's switch sets (overlap, priority, chunks; the
 transport is `collective` here: sm_free needs GPUs, docs/gpu.md): in every steady step
-(a step before it and two after it) and on every rank, the order of issues and waits and
-the phase each falls in equal the program's; and the program replayed by the simulator's
+(a step before it, and steps after it for the requests travelling ahead) and on every
+rank, the order of issues and waits and the phase each falls in equal the program's; and the program replayed by the simulator's
 engine on that step's measured compute and collective times exposes what the rank was
 measured to wait in its transports' waits. A change to a trainer's step that its program
 does not follow fails here, so the simulator never costs a schedule the trainer left."""
@@ -28,8 +28,9 @@ from fsbench.training.step_program import Compute, Issue, StepProgram, Wait
 
 pytestmark = pytest.mark.dist
 
-STEPS = 5
-STEADY = (1, 2)  # a step before each, two after (the requests travel two steps ahead)
+STEPS = 7
+STEADY = (1, 2)  # a step before each; the requests travel up to four steps ahead, so
+#                   each reads and sends a control message (freescale_impl.request_pipeline)
 SETS = {
     "ddp": ("ddp", {}),
     "torchrec": ("torchrec", {}),

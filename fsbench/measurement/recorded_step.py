@@ -61,22 +61,33 @@ def grouped(events: list[tuple[str, str, str]]) -> list:
 
 def same_order(recorded: list, declared: list) -> bool:
     """The recorded step runs the declared ops in order. A group of waits may lack some
-    of the declared ones: a chunk whose rows came in another chunk's message leaves
-    nothing to wait for, and a message no lookup read is completed after the backward
+    of the declared ones, or all of them: a chunk whose rows came in another chunk's
+    message leaves nothing to wait for, and a message no lookup read (a rank whose later
+    sub-batches are empty) is completed after the backward
     (ShardedEmbeddings.finish_gradients), in the first waits there."""
     rec, dec = grouped(recorded), grouped(declared)
-    if len(rec) != len(dec):
-        return False
     unread: set[str] = set()
-    for r, d in zip(rec, dec):
-        if (len(r) == 2) != (len(d) == 2):
-            return False
-        if len(r) == 3:
-            if r != d:
-                return False
+    skipped: set[str] = set()  # groups recorded nowhere they were declared: must come late
+    i = 0
+    for d in dec:
+        r = rec[i] if i < len(rec) else None
+        if len(d) == 2 and not _waits_match(r, d, unread):
+            unread |= d[1]  # none of this group's waits was needed where declared
+            skipped |= d[1]
             continue
-        late = unread if r[0] == "after backward" else set()
-        if r[0] != d[0] or not r[1] <= d[1] | late:
+        if r is None or (len(r) == 2) != (len(d) == 2) or (len(r) == 3 and r != d):
             return False
-        unread = (unread - r[1]) | (d[1] - r[1])
-    return True
+        if len(r) == 2:
+            unread = (unread - r[1]) | (d[1] - r[1])
+            skipped -= r[1] if r[0] == "after backward" else set()
+        i += 1
+    return i == len(rec) and not skipped
+
+
+def _waits_match(r, d, unread: set[str]) -> bool:
+    """Recorded wait group `r` stands for declared group `d` (where they fall, and waits
+    the declaration has there or left unread before, when after the backward)."""
+    if r is None or len(r) != 2:
+        return False
+    late = unread if r[0] == "after backward" else set()
+    return r[0] == d[0] and r[1] <= d[1] | late

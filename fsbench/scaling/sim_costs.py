@@ -252,7 +252,7 @@ def expected_tokens(workload: WorkloadConfig) -> float:
 # Payloads by what they are: a sharded table's rows and gradients; a step's input routing
 # (the requests' messages, TorchRec's input dist); data=sharded's sample exchange.
 ROW_PAYLOADS = frozenset({"rows", "row_grads", "fresh_rows", "final_rows"})
-INPUT_PAYLOADS = frozenset({"counts", "ids", "fresh_mask", "input_lengths", "input_ids"})
+INPUT_PAYLOADS = frozenset({"control", "control_priority", "input_lengths", "input_ids"})
 SAMPLE_PAYLOADS = frozenset({"samples.lengths", "sample_meta", "sample_tokens"})
 
 
@@ -262,7 +262,8 @@ def step_payloads(w: WorkloadConfig, n: int, chunks: int, rows: np.ndarray | Non
     rank that moves the most: `rows` each rank's unique rows of sharded tables (None: none
     sharded) and `fresh` those the previous update changed (None: all of them).
       rows, row_grads, fresh_rows, final_rows  fp32 rows of `dim`
-      counts  N x chunks int64; ids  a rank's unique rows, int64; fresh_mask  a byte a row
+      control  a step's counts (N x chunks int64) and a rank's unique rows (int64 ids);
+              control_priority  and a fresh mask entry a row (int64)
       input_lengths, input_ids  TorchRec's input dist: a length per sample and feature (the
               item sequence, user, contexts), and the ids (tokens, targets, a user and
               contexts per sample), int64
@@ -276,11 +277,13 @@ def step_payloads(w: WorkloadConfig, n: int, chunks: int, rows: np.ndarray | Non
            "input_ids": (2 * float(tokens[i]) + float(samples[i]) * (1 + contexts)) * 8.0,
            "samples.lengths": float(samples.sum()) * 8.0,
            "sample_meta": float(samples[i]) * (2 + contexts) * 8.0, "sample_tokens": float(tokens[i]) * 2 * 8.0,
-           "offsets": 8.0 * n, "barrier": 8.0 * n, "counts": 8.0 * n * chunks}
+           "offsets": 8.0 * n, "barrier": 8.0 * n}
     if rows is not None:
         fresh = rows if fresh is None else fresh
         most = float(rows.max())
-        out.update(rows=most * dim_bytes, row_grads=most * dim_bytes, ids=most * 8.0, fresh_mask=most,
+        counts = 8.0 * n * chunks
+        out.update(rows=most * dim_bytes, row_grads=most * dim_bytes, control=counts + most * 8.0,
+                   control_priority=counts + most * 16.0,
                    fresh_rows=float(fresh.max()) * dim_bytes, final_rows=float((rows - fresh).max()) * dim_bytes)
     return out
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import time
 
 import torch
 
@@ -26,10 +27,12 @@ def _bool_index(index) -> bool:
 
 class HostSyncRecorder:
     """`with HostSyncRecorder(*files) as rec:` ...; `rec.found`: (call, file:line) of each
-    syncing call made from a frame of one of `files`."""
+    syncing call made from a frame of one of `files`. With `direct=True` only calls made
+    by code of those files itself count (not those of a model they call), each found as
+    (call, file:line, time.monotonic_ns()), the timeline's clock."""
 
-    def __init__(self, *files: str) -> None:
-        self.files, self.found = files, []
+    def __init__(self, *files: str, direct: bool = False) -> None:
+        self.files, self.found, self.direct = files, [], direct
         self._saved: list[tuple[object, str, object]] = []
 
     def _wrap(self, owner, name: str, syncs=lambda args: True) -> None:
@@ -40,7 +43,7 @@ class HostSyncRecorder:
             if syncs(args):
                 where = self._caller()
                 if where is not None:
-                    self.found.append((name, where))
+                    self.found.append((name, where, time.monotonic_ns()) if self.direct else (name, where))
             return real(*args, **kwargs)
         self._saved.append((owner, name, real))
         setattr(owner, name, call)
@@ -66,5 +69,7 @@ class HostSyncRecorder:
         while frame is not None:
             if frame.f_code.co_filename.endswith(self.files):
                 return f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
+            if self.direct:
+                return None
             frame = frame.f_back
         return None

@@ -2,6 +2,7 @@
 this folder on PYTHONPATH). They wrap real trainers; nothing here stands in for one."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -75,6 +76,26 @@ def _freescale():
 
 
 GradDumpFreeScale = wrap_with_grad_dump(_freescale())
+
+# FreeScale's own step code: what a host sync made from it would be FreeScale's.
+FREESCALE_STEP_FILES = ("sharded_step.py", "embedding_exchange.py", "exchange_plan.py",
+                        "request_pipeline.py", "transport.py", "issue_queue.py", "sub_batches.py")
+
+
+class HostSyncFreeScale(_freescale()):
+    """FreeScale recording every call its own step code makes that would make a GPU's host
+    wait (tests/support/host_syncs.py, direct calls, timed), into
+    $FSBENCH_TEST_DUMP/syncs-rank-<r>.json as [step, call, file:line, monotonic ns]."""
+
+    def step(self, inputs) -> StepStats:
+        from host_syncs import HostSyncRecorder
+
+        with HostSyncRecorder(*FREESCALE_STEP_FILES, direct=True) as recorder:
+            stats = super().step(inputs)
+        path = Path(os.environ["FSBENCH_TEST_DUMP"]) / f"syncs-rank-{self.ctx.rank}.json"
+        found = json.loads(path.read_text()) if path.exists() else []
+        path.write_text(json.dumps(found + [[stats.step, *f] for f in recorder.found]))
+        return stats
 
 
 class InjectedDDP(DDPTrainer):
