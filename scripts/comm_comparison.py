@@ -6,7 +6,7 @@ For each workload, every variant runs once per repeat, variants and workloads al
 under compute, the bubble and peak memory, and FreeScale's throughput against the best
 baseline's.
 
-    python scripts/comm_comparison.py [--repeats 3] [--workloads comm-heavy,small,...]
+    python scripts/comm_comparison.py [--repeats 3] [--workloads comm-heavy,small,PRESET+key=value,...]
         [--store runs/comm_comparison] [--table results/freescale_comm_cpu.md]
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 
 from fsbench.cli.args import rename
 from fsbench.config import RunConfig
+from fsbench.config_io import override_all
 from fsbench.running.runner import run_once
 from fsbench.table import progress
 from fsbench.workloads.presets import get_workload
@@ -47,6 +48,20 @@ METRICS = ("samples_per_s", "exposed_comm_ratio", "comm_overlap_ratio", "bubble_
            "straggler_bubble_ratio", "cpu_wait_ratio", "peak_memory_mb")
 
 
+def workload_of(name: str):
+    """A named workload of WORKLOADS, or `PRESET+key=value+...` (a preset with its fields
+    set as `--set` sets them: `small+lengths=lognormal:mu=2.0,sigma=0.7`)."""
+    if name in WORKLOADS:
+        preset, sets = WORKLOADS[name]
+        return dataclasses.replace(get_workload(preset), name=name, **sets)
+    preset, *pairs = name.split("+")
+    sets = [tuple(pair.split("=", 1)) for pair in pairs]
+    if any(len(pair) != 2 for pair in sets):
+        raise SystemExit(f"--workloads: {name!r} is neither one of {', '.join(WORKLOADS)} "
+                         "nor PRESET+key=value+...")
+    return dataclasses.replace(override_all(get_workload(preset), sets), name=name)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
@@ -60,8 +75,7 @@ def main() -> None:
             for v in VARIANTS]
     rows = []
     for repeat, wname, vname in progress(plan, "runs", "run"):
-        preset, sets = WORKLOADS[wname]
-        workload = dataclasses.replace(get_workload(preset), name=wname, **sets)
+        workload = workload_of(wname)
         trainer, switches = VARIANTS[vname]
         run = RunConfig(workload=workload, trainer=trainer, world_size=args.world_size,
                         seed=repeat, trainer_options=switches)

@@ -62,21 +62,12 @@ CONFIGS = {
     "freescale": ("freescale", FULL),
     "freescale window=4": ("freescale", {**FULL, "window": "4"}),
 }
+# Every configuration runs at every size: beyond one node the SM-free transport moves a
+# node's own rows on copy engines and the other nodes' over NCCL with its CTAs capped
+# (freescale_impl.node_transport), as the simulator books it (`sm_free_nodes`).
+
 # Long histories, where stragglers exist (MovieLens-1M and KuaiRand-1K lengths), and a
 # short-history one where communication dominates (`medium` with Amazon-Beauty lengths).
-def runnable(name: str, n: int) -> tuple[str, dict] | None:
-    """A configuration's (trainer, switches) as the trainer runs at n GPUs: the SM-free
-    transport refuses to start across nodes (freescale_impl.transport), so beyond one node
-    FreeScale in full exchanges over NCCL (transport=collective) and `overlap + SM-free`
-    does not run (None)."""
-    trainer, sets = CONFIGS[name]
-    if sets.get("transport") == "sm_free" and n > CLUSTERS["h100"].gpus_per_node:
-        if name == "overlap + SM-free":
-            return None
-        sets = {**sets, "transport": "collective"}
-    return trainer, sets
-
-
 PRESETS = {"medium": {}, "large": {}, "medium-short": {"base": "medium", "lengths": "amazon-beauty"}}
 WORLD_SIZES = (8, 16, 32, 64, 128, 256, 512, 1024)
 BATCHES = (32, 128, 512)
@@ -96,9 +87,7 @@ def simulate_all(presets: list[str], steps: int, batches: tuple[int, ...] = BATC
     points = [(p, b, n, c) for p in presets for b in batches for n in WORLD_SIZES for c in CONFIGS]
     rows = []
     for preset, batch, n, name in progress(points, "simulating", "point"):
-        if runnable(name, n) is None:
-            continue  # refused by the trainer: its cells read n/a
-        trainer, sets = runnable(name, n)
+        trainer, sets = CONFIGS[name]
         w = scaled_workload(workload_of(preset, steps), n, "weak", batch)
         run = RunConfig(workload=w, trainer=trainer, world_size=n,
                         trainer_options=trainer_options(trainer, sets))
@@ -163,10 +152,10 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str,
         "each after its own chunk (the rows it is the first to read), the backward likewise, the last "
         "sub-batch first: each gradient chunk's all-to-all leaves as its sub-batch's backward makes it, "
         "but chunk 0's (the shared negatives), which follows DDP's last bucket; with priority, the next step's final rows fly during the backward "
-        "and its fresh rows after the update; host syncs inside the step are booked; and the "
-        "SM-free transport runs only inside a node (the trainer refuses across nodes), so "
-        "beyond 8 GPUs FreeScale in full exchanges over NCCL and `overlap + SM-free` reads "
-        "n/a. Every bubble of a technique has its throughput against the sharded baseline "
+        "and its fresh rows after the update; the requests of later steps travel in one control "
+        "all-to-all a step, read at the next step's start (the step's one host sync, booked); and "
+        "beyond one node the SM-free transport moves a node's own rows on copy engines and the other "
+        "nodes' over NCCL with its CTAs capped, their SMs booked. Every bubble of a technique has its throughput against the sharded baseline "
         "beside it (`1.31x`): SM contention counts as busy time, so a technique that removes "
         "it can read a larger bubble while it is faster.\n",
         "Configurations: the `sharded baseline` (TorchRec-like: sharded tables, a contiguous "
@@ -247,7 +236,7 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str,
             cells = []
             for n in WORLD_SIZES:
                 if n not in c.index:
-                    cells.append("n/a")  # the trainer refuses to run it there
+                    cells.append("n/a")  # not simulated there
                     continue
                 r = c.loc[n]
                 cell = f"{100 * r['bubble' + ('_step' + alone if timed else '')]:.1f}%"
@@ -383,7 +372,7 @@ def sensitivity_rows() -> pd.DataFrame:
     """FreeScale's reduction against the sharded baseline with each assumed figure of
     `h100` at half and twice its value (fsbench.scaling.sensitivity), at one point."""
     preset, batch, n = SENSITIVITY_POINT
-    runs = [(runnable(name, n)[0], trainer_options(*runnable(name, n))) for name in ("sharded baseline", "freescale")]
+    runs = [(CONFIGS[name][0], trainer_options(*CONFIGS[name])) for name in ("sharded baseline", "freescale")]
     # As implemented: the input stage is timed once, at x1, and charged alike at every
     # variant, so input_workers and host_cpu_speed show what they do to it.
     rows = sensitivity(CLUSTERS["h100"], workload_of(preset, 12), runs, [n], batch, HERE / "runs",
