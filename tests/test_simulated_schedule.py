@@ -98,7 +98,7 @@ def test_freescale_declares_the_host_syncs_of_its_step():
     assert syncs() == 1
     assert syncs(priority="on") == 1
     assert syncs(tables="replicated") == 0
-    ops = profile_of("freescale", trainer_options("freescale", SHARDED), 64).program([Bucket(1.0, 1.0)], 8).ops
+    ops = profile_of("freescale", trainer_options("freescale", SHARDED), 64).program([Bucket(1.0, 1.0)], 8, 1).ops
     first_forward = next(i for i, op in enumerate(ops) if isinstance(op, Compute) and op.phase == "forward")
     assert [i for i, op in enumerate(ops) if isinstance(op, HostSync)][0] < first_forward
     # copy engines: each exchange (rows and gradients, each chunk) reads its peers' offsets
