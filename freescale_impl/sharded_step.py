@@ -76,7 +76,7 @@ class ShardedTableTrainer:
                      if opts.transport == "sm_free" and ctx.world_size > local
                      else make_transport(opts.transport, group, ctx.device))
         self.engine = ShardedEmbeddings(layout, shard, transport,
-                                        group, ctx.rank, opts.chunks or (4 if ctx.device.type == "cuda" else 1), overlap=opts.overlap == "on",
+                                        group, ctx.rank, opts.chunks, overlap=opts.overlap == "on",
                                         priority=opts.priority == "on", queue=queue, dense_slot=DDP_SLOT)
         self.ahead = None  # host routing: (StepInput, Request, Service) of the next step
         self.pipeline: RequestPipeline | None = None  # exchanged routing: the requests ahead

@@ -27,6 +27,7 @@ all-to-alls of their jagged contents (`freescale_impl.sample_exchange`, a `comm`
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from fsbench.training.dist import RankContext
 from fsbench.training.dp import DataParallelTrainer
 from fsbench.training.step_program import ddp_program
 from fsbench.training.table_memory import REPLICATED, TableMemory, sharded
+from fsbench.scaling.chunking import ChunkChoice, a2a_model, check_chunk_cluster, choose_chunks
 from fsbench.scaling.sim_inputs import PlanInputs, SimProfile, contiguous_plan
 from fsbench.options import TrainerOptions
 from fsbench.measurement.timeline import span
@@ -82,14 +84,18 @@ class FreeScaleOptions(TrainerOptions):
     """Embedding communication overlapped with compute (off: the blocking version)."""
     priority: Literal["on", "off"] = "on"
     """Rows the next step needs that this step cannot change are sent during this step."""
-    # 0 = auto: 1 on CPU, 4 on CUDA. On gloo every collective costs CPU on the cores the
-    # compute runs on, so more, smaller exchanges only add contention: measured at 2 ranks
-    # on comm-heavy, small and small+amazon-beauty, chunks=1 beat chunks=4 in throughput and
-    # exposed communication on all three (results/freescale_comm_cpu.md). On a GPU the
-    # copies run beside the kernels, where cutting lets the forward start early.
+    # 0 = auto: each chunk is an all-to-all of its own and pays the collective's fixed
+    # cost, so the count follows a chunk's bytes against that cost at this world size
+    # (fsbench.scaling.chunking: up to 4, fewer at many ranks). On gloo it gives 1 for this
+    # repository's CPU workloads, as measured: at 2 ranks on comm-heavy, small and
+    # small+amazon-beauty, chunks=1 beat chunks=4 (results/freescale_comm_cpu.md).
     chunks: int = field(default=0, metadata={"min": 0})
     """Pieces each step's embedding exchange is cut into, one a sub-batch of whole samples
-    that the forward runs in turn (0: auto, 1 on CPU and 4 on CUDA)."""
+    that the forward runs in turn (0: auto, by the chunking rule on chunk_cluster)."""
+    chunk_cluster: str = "auto"
+    """Whose all-to-all costs the chunking rule reads (chunks=0): auto (h100 on CUDA; on
+    CPU the store's `fsbench calibrate --comm` fit, else gloo's default), local (the
+    store's comm fit, nccl-tests logs' included), a cluster preset or a cluster file."""
     transport: Literal["collective", "sm_free"] = "collective"
     comm_ctas: int = field(default=0, metadata={"min": 0})
     """sm_free beyond one node: the CTAs (SMs) NCCL may use for the rows between nodes
@@ -101,6 +107,7 @@ class FreeScaleOptions(TrainerOptions):
     auto: host at few ranks, else exchanged (the measured rule in docs/freescale.md)."""
 
     def check(self, prefix: str) -> None:
+        check_chunk_cluster(self.chunk_cluster, f"{prefix}.chunk_cluster")
         if self.priority == "on" and self.overlap == "off":
             raise ConfigError(f"{prefix}.priority=on needs {prefix}.overlap=on (set "
                               f"{prefix}.priority=off for the blocking version)")
@@ -112,6 +119,15 @@ class FreeScaleOptions(TrainerOptions):
         if self.data == "sharded" and self.window != 1:
             raise ConfigError(f"{prefix}.window > 1 needs {prefix}.data=replicated (a window "
                               "reads future batches, which a rank's shard does not hold)")
+
+
+def exchange_chunks(opts: FreeScaleOptions, workload, n: int, device: str, store) -> ChunkChoice:
+    """The row exchange's chunk count on n ranks (fsbench.scaling.chunking): asked, one
+    for the blocking exchange, else the rule on `opts.chunk_cluster`'s all-to-all."""
+    blocking = opts.overlap == "off"
+    reads_costs = not (opts.chunks or blocking or n <= 1)
+    a2a, model = a2a_model(opts.chunk_cluster, device, store) if reads_costs else (None, None)
+    return choose_chunks(workload, n, a2a, model, asked=opts.chunks, blocking=blocking)
 
 
 class ShardLengths:
@@ -156,13 +172,12 @@ class FreeScaleTrainer(DataParallelTrainer):
         # Routed as the trainer routes at that size (choose_routing: host or exchanged).
         routing, _ = choose_routing(opts.routing, world_size, opts.data)
 
-        def route(workload, n: int, seed: int, inputs: PlanInputs, tokens: float):
+        def route(workload, n: int, seed: int, inputs: PlanInputs, tokens: float, chunks: int):
             # The input stage's work beyond the plan, as the trainer's loader worker and
             # rank thread do it (freescale_impl.routing_cost).
             from freescale_impl.routing_cost import stage_times
 
             cost = cost_model(inputs.workload, inputs.store, inputs.device, opts.cost, fit=inputs.fit)
-            chunks = opts.chunks or (4 if inputs.device == "cuda" else 1)  # as the trainer's auto
             return stage_times(workload, n, seed, cost, opts, chunks, routing, tokens)
 
         exchange = "none"
@@ -170,10 +185,10 @@ class FreeScaleTrainer(DataParallelTrainer):
             exchange = ("blocking" if opts.overlap == "off" else
                         "prioritized" if opts.priority == "on" else "overlapped")
         sharded_tables = opts.tables == "sharded"
-        chunks = (opts.chunks or 4) if exchange != "blocking" else 1  # auto: 4 on GPUs, where projected
-        # Its step as ops, each switch as set (freescale_impl.step_schedule): the
-        # simulator costs what the trainer runs.
-        def program(buckets, gpus_per_node: int):
+        # Its step as ops, each switch as set (freescale_impl.step_schedule), with the
+        # chunks the simulator chose as the trainer would (chunks=0: the chunking rule on
+        # the simulated cluster): the simulator costs what the trainer runs.
+        def program(buckets, gpus_per_node: int, chunks: int):
             if not sharded_tables:
                 return ddp_program(buckets)
             transport = opts.transport  # sm_free beyond a node splits each exchange by node
@@ -188,7 +203,7 @@ class FreeScaleTrainer(DataParallelTrainer):
                           route=route if sharded_tables else None,
                           sample_exchange=opts.data == "sharded",
                           window=opts.window if opts.balance == "on" else 1,
-                          chunks=chunks, program=program,
+                          chunks=opts.chunks, program=program,
                           nodes_sm_share=min(1.0, opts.comm_ctas / NCCL_DEFAULT_CTAS) if opts.comm_ctas else 1.0)
 
     @staticmethod
@@ -202,8 +217,9 @@ class FreeScaleTrainer(DataParallelTrainer):
 
         opts = FreeScaleOptions.parse(options, prefix="freescale")
         used, _ = choose_routing(routing, n, opts.data)
+        chunks = exchange_chunks(opts, workload, n, "cuda", None).chunks  # as on that GPU
         return used, time_steps(workload, n, seed, analytical_cost(workload), opts,
-                                opts.chunks or 1, used, repeats)
+                                chunks, used, repeats)
 
     @staticmethod
     def planners(workload, window: int) -> dict:
@@ -254,19 +270,20 @@ class FreeScaleTrainer(DataParallelTrainer):
         opts = self.options
         # The synthetic ground-truth model has no tables to shard.
         self.sharded = opts.tables == "sharded" and run.workload.compute != "synthetic"
+        # Calibrations live in the results store that holds this run.
+        store_dir = Path(ctx.run_dir).parent if ctx.run_dir else None
         if self.sharded:
             self.ctx, self.run, self.source = ctx, run, source
-            self.tables = ShardedTableTrainer(ctx, run, opts)
+            self.chunking = self._chunking(ctx, run, store_dir)
+            self.tables = ShardedTableTrainer(ctx, run, dataclasses.replace(opts, chunks=self.chunking.chunks))
             self.routing, self.routing_rule = choose_routing(opts.routing, ctx.world_size, opts.data)
         else:
             super().setup(ctx, run, source)
         self.step_alignment = opts.window
-        # Calibrations live in the results store that holds this run.
-        store_dir = Path(ctx.run_dir).parent if ctx.run_dir else None
         self.cost = cost_model(run.workload, store_dir, run.device, opts.cost)
         if ctx.is_main:
             tables = (f"tables=sharded/{opts.sharding} overlap={opts.overlap} "
-                      f"priority={self._priority()} chunks={self.tables.engine.chunks} "
+                      f"priority={self._priority()} {self.chunking.line()} "
                       f"transport={opts.transport} routing={self.routing}"
                       if self.sharded else "tables=replicated")
             print(f"freescale: balance={opts.balance} partitioner={opts.partitioner} "
@@ -274,6 +291,17 @@ class FreeScaleTrainer(DataParallelTrainer):
                   f"{self.cost.source}", file=sys.stderr, flush=True)  # a note: stdout is for results
         self.balanced = BalancedShare(source, ctx.rank, ctx.world_size, self.cost, opts,
                                       run.workload.steps)
+
+    def _chunking(self, ctx: RankContext, run: RunConfig, store_dir: Path | None) -> ChunkChoice:
+        """The row exchange's chunks, chosen as the simulator chooses them, then rank 0's on
+        every rank: a count is a number of collectives, and a host without rank 0's comm
+        fit would choose another (a deadlock)."""
+        chosen = exchange_chunks(self.options, run.workload, ctx.world_size, ctx.device.type, store_dir)
+        held = torch.tensor([chosen.chunks], device=ctx.device)
+        dist.broadcast(held, src=0, group=ctx.group)
+        if int(held) == chosen.chunks:
+            return chosen
+        return ChunkChoice(int(held), f"rank 0's (this rank's rule gave {chosen.chunks})", ctx.world_size)
 
     def make_preparer(self) -> Preparer:
         if self.options.data == "sharded":
@@ -290,7 +318,8 @@ class FreeScaleTrainer(DataParallelTrainer):
         if not self.sharded:
             return {"tables": "replicated"}
         ran = {"tables": "sharded", "sharding": self.options.sharding,
-               "chunks": self.tables.engine.chunks, "transport": self.tables.engine.transport.name,
+               "chunks": self.tables.engine.chunks, "chunk_rule": self.chunking.record(),
+               "transport": self.tables.engine.transport.name,
                "routing": self.routing, "routing_rule": self.routing_rule}
         if self._priority() != self.options.priority:
             ran["priority"] = self._priority()

@@ -16,14 +16,17 @@ from ports import free_port
 from rank_spawn import spawn_ranks
 
 from fsbench.config import RunConfig
+from fsbench.config_io import run_from_dict
 from fsbench.models import SparseArch, table_specs
 from fsbench.measurement.timeline import read_step_stats
 from fsbench.running.runner import run_once
+from fsbench.scaling.chunking import GLOO_DEFAULT
 from fsbench.measurement.timeline import read_timelines
 from fsbench.workloads import make_batch_source
 from fsbench.workloads.presets import tiny
 from freescale_impl.embedding_exchange import ShardedEmbeddings
 from freescale_impl.sharded_tables import LocalShard, RowLayout
+from freescale_impl.trainer import FreeScaleOptions, exchange_chunks
 from freescale_impl.transport import CollectiveTransport
 
 pytestmark = pytest.mark.dist
@@ -201,11 +204,21 @@ def test_overlapped_prioritized_equals_blocking_and_ddp(tmp_path, rank_pythonpat
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["trainer_ran"] == {
         "tables": "sharded", "sharding": "row", "chunks": 3, "transport": "collective",
+        "chunk_rule": {"chunks": 3, "why": "asked", "world_size": 2, "model": None, "chunk_bytes": None,
+                       "latency_us": None, "transfer_us": None},
         "routing": "host", "routing_rule": "routing=host (asked)"}
     own_ran = json.loads((own_dir / "manifest.json").read_text())["trainer_ran"]
     assert (own_ran["routing"], own_ran["routing_rule"]) == ("exchanged", "routing=exchanged (asked)")
-    auto_ran = json.loads((_losses(tmp_path, "freescale", 2)[1] / "manifest.json").read_text())["trainer_ran"]
+    auto_dir = _losses(tmp_path, "freescale", 2)[1]
+    auto_ran = json.loads((auto_dir / "manifest.json").read_text())["trainer_ran"]
     assert auto_ran["routing"] == "exchanged"  # the measured rule at 2 ranks
+    # chunks=0: the chunking rule chose, on gloo's default (this store holds no comm fit),
+    # as the simulator would on it; the manifest says what and why
+    workload = run_from_dict(json.loads((auto_dir / "run_spec.json").read_text())).workload
+    rule = exchange_chunks(FreeScaleOptions.parse({}), workload, 2, "cpu", auto_dir.parent)
+    assert auto_ran["chunk_rule"] == json.loads(json.dumps(rule.record()))
+    assert auto_ran["chunks"] == rule.chunks == 1 and rule.why == "rule" and rule.model == GLOO_DEFAULT
+    assert rule.chunk_bytes > 0 and rule.latency_us > rule.transfer_us  # tiny's rows: latency-bound
     assert auto_ran["routing_rule"].startswith("routing=auto: host at <= 1 ranks, else exchanged")
 
     # The order the technique promises, read from the timeline of the full run:

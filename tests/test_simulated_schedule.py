@@ -37,7 +37,7 @@ def test_sm_free_beyond_a_node_splits_each_exchange_and_its_capped_ctas_take_few
     nodes' on NCCL (freescale_impl.node_transport): both in the program, and the part
     between nodes slows the compute it overlaps by its share of NCCL's CTAs."""
     program = profile_of("freescale", trainer_options("freescale", {**SHARDED, "transport": "sm_free"}),
-                         16).program([Bucket(1.0, 1.0)], 8)
+                         16).program([Bucket(1.0, 1.0)], 8, 1)
     names = {op.comm.name for op in program.ops if hasattr(op, "comm")}
     assert {"emb.fetch_c0.node", "emb.fetch_c0.nodes", "emb.grad_c0.node", "emb.grad_c0.nodes"} <= names
     run = run_at(64, transport="sm_free", priority="on")
@@ -81,7 +81,7 @@ def test_host_syncs_cost_the_device_its_relaunch_on_gpus_and_nothing_is_busy_in_
     run = run_at(64, tables="replicated")  # a step without syncs of its own
     program = profile_of(run.trainer, run.trainer_options, 64).program
     quiet = steps_of(run)
-    synced = steps_of(run, program=lambda b, g: StepProgram(program(b, g).ops + (HostSync(),) * 5))
+    synced = steps_of(run, program=lambda b, g, c: StepProgram(program(b, g, c).ops + (HostSync(),) * 5))
     for a, b in zip(quiet, synced):
         assert b["step_time_ms"] - a["step_time_ms"] == pytest.approx(5 * H100.host_sync_s * 1e3, rel=1e-6)
         assert b["busy_max_ms"] == pytest.approx(a["busy_max_ms"])
@@ -90,14 +90,15 @@ def test_host_syncs_cost_the_device_its_relaunch_on_gpus_and_nothing_is_busy_in_
 
 def test_freescale_declares_the_host_syncs_of_its_step():
     def syncs(**sets):
-        return profile_of("freescale", trainer_options("freescale", {**SHARDED, **sets}), 64).program([Bucket(1.0, 1.0)], 8).host_syncs
+        return profile_of("freescale", trainer_options("freescale", {**SHARDED, **sets}), 64).program(
+            [Bucket(1.0, 1.0)], 8, int(sets.get("chunks", 1))).host_syncs
 
     # the last control message (later steps' counts, ids, fresh masks), read at the
     # step's start: one, with or without priority, and none between forward and backward
     assert syncs() == 1
     assert syncs(priority="on") == 1
     assert syncs(tables="replicated") == 0
-    ops = profile_of("freescale", trainer_options("freescale", SHARDED), 64).program([Bucket(1.0, 1.0)], 8).ops
+    ops = profile_of("freescale", trainer_options("freescale", SHARDED), 64).program([Bucket(1.0, 1.0)], 8, 1).ops
     first_forward = next(i for i, op in enumerate(ops) if isinstance(op, Compute) and op.phase == "forward")
     assert [i for i, op in enumerate(ops) if isinstance(op, HostSync)][0] < first_forward
     # copy engines: each exchange (rows and gradients, each chunk) reads its peers' offsets

@@ -162,7 +162,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             c for c in RUN_VIEW if c in ("step_time_ms_median", "samples_per_s", "bubble_ratio",
                                          "straggler_bubble_ratio", "exposed_comm_ratio",
                                          "input_stall_ratio", "load_imbalance")],
-            "plan_ms_per_step", "route_ms_per_step", *[f for f in FLAGS if f in rows[0]]]))
+            "plan_ms_per_step", "route_ms_per_step", "exchange_chunks", *[f for f in FLAGS if f in rows[0]]]))
     note(f"simulated runs stored in {sim_store}/")
     return 0
 

@@ -249,6 +249,25 @@ def expected_tokens(workload: WorkloadConfig) -> float:
     return float(workload.global_batch_size * np.mean(draws))
 
 
+def unique_rows(w: WorkloadConfig, draws: np.ndarray, samples: np.ndarray, zipf_s: float) -> np.ndarray:
+    """Expected unique rows of sharded tables a rank reads in a step, per rank: of its
+    item `draws` (items and targets, and the shared negatives: one table, zipf:s), and one
+    user row and one row per context table for each of its `samples`."""
+    return expected_distinct(draws, w.item_vocab, zipf_s) + samples * (1 + len(w.context_vocabs))
+
+
+def expected_exchange_bytes(w: WorkloadConfig, n: int) -> float:
+    """A rank's row exchange a step in bytes (step_payloads' `rows`) at the workload's
+    expected lengths, with its share of the global batch: deterministic, so that every
+    rank and the simulator compute the same (fsbench.scaling.chunking)."""
+    from fsbench.specs import parse_popularity
+
+    samples = w.global_batch_size / n
+    draws = np.array([expected_tokens(w) / n + samples + w.negatives_per_step])
+    rows = unique_rows(w, draws, np.array([samples]), float(parse_popularity(w.popularity).s))
+    return float(rows[0]) * 4.0 * w.model.row_dim
+
+
 # Payloads by what they are: a sharded table's rows and gradients; a step's input routing
 # (the requests' messages, TorchRec's input dist); data=sharded's sample exchange.
 ROW_PAYLOADS = frozenset({"rows", "row_grads", "fresh_rows", "final_rows"})

@@ -37,8 +37,9 @@ class SimProfile:
     which plan nothing). A planner predicts costs as the trainer would (its own cost
     model), while the simulator books the cluster's costs: prediction error is residual
     straggler."""
-    route: Callable[[object, int, int, "PlanInputs", float], object] | None = None
-    """(workload, N, seed, what a planner may know, the global batch's expected tokens) ->
+    route: Callable[[object, int, int, "PlanInputs", float, int], object] | None = None
+    """(workload, N, seed, what a planner may know, the global batch's expected tokens,
+    the row exchange's chunks) ->
     the input stage's CPU per step beyond planning, timed on this machine: an object with
     `route_ms` (the loader worker's: reading the rank's samples and routing them),
     `prep_ms` (the rank thread's exchange preparation) and `extrapolated` (followed on a
@@ -50,11 +51,13 @@ class SimProfile:
     and the request are made on the rank's thread (freescale_impl.sample_exchange)."""
     window: int = 1
     chunks: int = 1
-    """Pieces of the row exchange, each an all-to-all of its own (its own latency)."""
-    program: Callable[[list[Bucket], int], StepProgram] = lambda buckets, gpus_per_node: ddp_program(buckets)
-    """(DDP's buckets, GPUs a node) -> the trainer's step as ops (fsbench.training.step_program):
-    every collective it issues and waits for, in its order, and its host syncs. The
-    simulator costs exactly these (fsbench.scaling.step_engine)."""
+    """Pieces of the row exchange, each an all-to-all of its own (its own latency); 0: the
+    count the trainer's rule gives on the simulated cluster (fsbench.scaling.chunking)."""
+    program: Callable[[list[Bucket], int, int], StepProgram] = lambda buckets, gpus_per_node, chunks: ddp_program(buckets)
+    """(DDP's buckets, GPUs a node, the row exchange's chunks as chosen) -> the trainer's
+    step as ops (fsbench.training.step_program): every collective it issues and waits for,
+    in its order, and its host syncs. The simulator costs exactly these
+    (fsbench.scaling.step_engine)."""
     nodes_sm_share: float = 1.0
     """Of what NCCL's kernels take from overlapped compute, the share an exchange between
     nodes takes with its CTAs capped (FreeScale's sm_free beyond one node: comm_ctas)."""

@@ -8,7 +8,9 @@ from fsbench.scaling.sim_inputs import Cluster, assumptions
 
 
 def summarize_steps(run: RunConfig, rows: list[dict], cluster: Cluster,
-                    route_extrapolated: bool = False) -> dict:
+                    route_extrapolated: bool = False, chunking=None) -> dict:
+    """`chunking`: the row exchange's ChunkChoice (fsbench.scaling.chunking), None
+    without one."""
     import pandas as pd
 
     df = pd.DataFrame(rows)
@@ -35,6 +37,9 @@ def summarize_steps(run: RunConfig, rows: list[dict], cluster: Cluster,
         "input_ms_per_step": float((m["plan_ms"] + m["route_ms"] + m["prep_ms"]).mean()),
         "input_exchange_ms_per_step": float(m["input_exchange_ms"].mean()),
         "route_extrapolated": route_extrapolated,
+        # The chunks of the row exchange at this size, and why (the trainer's rule, asked)
+        "exchange_chunks": chunking.chunks if chunking else None,
+        "exchange_chunks_why": chunking.line() if chunking else None,
         "step_time_ms_mean": float(m["step_time_ms"].mean()),
         "samples_per_s": float(m["num_samples"].sum() / secs),
         "tokens_per_s": float(m["num_targets"].sum() / secs),

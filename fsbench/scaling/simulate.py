@@ -98,9 +98,10 @@ from fsbench.config import RunConfig, WorkloadConfig
 from fsbench.scaling.ddp_buckets import step_buckets
 from fsbench.errors import ConfigError
 from fsbench.measurement.metrics import rank_causes
+from fsbench.scaling.chunking import choose_chunks
 from fsbench.scaling.sim_costs import (INPUT_PAYLOADS, OVERHEAD_KEYS, ROW_PAYLOADS, SAMPLE_PAYLOADS, Costs,
-                                      expected_distinct, expected_fresh, expected_tokens, step_payloads,
-                                      worker_preemption_ms)
+                                      expected_fresh, expected_tokens, step_payloads,
+                                      unique_rows, worker_preemption_ms)
 from fsbench.scaling.step_engine import replay
 from fsbench.scaling.sim_inputs import Cluster, PlanInputs, SimProfile, contiguous_plan
 from fsbench.scaling.sim_summary import summarize_steps
@@ -167,6 +168,12 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # With an encoder fit given, the trainer there would plan with that fit.
     planning = (PlanInputs(w, store, "cpu") if cluster.compute == "fit"
                 else PlanInputs(w, None, "cuda", fit=costs_model.fit))
+    # The row exchange's chunks: as asked, else the trainer's rule (fsbench.scaling.chunking)
+    # on this cluster's all-to-all, so the routing and the program are the trainer's there.
+    chunking = None if prof.exchange == "none" else choose_chunks(
+        w, n, lambda k, nbytes: costs_model.collective_ms("all_to_all", k, nbytes), cluster.name,
+        asked=prof.chunks, blocking=prof.exchange == "blocking")
+    chunks = chunking.chunks if chunking else 1
     # The trainer plans with its own predicted costs; the cluster's costs are booked.
     # Its planning is the input stage's work at the simulated size, timed on this
     # machine's CPU: the first window is planned once more untimed (compiling the planner
@@ -189,7 +196,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     if not planner_time or prof.route is None:
         route_ms = prep_ms = 0.0
     elif route_ms is None:
-        timed = prof.route(w, n, run.seed, planning, expected_tokens(w))
+        timed = prof.route(w, n, run.seed, planning, expected_tokens(w), chunks)
         route_ms, prep_ms, routed_by_line = timed.route_ms, timed.prep_ms, timed.extrapolated
     prep_ms = prep_ms or 0.0
     stage_ms = plan_ms + route_ms
@@ -212,7 +219,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # the rows it updated, which the prioritized exchange cannot send before its update.
     prev = None
     per_node = cluster.gpus_per_node if cluster.compute != "fit" else n  # `local`: one host
-    program = prof.program(ready_buckets, per_node)
+    program = prof.program(ready_buckets, per_node, chunks)
     carry = carry_alone = None  # what each step leaves in flight for the next
     rows = []
     for window, lengths, plans, _ in windows:
@@ -236,13 +243,12 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                 # Unique rows a rank reads: items and targets (one table), shared negatives,
                 # one user row and one row per context table per sample; of them, those the
                 # previous step updated (all at the first step: nothing was sent before it).
-                rows_r = (expected_distinct(draws, w.item_vocab, zipf_s)
-                          + samples * (1 + len(w.context_vocabs)))
+                rows_r = unique_rows(w, draws, samples, zipf_s)
                 fresh_r = None if prev is None else (
                     expected_fresh(draws, w.item_vocab, zipf_s, prev[0])
                     + samples * sum(-math.expm1(-prev[1] / v) for v in (w.user_vocab, *w.context_vocabs)))
             prev = (float(tokens.sum() + samples.sum() + w.negatives_per_step), float(samples.sum()))
-            payload = step_payloads(w, n, prof.chunks, rows_r, fresh_r, samples, tokens)
+            payload = step_payloads(w, n, chunks, rows_r, fresh_r, samples, tokens)
             t_ar = costs_model.collective_ms("all_reduce", n, sum(buckets))
             t_last = costs_model.collective_ms("all_reduce", n, buckets[-1]) if buckets else 0.0
 
@@ -297,9 +303,8 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             if prof.tables.placement == "replicated":
                 updated = held_rows
             else:
-                updated = (float(expected_distinct(np.array([tokens.sum() + samples.sum() + w.negatives_per_step]),
-                                                   w.item_vocab, zipf_s)[0])
-                           + samples.sum() * (1 + len(w.context_vocabs))) / n
+                updated = float(unique_rows(w, np.array([tokens.sum() + samples.sum() + w.negatives_per_step]),
+                                            samples.sum(), zipf_s)[0]) / n
             upd = costs_model.table_ms(updated * w.model.row_dim, replicated=prof.tables.placement == "replicated")
             upd_wall = upd * table_corun * share
             c, t = c + upd_wall, t + upd_wall
@@ -342,7 +347,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                                          float(all_costs[np.concatenate(owners)].max()) * enc_busy
                                          + (0.0 if emulated else upd * table_corun)),
             })
-    return summarize_steps(run, rows, cluster, routed_by_line), rows
+    return summarize_steps(run, rows, cluster, routed_by_line, chunking), rows
 
 
 def write_simulated(run: RunConfig, cluster: Cluster, out_dir: str | Path, store: str | Path,

@@ -1,0 +1,129 @@
+"""The embedding exchange's chunk count follows a chunk's bytes against the all-to-all's
+fixed cost at the world size (fsbench.scaling.chunking), one rule for the trainer and the
+simulator: fewer chunks where the collective's latency grows (many ranks), more where a
+chunk carries many bytes, and an asked count always wins."""
+import dataclasses
+import json
+
+import pytest
+
+from fsbench.config import ConfigError, RunConfig
+from fsbench.scaling.chunking import CAP, GLOO_DEFAULT, MARGIN, a2a_model, choose_chunks
+from fsbench.scaling.commcal import CommFit, comm_fit_path
+from fsbench.scaling.sim_costs import expected_exchange_bytes
+from fsbench.scaling.sim_inputs import CLUSTERS
+from fsbench.scaling.simulate import profile_of, scaled_workload, simulate_run
+from fsbench.training.step_program import Bucket
+from fsbench.training.trainer import trainer_options
+from fsbench.workloads.presets import get_workload
+from freescale_impl.trainer import FreeScaleOptions, exchange_chunks
+
+H100, H100_A2A = CLUSTERS["h100"], a2a_model("h100", "cuda", None)[0]
+
+
+def weak(name: str, n: int, per_rank: int = 128):
+    return scaled_workload(get_workload(name), n, "weak", per_rank)
+
+
+def rule(w, n: int, a2a=H100_A2A) -> int:
+    return choose_chunks(w, n, a2a, "h100").chunks
+
+
+def test_fewer_chunks_at_256_ranks_than_at_8_on_h100_for_medium():
+    for per_rank in (128, 2048 // 8):  # the paper table's batch, and the preset's at 8 ranks
+        at8, at256 = rule(weak("medium", 8, per_rank), 8), rule(weak("medium", 256, per_rank), 256)
+        assert 1 <= at256 < at8 <= CAP, (per_rank, at8, at256)
+
+
+def test_a_chosen_count_is_one_whose_chunks_carry_their_latency_and_one_more_would_not():
+    for name, n in (("medium", 8), ("large", 64), ("large", 256)):
+        w = weak(name, n)
+        c = choose_chunks(w, n, H100_A2A, "h100")
+        assert c.why == "rule" and c.model == "h100" and c.world_size == n
+        assert c.chunk_bytes == pytest.approx(expected_exchange_bytes(w, n) / c.chunks)
+        assert c.transfer_us >= MARGIN * c.latency_us
+        if c.chunks < CAP:  # the next count's chunks would be latency-bound
+            more = expected_exchange_bytes(w, n) / (c.chunks + 1)
+            total_us = H100_A2A(n, more) * 1e3
+            transfer_us = c.transfer_us * more / c.chunk_bytes
+            assert transfer_us < MARGIN * (total_us - transfer_us)
+    # where even one chunk is latency-bound, one chunk: nothing to hide its latency under
+    one = choose_chunks(weak("medium", 256), 256, H100_A2A, "h100")
+    assert one.chunks == 1 and one.transfer_us < MARGIN * one.latency_us
+
+
+def test_the_count_never_falls_as_a_rank_moves_more_bytes():
+    # wider rows: more bytes a rank, the same ranks and rows
+    counts = [rule(dataclasses.replace(weak("medium", 64), model=dataclasses.replace(
+        get_workload("medium").model, table_dim=d)), 64) for d in (16, 64, 256, 1024, 4096)]
+    assert counts == sorted(counts) and counts[0] < counts[-1], counts
+
+
+def test_an_asked_count_wins_and_the_blocking_exchange_is_one():
+    w = weak("medium", 256)
+    assert choose_chunks(w, 256, H100_A2A, "h100", asked=3).chunks == 3
+    assert choose_chunks(w, 256, None, None, asked=3).line() == "chunks=3 (asked)"
+    assert choose_chunks(w, 256, H100_A2A, "h100", asked=3, blocking=True).chunks == 1
+    assert choose_chunks(w, 1, H100_A2A, "h100").why == "one rank"
+    opts = FreeScaleOptions.parse({"chunks": "3", "chunk_cluster": "local"})
+    assert exchange_chunks(opts, w, 256, "cuda", None).why == "asked"  # no fit read: none needed
+
+
+def test_a_chunk_holds_whole_samples():
+    w = dataclasses.replace(weak("large", 64), global_batch_size=128)  # 2 samples a rank
+    assert rule(w, 64) <= 2
+
+
+def test_the_simulator_runs_the_count_the_rule_gives_at_each_world_size():
+    """`fsbench simulate` chooses as the trainer would on that cluster (chunks=0), builds
+    the program with that many chunks and says which count it used."""
+    for n in (8, 256):
+        w = dataclasses.replace(weak("medium", n), steps=3, warmup=1)
+        run = RunConfig(workload=w, trainer="freescale", world_size=n,
+                        trainer_options=trainer_options("freescale", {}))
+        profile = profile_of("freescale", run.trainer_options, n)
+        used = []
+
+        def program(buckets, gpus_per_node, chunks, build=profile.program):
+            used.append(chunks)
+            return build(buckets, gpus_per_node, chunks)
+
+        summary, _ = simulate_run(run, H100, ".", profile=dataclasses.replace(profile, program=program),
+                                  planner_time=False)
+        expected = exchange_chunks(FreeScaleOptions.parse({}), w, n, "cuda", None)  # the trainer's
+        assert used == [expected.chunks] and summary["exchange_chunks"] == expected.chunks
+        assert summary["exchange_chunks_why"] == expected.line()
+        fetches = {op.comm.name for op in profile.program([Bucket(1.0, 1.0)], 8, used[0]).ops
+                   if hasattr(op, "comm") and op.comm.name.startswith("emb.fetch_c")}
+        assert len(fetches) == expected.chunks
+    ddp = simulate_run(dataclasses.replace(run, trainer="ddp", trainer_options={}), H100, ".",
+                       planner_time=False)[0]
+    assert ddp["exchange_chunks"] is None  # no row exchange
+
+
+def test_on_cpu_the_rule_reads_the_stores_gloo_fit_else_gloo_default(tmp_path):
+    _, name = a2a_model("auto", "cpu", tmp_path)
+    assert name == GLOO_DEFAULT
+    # this repository's CPU workloads stay at one chunk on gloo, as measured
+    # (results/freescale_comm_cpu.md)
+    for wl in ("small", "comm-heavy", "tiny"):
+        w = get_workload(wl)
+        assert choose_chunks(w, 2, *a2a_model("auto", "cpu", tmp_path)).chunks == 1
+    # a fit whose latency is tiny against its bandwidth's time: chunks pay there
+    path = comm_fit_path(tmp_path)
+    path.parent.mkdir(parents=True)
+    fit = CommFit("all_to_all", 1e-7, 0.0, 1e-8, 0.0, [])
+    path.write_text(json.dumps({"backend": "gloo", "fits": {"all_to_all": dataclasses.asdict(fit)}}))
+    a2a, name = a2a_model("auto", "cpu", tmp_path)
+    assert name == f"local ({path})" and choose_chunks(get_workload("small"), 2, a2a, name).chunks == CAP
+    assert a2a_model("auto", "cuda", tmp_path)[1] == "h100"  # a GPU's default is the h100 model
+
+
+def test_a_missing_or_unknown_cost_model_is_a_one_line_error(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        a2a_model("local", "cpu", tmp_path)
+    assert "freescale.chunk_cluster=local: no all_to_all fit" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        trainer_options("freescale", {"chunk_cluster": "h200"})
+    assert str(e.value) == ("freescale.chunk_cluster='h200' is not allowed; choose auto, h100, local "
+                            "or a cluster file (.toml, .json)")
