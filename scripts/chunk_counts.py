@@ -53,10 +53,10 @@ def main() -> None:
     page = "\n".join([
         f"# Chunks of FreeScale's embedding exchange on `{args.cluster}`", "",
         f"`python scripts/chunk_counts.py --cluster {args.cluster}` at {commit or 'an unknown commit'}: "
-        f"the largest count up to {CAP} whose chunks each take at least {MARGIN:g} x their fixed "
-        "cost to move their bytes (fsbench/scaling/chunking.py; docs/simulation.md#how-many-chunks). "
-        "A cell: **count** (a chunk's bytes, its transfer / its fixed cost at that count; at "
-        "one chunk where even one is latency-bound); `-`: fewer samples than GPUs.", "",
+        f"the largest count up to {CAP} to which each more chunk saves the forward at least "
+        f"{MARGIN:g} x the link time it adds (fsbench/scaling/chunking.py; "
+        "docs/simulation.md#how-many-chunks). A cell: **count** (a chunk's bytes, its transfer "
+        "/ the rest of its time at that count); `-`: fewer samples than GPUs.", "",
         table(args.cluster)])
     if args.out:
         args.out.write_text(page)

@@ -6,18 +6,24 @@ A chunk is what one sub-batch of whole samples reads: the forward starts on the 
 while the later ones fly, and in backward each gradient chunk leaves as soon as its
 sub-batch has made it. But each chunk is an all-to-all of its own and pays the
 collective's whole fixed cost, which grows with the ranks (tens to hundreds of
-microseconds at 256 ranks on the h100 model). So the rule weighs one chunk's bytes
-against that cost at this world size:
+microseconds at 256 ranks on the h100 model). So the rule weighs what one more chunk saves against what it costs, on the cost model of
+the run or projection (t: an all-to-all's time for a rank's buffer at this world size):
 
-    C = the largest count <= CAP (and <= a rank's samples) whose chunks each take at
-        least MARGIN times their fixed cost to move their bytes
+    going from C-1 to C chunks, the forward waits t(b/C) instead of t(b/(C-1)) (saved),
+    and the link carries C t(b/C) instead of (C-1) t(b/(C-1)) (added: one more fixed
+    cost, where t has one); C = the largest count <= CAP (and <= a rank's samples) up to
+    which every step saves at least MARGIN times what it adds.
 
-A chunk's bytes are a rank's expected unique rows a step (sim_costs.expected_exchange_bytes:
-deterministic from the workload) over C; its transfer time is those bytes at the
-all-to-all's bandwidth at this world size (the slope of its time at large messages),
-its fixed cost the rest of its time. Both come from the cost model the run or the
-projection uses (`a2a_model`): the cluster's (h100 on CUDA unless another is named), or
-on CPU this machine's `fsbench calibrate --comm` fit, else gloo's default here.
+With a fixed cost a and a bandwidth B, a step to C chunks pays when a chunk's transfer
+b/(C B) is at least (C - 1) a: each chunk's bytes against the collective's latency at this
+world size, the latency growing with the ranks, the bytes a rank moves shrinking. The
+rule reads t itself, so a model whose per-peer cost shrinks with small messages (the h100
+model below 32 MiB) prices chunks as the simulator does. A chunk's bytes are a rank's
+expected unique rows a step (sim_costs.expected_exchange_bytes: deterministic from the
+workload) over C. The cost model (`a2a_model`) is the cluster's (h100 on CUDA unless
+another is named), or on CPU this machine's `fsbench calibrate --comm` fit, else gloo's
+default here. The record gives the chosen chunk's bytes, its transfer (at the bandwidth
+of large messages) and the rest of its time (its fixed cost).
 """
 from __future__ import annotations
 
@@ -32,14 +38,11 @@ CAP = 4
 """At most 4 chunks: past the first few sub-batches, the part of the exchange that waits
 before the forward (one chunk's) shrinks little while the latencies keep adding."""
 MARGIN = 1.0
-"""k: a chunk's transfer at least its fixed cost. Cutting a chunk of b bytes in two lets
-the first half's sub-batch start after t(b/2) instead of t(b): it hides one half's
-transfer under that sub-batch's compute, and it costs one more fixed cost on the link
-(the same again for the gradients in backward). So the cut pays when each half moves its
-bytes in at least its fixed cost, k = 1; a chunk whose latency dominates its transfer
-adds more than it hides. Break-even is enough because the hidden half is really hidden
-where chunks matter: a sub-batch's compute on a GPU (milliseconds) outlasts a chunk's
-flight (tens to hundreds of microseconds)."""
+"""Break-even: a chunk is added when the wait it takes off the forward is at least the
+link time it adds (the same holds for the gradients in backward, where a chunk leaves as
+its sub-batch's backward makes it). Break-even is enough because the added time is
+itself mostly hidden where chunks matter: a sub-batch's compute on a GPU (milliseconds)
+outlasts a chunk's flight (tens to hundreds of microseconds)."""
 LARGE_BYTES = 1 << 30
 """Messages large enough that their time grows by bandwidth alone (the fixed part is
 saturated on every model here: the h100 model's from 32 MiB): where the slope is read."""
@@ -108,10 +111,13 @@ def choose_chunks(workload: WorkloadConfig, n: int, a2a_ms: A2aMs | None, model:
         transfer = b * s_per_byte
         return b, max(0.0, a2a_ms(n, b) / 1e3 - transfer), transfer
 
+    def t(c: int) -> float:  # one chunk's all-to-all, in seconds
+        return a2a_ms(n, total / c) / 1e3
+
     chosen = 1
-    for c in range(2, cap + 1):  # the condition only tightens as chunks shrink
-        _, latency, transfer = measure(c)
-        if transfer < MARGIN * latency:
+    for c in range(2, cap + 1):  # what a step saves only shrinks as chunks shrink
+        saved, added = t(c - 1) - t(c), c * t(c) - (c - 1) * t(c - 1)
+        if saved < MARGIN * added:
             break
         chosen = c
     b, latency, transfer = measure(chosen)
