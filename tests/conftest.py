@@ -25,9 +25,9 @@ def rank_pythonpath(monkeypatch):
 @pytest.fixture
 def no_corun_measurement(monkeypatch):
     """For a test that calibrates in this process and reads nothing of the co-run slowdown
-    (one rank, or emulated compute): calibrate's two co-run measurements start 12 fresh
-    interpreters, ~20 s of a `tiny` calibration on 2 cores, so here they return 1.0 (no
-    slowdown) at once. Measured for real on every push: the measurement by
+    (one rank, or emulated compute): calibrate's two co-run measurements time 12
+    processes forked from the warm server (~4 s of a `tiny` calibration on 2 cores), so
+    here they return 1.0 (no slowdown) at once. Measured for real on every push: the measurement by
     test_simulate.py::test_corun_slowdown_is_measured_in_real_processes, the whole
     `fsbench calibrate` with it by the gpu_check dry run (test_gpu_check.py)."""
     from fsbench.costmodel import calibrate

@@ -81,11 +81,15 @@ def test_the_dry_run_passes_on_cpu_writes_its_report_and_leaves_the_checkout_as_
     assert all(r["checks"] and all(c["verdict"] != "FAILED" for c in r["checks"]) for r in doc["runs"])
 
 
-def _stub_python(tmp_path: Path, body: str, preflight: str | None = None) -> Path:
+def _stub_python(tmp_path: Path, body: str, preflight: str | None = None,
+                 selftests: str | None = None) -> Path:
     """A `PY` that runs the real python, except for the fsbench CLI, which does `body`, and
-    with `preflight` the preflight script (its record's path is its first argument)."""
+    with `preflight` the preflight script (its record's path is its first argument), with
+    `selftests` the self-tests' script."""
     stub = tmp_path / "py"
-    pre = f"if [ \"$1\" = scripts/gpu_preflight.py ]; then shift; {preflight}; fi\n" if preflight else ""
+    pre = "".join(f"if [ \"$1\" = scripts/{script} ]; then shift; {stand_in}; fi\n"
+                  for script, stand_in in (("gpu_preflight.py", preflight), ("gpu_selftests.py", selftests))
+                  if stand_in)
     stub.write_text(f"#!/usr/bin/env bash\nif [ \"$1\" = -m ] && [ \"$2\" = fsbench.cli ]; then {body}; fi\n"
                     f"{pre}exec {sys.executable} \"$@\"\n")
     stub.chmod(0o755)
@@ -94,17 +98,17 @@ def _stub_python(tmp_path: Path, body: str, preflight: str | None = None) -> Pat
 
 @pytest.mark.dist  # wall-clock deadlines: run in the tier that starts after CI's background builds
 def test_a_hung_step_is_cut_at_the_deadline_and_the_report_is_still_written(tmp_path):
-    """Every fsbench command hangs (as an sm_free barrier might): with a 30 s deadline (10 s
+    """Every fsbench command hangs (as an sm_free barrier might): with a 20 s deadline (10 s
     of it kept for the report) the first run is cut when the time is up, every later step
     is listed as not run for lack of time, and the trap writes the report (not ok) and
     packs the logs."""
     out = tmp_path / "out"
-    # The preflight answers at once: its probes (torch's imports, a gloo all-reduce, a
-    # kernel) are not what this is about, and beside a busy neighbour they can outlast the
-    # 20 s this deadline leaves the steps.
-    stub = _stub_python(tmp_path, "sleep 600", preflight='echo "{}" > "$1"; exit 0')
+    # The preflight and the self-tests answer at once: their work (torch's imports, a gloo
+    # all-reduce, a kernel) is not what this is about (the dry run above runs it), and
+    # beside a busy neighbour it could outlast the 10 s this deadline leaves the steps.
+    stub = _stub_python(tmp_path, "sleep 600", preflight='echo "{}" > "$1"; exit 0', selftests="exit 0")
     env = {**os.environ, "OUT": str(out), "PY": str(stub),
-           "GPU_CHECK_DEADLINE_S": "30", "GPU_CHECK_RESERVE_S": "10"}
+           "GPU_CHECK_DEADLINE_S": "20", "GPU_CHECK_RESERVE_S": "10"}
     t0 = time.monotonic()
     proc = subprocess.run(["bash", str(SCRIPT), "--dry-run"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
@@ -122,8 +126,11 @@ def test_a_hung_step_is_cut_at_the_deadline_and_the_report_is_still_written(tmp_
 def test_a_killed_check_still_leaves_its_report(tmp_path):
     """SIGTERM in the middle of a step: the trap writes the report of what ran."""
     out, work = tmp_path / "out", tmp_path / "work"
+    # The steps before the hung run answer at once (the hard kill's test below and the dry
+    # run run them for real).
     env = {**os.environ, "OUT": str(out), "GPU_CHECK_WORK": str(work),
-           "PY": str(_stub_python(tmp_path, "sleep 600"))}
+           "PY": str(_stub_python(tmp_path, "sleep 600", preflight='echo "{}" > "$1"; exit 0',
+                                  selftests="exit 0"))}
     proc = subprocess.Popen(["bash", str(SCRIPT), "--dry-run"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.monotonic() + 60

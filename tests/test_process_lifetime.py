@@ -5,6 +5,7 @@ tracker, ranks, loader workers). Before the fix, Ctrl-C, SIGTERM and a rank's SI
 each left the loader workers (and with them the resource tracker) alive for good."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from foreground import ignores_sigint, sigint_default
 
 pytestmark = pytest.mark.dist
 
@@ -42,8 +44,10 @@ def _start(store: Path, workload: str, *more: str, launch: str = "fork") -> subp
     argv = [sys.executable, "-m", "fsbench.cli", "run", "--workload", workload, "--world-size", "2",
             "--input-workers", "1", "--store", str(store), *more]
     log = open(store.parent / f"{store.name}.log", "w")
+    # SIGINT's default disposition, as Ctrl-C finds a terminal's foreground job: a suite
+    # started in the background inherits it ignored (tests/support/foreground.py).
     return subprocess.Popen(argv, start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "FSBENCH_LAUNCH": launch})
+                            env={**os.environ, "FSBENCH_LAUNCH": launch}, preexec_fn=sigint_default)
 
 
 def _wait_for_steps(store: Path, launcher: subprocess.Popen, timeout_s: float = 120.0) -> None:
@@ -66,6 +70,31 @@ def _ranks(processes: dict[int, tuple[int, str]], launcher: int) -> list[int]:
         ppid == launcher and "fsbench.running.launch.worker" in cmd))
 
 
+def _kill_session(sid: int) -> dict[int, tuple[int, str]]:
+    """SIGKILL every process of session `sid`; returns what was alive."""
+    left = session_processes(sid)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
+@pytest.fixture
+def start():
+    """_start, and at teardown, whatever failed, every process of the runs it started
+    SIGKILLed: a launcher that did not stop must not train on beside the tests after this
+    one (in CI, one did for minutes and every later timing test read contended)."""
+    launchers = []
+
+    def go(*args, **kwargs) -> subprocess.Popen:
+        launchers.append(_start(*args, **kwargs))
+        return launchers[-1]
+    yield go
+    for launcher in launchers:
+        _kill_session(launcher.pid)
+        launcher.wait(timeout=30)
+
+
 def _left_after(launcher: subprocess.Popen) -> dict[int, tuple[int, str]]:
     launcher.wait(timeout=120)
     deadline = time.monotonic() + GRACE_S
@@ -73,9 +102,7 @@ def _left_after(launcher: subprocess.Popen) -> dict[int, tuple[int, str]]:
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
         left = session_processes(launcher.pid)
-    for pid in left:  # never leave them to the next test
-        with __import__("contextlib").suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    _kill_session(launcher.pid)  # never leave them to the next test
     return left
 
 
@@ -92,16 +119,17 @@ def _status(store: Path) -> str:
     ("SIGTERM to the launcher", 143, "interrupted", "spawn"),
     ("SIGKILL to the launcher", -9, "incomplete", "spawn"),
 ])
-def test_nothing_of_a_stopped_run_is_alive_5_s_after_its_launcher(how, code, status, launch, tmp_path):
+def test_nothing_of_a_stopped_run_is_alive_5_s_after_its_launcher(how, code, status, launch, tmp_path, start):
     store = tmp_path / "store"
     # `small`: a step's prepared input (~0.3 MB) is more than a pipe holds, so a loader
     # worker whose rank vanished blocks on its queue for good (as it did before the fix).
-    launcher = _start(store, "small", "--set", "steps=4000", launch=launch)
+    launcher = start(store, "small", "--set", "steps=4000", launch=launch)
     _wait_for_steps(store, launcher)
     running = session_processes(launcher.pid)
     ranks = _ranks(running, launcher.pid)
     # launcher, 2 ranks, a loader worker each; forked: the fork server and its tracker too
     assert len(ranks) == 2 and len(running) >= (7 if launch == "fork" else 5), running
+    assert not ignores_sigint(launcher.pid), "the launcher ignores SIGINT: Ctrl-C cannot reach it"
     if how == "SIGKILL to a rank":
         os.kill(ranks[1], signal.SIGKILL)
     else:
@@ -123,10 +151,10 @@ def test_nothing_of_a_stopped_run_is_alive_5_s_after_its_launcher(how, code, sta
 
 
 @pytest.mark.parametrize("how", ["normally", "a rank raises"])
-def test_nothing_of_a_run_is_alive_5_s_after_it_ended(how, tmp_path, rank_pythonpath):
+def test_nothing_of_a_run_is_alive_5_s_after_it_ended(how, tmp_path, rank_pythonpath, start):
     store = tmp_path / "store"
     more = ["--trainer", "trainers_for_tests:RaiseOnRank1"] if how == "a rank raises" else []
-    launcher = _start(store, "tiny", *more)
+    launcher = start(store, "tiny", *more)
     left = _left_after(launcher)
     assert not left, f"{how}: alive {GRACE_S:.0f} s after the launcher exited: {left}"
     assert launcher.returncode == (0 if how == "normally" else 1)

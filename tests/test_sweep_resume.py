@@ -9,6 +9,7 @@ import time
 import warnings
 
 import pytest
+from foreground import sigint_default
 
 from fsbench.cli import main
 
@@ -31,12 +32,11 @@ def _interrupt_after_the_first_run(out):
     the store's statuses afterwards, and what the sweep said."""
     # Ctrl-C in a terminal reaches the whole foreground process group: so here too. The
     # sweep gets SIGINT's default disposition, as a terminal's foreground job has: a suite
-    # started in the background by a non-interactive shell inherits SIGINT ignored, and
-    # Python then never raises KeyboardInterrupt (seen: all three runs completed).
+    # started in the background inherits it ignored (tests/support/foreground.py).
     proc = subprocess.Popen([sys.executable, "-m", "fsbench.cli", *ARGS, "--store", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=sigint_default)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
         if "complete" in statuses(out).values() and len(statuses(out)) >= 2:

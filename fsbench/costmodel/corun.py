@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 
 import torch
 
 from fsbench.config import WorkloadConfig
+from fsbench.training.warm_start import warm_context
 from fsbench.costmodel.timing import (fixed_length_batch, measure_replicated_ns_per_element,
                                      time_encoder_ms)
 
@@ -41,8 +43,8 @@ def measure_corun_slowdown(workload: WorkloadConfig, processes: int | None = Non
     """(median co-run time / median solo time, processes): `work` (the encoder's fixed
     batch, or a replica's table work: CORUN_WORK) timed in one fresh process alone, then
     in `processes` (default: this host's cores) fresh processes at once, `rounds` times
-    in turn, so that solo and co-run run under the same conditions (a fresh interpreter
-    each; solo used to be timed in the calling process). On the shared 2-core VM this is
+    in turn, so that solo and co-run run under the same conditions (a fresh process
+    each, `_time_in_processes`; solo used to be timed in the calling process). On the shared 2-core VM this is
     still noisy: the encoder's factor read 0.94-1.03 and the tables' 0.88-1.05 in the
     calibrations of 2026-12-05 (below 1: two busy cores "faster" than one), which the
     simulator's `local` step times inherit
@@ -63,7 +65,11 @@ def _time_in_processes(work: str, workload: WorkloadConfig, length: int, repeats
     """`work`'s time in each of `processes` fresh processes started together."""
     import multiprocessing as mp
 
-    ctx = mp.get_context("spawn")  # fresh interpreters: no forked torch thread pools
+    # Fresh processes, never forked from one that ran torch (its thread pools would come
+    # along): on Linux forked from the warm server, which imported torch and ran nothing,
+    # as ranks are (fsbench.training.warm_start); elsewhere spawned. On the 2-core VM a
+    # `tiny` calibration's two measurements took 28 s spawned, 4 s forked warm.
+    ctx = warm_context() if sys.platform == "linux" else mp.get_context("spawn")
     start, results = ctx.Barrier(processes), ctx.Array("d", processes)
     procs = [ctx.Process(target=_corun_child, args=(work, workload, length, repeats, start, results, i))
              for i in range(processes)]

@@ -11,17 +11,13 @@ under spawn. One server serves the whole session, this helper and the launcher a
 """
 from __future__ import annotations
 
-import multiprocessing
-
 import torch.multiprocessing as mp
 
-# What fsbench.running.launch.forked preloads: whichever starts the server first, the
-# same modules are warm in it.
-PRELOAD = ["fsbench.running.launch.warm"]
+from fsbench.training.warm_start import warm_context
 
 
 def spawn_ranks(fn, args: tuple, nprocs: int) -> None:
     """fn(rank, *args) for rank in range(nprocs), forked warm; joins them, and raises as
     torch.multiprocessing.spawn does when a rank fails."""
-    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    warm_context()  # the server's preload, whoever in this process starts it first
     mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")

@@ -5,7 +5,8 @@ that was most of their time.
 
 The local launcher asks multiprocessing's forkserver for ranks: one server per launching
 process imports `fsbench.running.launch.warm` once (torch, the worker, the trainers'
-frameworks), then forks a rank per request. A forked rank is still its own process with
+frameworks), then forks a rank per request (fsbench.training.warm_start; the co-run
+calibration forks its processes from the same server). A forked rank is still its own process with
 its own process group and log, and nothing a run measures starts before the fork (the
 worker's main runs in the child). What differs from a cold start is only what was
 imported before the fork, so:
@@ -29,6 +30,7 @@ import subprocess
 import sys
 
 from fsbench.training.lifetime import die_with_parent, lead_own_group
+from fsbench.training.warm_start import warm_context
 
 
 def use_forked(device: str) -> bool:
@@ -38,10 +40,7 @@ def use_forked(device: str) -> bool:
 
 
 def start_rank(run_dir: str, env: dict[str, str], log_path: str) -> "ForkedRank":
-    ctx = multiprocessing.get_context("forkserver")
-    # Takes effect when the server starts (the first rank of this process), later a no-op.
-    ctx.set_forkserver_preload(["fsbench.running.launch.warm"])
-    proc = ctx.Process(target=_rank_main, args=(run_dir, env, log_path), daemon=False)
+    proc = warm_context().Process(target=_rank_main, args=(run_dir, env, log_path), daemon=False)
     proc.start()
     return ForkedRank(proc)
 
