@@ -289,15 +289,19 @@ def before_after_section(df: pd.DataFrame, before: pd.DataFrame, commit: str) ->
     a, b = old[old["gpus"] == 256].set_index(key), df[df["gpus"] == 256].set_index(key)
     h = CLUSTERS["h100"]
     lines = [f"## The headline before and after (256 GPUs, the step alone; before: `{commit}`)\n",
-             "Why it moved (against `b00cea5`, which already priced collectives by the "
-             "nccl-tests fit): (1) the simulator replays each trainer's declared step "
-             "(fsbench/scaling/step_engine.py): DDP's buckets are ready through the backward by "
-             "the encoder's bytes and a replicated table's at its end, which exposes more of "
-             "ddp's and the sharded baseline's all-reduce; (2) FreeScale's exchange changed: "
-             "chunks by whole samples, the forward sub-batch by sub-batch each after its own "
-             "chunk, and the gradient chunks sent as each sub-batch's backward makes them "
-             "(one queue with DDP's buckets), where before the forward waited for every chunk "
-             "and the gradients followed DDP's last bucket.\n",
+             "Why it moved (against `c4d722c`): (1) FreeScale in full now runs its SM-free "
+             "transport beyond one node, as the trainer does (freescale_impl/node_transport.py: a "
+             "node's rows on copy engines, the other nodes' over NCCL with its CTAs capped), where "
+             "before the table fell back to NCCL there; each such exchange adds small offsets and "
+             "barrier all-to-alls and a host sync, and the simulator's links serve collectives "
+             "first come, first served across communicators, so those small exchanges wait behind "
+             "DDP's all-reduce (on `medium`, 0.49 of the 1.2 ms exposed a step is one gradient "
+             "chunk's offsets behind it; a GPU would share the links between communicators: the "
+             "next change to the step engine); its throughput against the sharded baseline still "
+             "rises (1.27x on `medium`); (2) the requests of later steps travel in one control "
+             "all-to-all a step, read at the step's start, so no host sync falls between forward "
+             "and backward; (3) the chunk count comes from the chunking rule (4 on `medium` at 256 "
+             "GPUs: results/chunk_counts_h100.md).\n",
              "| preset | batch/rank | sharded bubble | freescale bubble | reduction vs sharded | "
              "ddp bubble | reduction vs ddp |", "|---|--:|--:|--:|--:|--:|--:|"]
 
