@@ -67,12 +67,16 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="a subset of: " + ", ".join(VARIANTS))
     ap.add_argument("--store", default="runs/comm_comparison", help="where the runs go")
     rename(ap, "--out", "--store", "store")  # its name before fsbench's one vocabulary
     ap.add_argument("--table", default="results/freescale_comm_cpu.md")
     args = ap.parse_args()
+    variants = args.variants.split(",")
+    if unknown := [v for v in variants if v not in VARIANTS]:
+        raise SystemExit(f"--variants: {unknown[0]!r} is not allowed; choose from {', '.join(VARIANTS)}")
     plan = [(r, w, v) for r in range(args.repeats) for w in args.workloads.split(",")
-            for v in VARIANTS]
+            for v in variants]
     rows = []
     for repeat, wname, vname in progress(plan, "runs", "run"):
         workload = workload_of(wname)
