@@ -86,3 +86,34 @@ def test_both_transports_can_be_closed():
     assert callable(CollectiveTransport.close) and callable(SmFreeTransport.close)
     with one_rank_group("cpu") as group:
         CollectiveTransport(group).close()
+
+
+TEARDOWNS = """
+import dataclasses, torch
+from fsbench.costmodel.timing import measure_replicated_ns_per_element
+from fsbench.workloads.presets import tiny
+torch.set_num_threads(1)
+w = dataclasses.replace(tiny(), item_vocab=2_000, user_vocab=500)
+for _ in range(500):
+    measure_replicated_ns_per_element(w, repeats=1, samples=2)
+print("done")
+"""
+
+
+def test_the_replicated_calibration_never_deadlocks_tearing_its_world_down():
+    """DDP dropped after its gloo group was destroyed froze a CI run's calibration: the
+    group's destructor, holding the GIL, waited for a gloo thread that waited for the GIL
+    to free the last all-reduce. Before the fix, 6 of 6 loops like this one froze, after
+    9 to 249 calibrations (and 16 of 19 loops of three-step ones, after 33 to 444), on
+    the 2-core VM on 2026-12-07; after it, none of 9 loops of 250 to 1000. In a child
+    process, so that a freeze fails this test instead of freezing the suite."""
+    import os
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run([sys.executable, "-c", TEARDOWNS], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    except subprocess.TimeoutExpired:
+        pytest.fail("500 replicated calibrations did not finish in 120 s: a world's teardown froze")
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-2000:]

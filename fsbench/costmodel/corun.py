@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+import time
 
 import torch
 
@@ -29,6 +30,10 @@ def _time_table_work(workload: WorkloadConfig, length: int, repeats: int, start=
     torch.set_num_threads(1)
     return measure_replicated_ns_per_element(workload, repeats=repeats, start=start)
 
+
+CORUN_TIMEOUT_S = 600.0
+"""How long a co-run measurement may take before it is called frozen: its processes are
+then killed and the calibration fails, saying so."""
 
 CORUN_WORK = {"encoder": _time_encoder, "tables": _time_table_work}
 
@@ -70,13 +75,27 @@ def _time_in_processes(work: str, workload: WorkloadConfig, length: int, repeats
     # as ranks are (fsbench.training.warm_start); elsewhere spawned. On the 2-core VM a
     # `tiny` calibration's two measurements took 28 s spawned, 4 s forked warm.
     ctx = warm_context() if sys.platform == "linux" else mp.get_context("spawn")
-    start, results = ctx.Barrier(processes), ctx.Array("d", processes)
+    # Bounded waits: a process that dies or freezes before the barrier must not leave the
+    # others (and this caller) waiting for ever, and none may outlive this call, also
+    # when it is interrupted (Ctrl-C, a test's timeout): a CI run once froze on one.
+    start, results = ctx.Barrier(processes, timeout=CORUN_TIMEOUT_S), ctx.Array("d", processes)
     procs = [ctx.Process(target=_corun_child, args=(work, workload, length, repeats, start, results, i))
              for i in range(processes)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
+    try:
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + CORUN_TIMEOUT_S
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        if any(p.is_alive() for p in procs):
+            raise RuntimeError(f"co-run calibration: a process still ran after {CORUN_TIMEOUT_S:.0f} s; "
+                               "all were killed")
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
     if any(p.exitcode for p in procs):
-        raise RuntimeError("co-run calibration: a process failed")
+        raise RuntimeError("co-run calibration: a process failed "
+                           f"(exit codes {[p.exitcode for p in procs]})")
     return list(results[:])

@@ -156,5 +156,11 @@ def measure_replicated_ns_per_element(workload: WorkloadConfig, device: str = "c
                 torch.cuda.synchronize()  # note: CPU-GPU sync point
             if i >= 1:
                 times.append(time.perf_counter() - t0)
+        # DDP goes before its group: a DDP module alive when the group is destroyed drops
+        # the group's last reference itself, and ~ProcessGroupGloo then joins gloo's work
+        # threads while holding the GIL, which a thread still freeing the last
+        # all-reduce's work waits for: a deadlock, in 2 of 3 loops of 500 calibrations
+        # (2026-12-07; it hung a CI run's co-run calibration, tests/test_one_rank_world.py).
+        del work, opt
     elements = sum(p.numel() for p in sparse.parameters())
     return statistics.median(times) * 1e9 / elements

@@ -92,7 +92,9 @@ def one_rank_group(device: torch.device | str):
     store (nothing to reach). Yields the world group and destroys it on the way out, also
     on an exception: a communicator left behind holds NCCL's buffers and threads, and a
     second init in the same process would fail. Inside a rank (a group exists already)
-    it yields that group and leaves it alone."""
+    it yields that group and leaves it alone. Drop what holds the group (a DDP module)
+    inside the block: one that outlives it can deadlock gloo's teardown
+    (fsbench.costmodel.timing.measure_replicated_ns_per_element says how)."""
     if dist.is_initialized():
         yield dist.group.WORLD
         return
