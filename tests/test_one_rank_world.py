@@ -104,7 +104,7 @@ def test_the_replicated_calibration_never_deadlocks_tearing_its_world_down():
     """DDP dropped after its gloo group was destroyed froze a CI run's calibration: the
     group's destructor, holding the GIL, waited for a gloo thread that waited for the GIL
     to free the last all-reduce. Before the fix, 6 of 6 loops like this one froze, after
-    9 to 249 calibrations (and 16 of 19 loops of three-step ones, after 33 to 444), on
+    9 to 249 calibrations (and 13 of 14 loops of three-step ones, after 33 to 444), on
     the 2-core VM on 2026-12-07; after it, none of 9 loops of 250 to 1000. In a child
     process, so that a freeze fails this test instead of freezing the suite."""
     import os
