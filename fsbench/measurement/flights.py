@@ -13,7 +13,7 @@ thread, whenever the caller waits).
 Hazards: install it before the framework initializes (DeepSpeed keeps references to some
 of these functions). DDP's reducer calls its process group from C++, past any Python
 wrapper: `allreduce_in_python` gives a framework-built DDP a comm hook that does what
-DDP's default does through the wrapped `all_reduce`. Collectives issued from C++ by other
+DDP's default does and records its flight. Collectives issued from C++ by other
 paths (functional collectives under torch.compile) stay unseen; the harness's own start
 barrier is not a collective of the step and is not wrapped.
 """
@@ -66,14 +66,23 @@ class FrameworkFlights:
 
 
 def allreduce_in_python(ddp) -> None:
-    """Routes a framework-built DDP's gradient all-reduce through `dist.all_reduce` (so a
-    `FrameworkFlights` records it): DDP's default arithmetic, divide by the group's size,
-    then sum."""
+    """Gives a framework-built DDP a comm hook that does DDP's default arithmetic (divide
+    by the group's size, then sum) through Python, recording its flight itself: DDP waits
+    for the hook's future, which completes only once the flight is recorded. (Through
+    `FrameworkFlights`' wrapper the record came from a second callback on gloo's thread,
+    which could wait for the GIL past DDP's wait: a fast-tier test read no flight, once,
+    on 2026-12-07.)"""
     group = ddp.process_group
 
     def hook(state, bucket):
         tensor = bucket.buffer().div_(group.size())
-        fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
-        return fut.then(lambda f: f.value()[0])
+        all_reduce = getattr(dist.all_reduce, "fsbench_original", dist.all_reduce)
+        flight = current().in_flight("all_reduce")
+
+        def done(fut):
+            flight.finish()
+            return fut.value()[0]
+
+        return all_reduce(tensor, group=group, async_op=True).get_future().then(done)
 
     ddp.register_comm_hook(None, hook)
