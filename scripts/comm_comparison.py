@@ -26,7 +26,7 @@ from fsbench.config import RunConfig
 from fsbench.config_io import override_all
 from fsbench.running.runner import run_once
 from fsbench.table import progress
-from fsbench.workloads.presets import get_workload
+from fsbench.workloads.presets import WORKLOADS as PRESETS, get_workload
 
 BASELINES = ("ddp", "torchrec", "deepspeed")
 VARIANTS = {  # name -> (trainer, switches)
@@ -62,6 +62,27 @@ def workload_of(name: str):
     return dataclasses.replace(override_all(get_workload(preset), sets), name=name)
 
 
+def split_items(text: str, starts_item) -> list[str]:
+    """`text` split at the commas that start an item (`starts_item(piece)`): variant names
+    and workloads' values hold commas of their own ("freescale (all on, chunks=4)",
+    "small+lengths=lognormal:mu=2.4,sigma=0.8")."""
+    items: list[str] = []
+    for piece in text.split(","):
+        if items and not starts_item(piece.strip()):
+            items[-1] += "," + piece
+        else:
+            items.append(piece.strip())
+    return items
+
+
+def variant_list(text: str) -> list[str]:
+    return split_items(text, lambda p: any(v.startswith(p.split(",")[0]) for v in VARIANTS))
+
+
+def workload_list(text: str) -> list[str]:
+    return split_items(text, lambda p: p in WORKLOADS or p.split("+")[0] in PRESETS)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
@@ -72,11 +93,11 @@ def main() -> None:
     rename(ap, "--out", "--store", "store")  # its name before fsbench's one vocabulary
     ap.add_argument("--table", default="results/freescale_comm_cpu.md")
     args = ap.parse_args()
-    variants = args.variants.split(",")
+    variants = variant_list(args.variants)
     if unknown := [v for v in variants if v not in VARIANTS]:
         raise SystemExit(f"--variants: {unknown[0]!r} is not allowed; choose from {', '.join(VARIANTS)}")
-    plan = [(r, w, v) for r in range(args.repeats) for w in args.workloads.split(",")
-            for v in variants]
+    workloads = workload_list(args.workloads)
+    plan = [(r, w, v) for r in range(args.repeats) for w in workloads for v in variants]
     rows = []
     for repeat, wname, vname in progress(plan, "runs", "run"):
         workload = workload_of(wname)
