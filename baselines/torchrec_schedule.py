@@ -5,7 +5,11 @@ item history, a pooled one for user and contexts). The simulator costs this prog
 tests/test_step_programs.py holds it against the recorded timeline at 2 and 4 ranks.
 
 Its collectives are TorchRec's own, recorded under their torch functions' names
-(fsbench.measurement.flights): `all_to_all_single` and DDP's `all_reduce`."""
+(fsbench.measurement.flights): `all_to_all_single` and DDP's `all_reduce`. All run on one
+channel (Comm.channel's default, `world`): DistributedModelParallel built without an `env`
+shards over `ShardingEnv.from_process_group(dist.GroupMember.WORLD)`, and its
+DefaultDataParallelWrapper gives DDP that same group (torchrec.distributed.model_parallel),
+so input dists, lookups, gradients and dense buckets follow each other on one stream."""
 from __future__ import annotations
 
 from fsbench.training.step_program import (Bucket, Comm, Compute, Issue, Op, Span, StepProgram, Wait,

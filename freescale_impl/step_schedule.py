@@ -16,34 +16,66 @@ from fsbench.training.step_program import (Bucket, Comm, Compute, HostSync, Issu
                                            ddp_backward)
 
 
-def _exchange(comm: Comm, mode: str) -> list[Op]:
-    """Issuing one row exchange on the transport (`mode`: collective | sm_free | sm_free
-    between nodes). The copy-engine transport first swaps offsets (a small all-to-all read
-    on the host: one host sync; its own offsets go over from pinned memory without one)
-    and stages behind a barrier (freescale_impl.transport.SmFreeTransport), then its pulls
-    are the exchange. Between nodes it does so for the node's rows only, while NCCL carries
-    the other nodes' rows, its CTAs capped (freescale_impl.node_transport)."""
+# The channels (Comm.channel: one GPU stream each) its collectives run on, as
+# freescale_impl.sharded_step builds them: the exchanges get a group of their own
+# (ShardedTableTrainer.__init__'s `dist.new_group`), so they never queue behind DDP's
+# buckets, which go through the rank context's group (`world`: fsbench.training.dp's comm
+# hook on `ctx.group`), as data=sharded's sample exchange does (exchange_samples(...,
+# group=ctx.group)).
+EMB = "emb"
+"""The exchanges' group: the collective transport's rows and gradients, the control
+messages (ShardedEmbeddings.control is a CollectiveTransport on it) and, within one node,
+the copy-engine transport's offsets (SmFreeTransport's `dist.all_to_all_single` on it)."""
+COPY = "emb.copy"
+"""The copy-engine transport's pulls (SmFreeTransport.stream): one staging buffer, so an
+exchange's pulls start once the one before it is done."""
+SYMM = "emb.symm"
+"""The copy-engine transport's barriers (its symmetric-memory handle's)."""
+NODE = "emb.node"
+"""Beyond one node, the node's own group (node_split_transport's `mine`), which carries
+the copy-engine part's offsets."""
+NODES = "emb.nodes"
+"""Beyond one node, the group across nodes with NCCL's CTAs capped (node_split_transport's
+`across`): the other nodes' rows."""
+
+
+def _parts(comm: Comm, mode: str) -> list[Comm]:
+    """A row exchange's collectives on the transport (`mode`: collective | sm_free |
+    sm_free between nodes): itself on the exchanges' group; the copy engines' pulls; the
+    node's pulls and the other nodes' part beside them."""
     if mode == "collective":
-        return [Issue(comm)]
-    node = dataclasses.replace(comm, name=f"{comm.name}.node", scope="node") if mode == "sm_free_nodes" else comm
-    offsets = Comm(f"{node.name}.offsets", "all_to_all", "offsets", scope=node.scope)
-    barrier = Comm(f"{node.name}.staged", "all_to_all", "barrier", scope=node.scope)
-    ops = [Issue(offsets), Wait(offsets, implicit=True), HostSync(),
-           Issue(barrier), Wait(barrier, implicit=True), Issue(node)]
-    if mode == "sm_free_nodes":
-        ops.append(Issue(dataclasses.replace(comm, name=f"{comm.name}.nodes", scope="nodes")))
-    return ops
+        return [dataclasses.replace(comm, channel=EMB)]
+    if mode == "sm_free":
+        return [dataclasses.replace(comm, channel=COPY)]
+    return [dataclasses.replace(comm, name=f"{comm.name}.node", scope="node", channel=COPY),
+            dataclasses.replace(comm, name=f"{comm.name}.nodes", scope="nodes", channel=NODES)]
+
+
+def _exchange(comm: Comm, mode: str) -> list[Op]:
+    """Issuing one row exchange on the transport. The copy-engine transport first swaps
+    offsets (a small all-to-all read on the host: one host sync; its own offsets go over
+    from pinned memory without one) and stages behind a barrier
+    (freescale_impl.transport.SmFreeTransport), then its pulls are the exchange. Between
+    nodes it does so for the node's rows only, while NCCL carries the other nodes' rows,
+    its CTAs capped (freescale_impl.node_transport)."""
+    parts = _parts(comm, mode)
+    if mode == "collective":
+        return [Issue(parts[0])]
+    node = parts[0]
+    offsets = Comm(f"{node.name}.offsets", "all_to_all", "offsets", scope=node.scope,
+                   channel=NODE if mode == "sm_free_nodes" else EMB)
+    barrier = Comm(f"{node.name}.staged", "all_to_all", "barrier", scope=node.scope, channel=SYMM)
+    return [Issue(offsets), Wait(offsets, implicit=True), HostSync(),
+            Issue(barrier), Wait(barrier, implicit=True), *(Issue(p) for p in parts)]
 
 
 def _arrived(comm: Comm, mode: str) -> list[Op]:
+    parts = _parts(comm, mode)
     if mode == "collective":
-        return [Wait(comm)]
-    node = dataclasses.replace(comm, name=f"{comm.name}.node", scope="node") if mode == "sm_free_nodes" else comm
-    freed = Comm(f"{node.name}.pulled", "all_to_all", "barrier", scope=node.scope)
-    ops = [Wait(node), Issue(freed), Wait(freed, implicit=True)]
-    if mode == "sm_free_nodes":
-        ops.append(Wait(dataclasses.replace(comm, name=f"{comm.name}.nodes", scope="nodes")))
-    return ops
+        return [Wait(parts[0])]
+    node = parts[0]
+    freed = Comm(f"{node.name}.pulled", "all_to_all", "barrier", scope=node.scope, channel=SYMM)
+    return [Wait(node), Issue(freed), Wait(freed, implicit=True), *(Wait(p) for p in parts[1:])]
 
 
 def sharded_step_program(exchange: str, chunks: int, routing: str, transport: str,
@@ -64,13 +96,13 @@ def sharded_step_program(exchange: str, chunks: int, routing: str, transport: st
     if sample_exchange:  # data=sharded: lengths gathered, planned samples exchanged, blocking
         for name, payload in (("samples.lengths", "samples.lengths"), ("samples.meta", "sample_meta"),
                               ("samples.tokens", "sample_tokens")):
-            comm = Comm(name, "all_to_all", payload)
+            comm = Comm(name, "all_to_all", payload)  # on the rank context's group: `world`
             ops += [Issue(comm), Wait(comm)]
     exchanged = routing == "exchanged"
     # Exchanged routing: one control message a step carries later steps' counts, ids and
     # fresh masks (freescale_impl.request_pipeline), read at the next step's start.
     control = Comm("emb.control", "all_to_all", "control_priority" if priority else "control",
-                   next_step=True)
+                   next_step=True, channel=EMB)
     if not priority:
         for f in fetch:  # every row of this step, now
             ops += _exchange(f, transport)

@@ -1157,8 +1157,12 @@ SWITCHES = [
 def test_each_switch_alone_moves_the_projection_the_way_the_trainer_moves(switch, base, on, moved, way, gpus):
     # Long heavy-tailed histories, 4 samples per GPU (a 1,024-long history then costs
     # more than a GPU's fair share: whales), a large catalogue (few rows come back: what
-    # prioritizing can hide), at 64 GPUs (across nodes).
-    w = dataclasses.replace(get_workload("medium"), steps=8, warmup=0, global_batch_size=gpus * 4,
+    # prioritizing can hide), at 64 GPUs (across nodes). Prioritizing at 16 samples per
+    # GPU: at 4, chunk 0's rows arrive under the step's control read (its host sync)
+    # without it, so there is nothing left for it to hide once the first step's control
+    # message no longer queues behind the rows on every link (fsbench.scaling.step_engine).
+    per_gpu = 16 if switch == "priority" else 4
+    w = dataclasses.replace(get_workload("medium"), steps=8, warmup=0, global_batch_size=gpus * per_gpu,
                             item_vocab=10_000_000, user_vocab=10_000_000,
                             context_vocabs=(1_000_000,), popularity="zipf:0.3")
 

@@ -44,10 +44,11 @@ batches (the same length draws the generator makes for that seed and step):
   comm      the trainer's own step (`SimProfile.program`: fsbench.training.step_program,
             held against its recorded timeline by tests/test_step_programs.py) replayed
             on the fastest rank's compute (fsbench.scaling.step_engine): each collective
-            issued where the trainer issues it, holding the rank's links (collectives in
-            flight together follow each other; what sharing exposes is
+            issued where the trainer issues it on its channel (process group or copy
+            stream): one channel's collectives one after another, different channels'
+            at once, sharing the rank's links equally (what sharing exposes is
             `shared_link_ms`), waited where the trainer waits for it; a collective for
-            the next step arrives across the boundary; host syncs drain the device
+            the next step arrives across the boundary, its work left carried over; host syncs drain the device
             (`Cluster.host_sync_s`, GPU presets). Its cost: fitted on this machine by
             `fsbench calibrate --comm` (`local`), on a cluster's nccl-tests logs
             (`--from-nccl-tests`), or a preset's figures (fsbench.scaling.collectives);
@@ -261,8 +262,8 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
 
             def cost(comm) -> float:
                 if comm.payload == "dense_grads":
-                    # DDP's buckets follow each other and cost as one transfer of their sum:
-                    # one latency (measured: DDP's two calls of small at 16 emulated ranks are
+                    # DDP's buckets follow each other on its group and cost as one
+                    # transfer of their sum: one latency (measured: DDP's two calls of small at 16 emulated ranks are
                     # in flight 118 and 123 ms, not twice the 67 ms one costs alone); the
                     # last, issued once the backward is done, at least its own cost.
                     last = comm.name.endswith(f":{len(buckets) - 1}")

@@ -8,6 +8,7 @@ ops, the order the trainer's own code runs them in on every rank:
                             (DDP's buckets, a gradient chunk's send) appears in parts,
                             one split into spans (sub-batches' forwards) in `own_span` parts
     Issue(name)             a collective is issued (async); it carries `Comm.payload`
+                            on `Comm.channel` (the process group or stream it runs on)
     Wait(name)              the rank blocks until it has arrived; `implicit`: inside a
                             phase, where no span of its own records it (DDP's finalize
                             inside backward, TorchRec's awaitables inside forward)
@@ -46,6 +47,12 @@ class Comm:
     scope: str = "all"
     """Which peers it reaches: all, the node's (`node`) or the other nodes' (`nodes`): an
     exchange split by node (FreeScale's sm_free beyond one node)."""
+    channel: str = "world"
+    """The communicator (process group) or copy stream that carries it: one stream on the
+    GPU, so a channel's collectives run one after another, while different channels' run
+    at once and share the links (fsbench.scaling.step_engine). `world`: the rank context's
+    default group (fsbench.training.dist.RankContext.group), which DDP's buckets and every
+    collective of a trainer without groups of its own go through."""
 
     @property
     def recorded(self) -> str:
@@ -148,6 +155,9 @@ def ddp_backward(buckets: list[Bucket], name: str = "ddp.allreduce", flight: str
     backward in which every dense gradient is made (its last part, where the backward
     runs sub-batch by sub-batch: each parameter's gradient is complete only after the
     last sub-batch's backward), `Bucket.ready` read within it."""
+    # Every bucket on the rank context's group (channel `world`): dp.wrap_ddp's comm hook
+    # all-reduces on `ctx.group`, and TorchRec's DDP wrapper on its ShardingEnv's group,
+    # the world group (torchrec.distributed.model_parallel.DefaultDataParallelWrapper).
     total = sum(b.nbytes for b in buckets) or 1.0
     ops: list[Op] = []
     comms, done = [], 0.0
