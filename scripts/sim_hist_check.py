@@ -108,7 +108,7 @@ def main() -> None:
                 f"{sum(bool(r.get('contended')) for r in runs)} of {len(runs)} |")
         verdicts.append(f"calibration {k}: {'both targets met on every run' if met else 'missed'}")
     lines.append("\n" + "; ".join(verdicts) + ".\n")
-    lines.append("Each calibration's passes (`fsbench calibrate --passes`, the median pass kept):\n")
+    lines.append("Each calibration's passes (`fsbench calibrate --passes`, the passes' medians fitted):\n")
     for k, cal in enumerate(calibrated, 1):
         fit = json.loads(next(p for p in (cal / "calibrations").glob("*.json")
                               if not p.name.startswith("comm__")).read_text())

@@ -53,7 +53,20 @@ DEVELOPMENT = tuple((preset, (), POINTS) for preset in ("small", "comm-heavy"))
 # changes only), as a user calibrates once and then projects variants. A held-back set is
 # used once: after the model changes, its points are development points, and a new set
 # is drawn; `--held-back N` re-simulates (`--reuse`) or measures an earlier one.
-# The thirteenth set, drawn by scripts/draw_held_back.py 2026120713 --number 13 after the
+# The fourteenth set, drawn by scripts/draw_held_back.py 2026120714 --number 14 after the
+# step engine shares links between communicators and calibration fits the passes'
+# medians (fsbench.costmodel.calibrate.median_of_passes), before any of its points ran.
+FOURTEENTH_HELD_BACK = (
+    ("small", (("lengths", "powerlaw:alpha=2.1,xmin=7"), ("global_batch_size", "96")),
+     ((1, "model"), (2, "model"), (8, "emulated"))),
+    ("small", (("lengths", "powerlaw:alpha=1.7,xmin=4"),), ((2, "model"), (4, "emulated"))),
+    ("comm-heavy", (("lengths", "powerlaw:alpha=2.2,xmin=4"), ("global_batch_size", "256")),
+     ((2, "model"), (16, "emulated"))),
+    ("small", (("model.family", "sasrec"), ("lengths", "powerlaw:alpha=2.5,xmin=5")),
+     ((2, "model"), (8, "emulated"))),
+    ("small", (("global_batch_size", "144"),), ((4, "emulated"),)),
+)
+# The thirteenth set (measured at c5f852e: 13 of 20), drawn by scripts/draw_held_back.py 2026120713 --number 13 after the
 # simulator replays each trainer's step program (fsbench.scaling.step_engine), before any
 # of its points ran.
 THIRTEENTH_HELD_BACK = (
@@ -220,7 +233,8 @@ HELD_BACK_SETS = {1: FIRST_HELD_BACK, 2: SECOND_HELD_BACK, 3: THIRD_HELD_BACK,
                   4: FOURTH_HELD_BACK, 5: FIFTH_HELD_BACK, 6: SIXTH_HELD_BACK,
                   7: SEVENTH_HELD_BACK, 8: EIGHTH_HELD_BACK, 9: NINTH_HELD_BACK,
                   10: TENTH_HELD_BACK, 11: ELEVENTH_HELD_BACK,
-                  12: TWELFTH_HELD_BACK, 13: THIRTEENTH_HELD_BACK}
+                  12: TWELFTH_HELD_BACK, 13: THIRTEENTH_HELD_BACK,
+                  14: FOURTEENTH_HELD_BACK}
 HELD_BACK = HELD_BACK_SETS[max(HELD_BACK_SETS)]  # the current set
 
 

@@ -606,26 +606,52 @@ def test_calibrate_overhead_of_an_unknown_trainer_is_refused_before_calibrating(
     assert not (tmp_path / "calibrations").exists()  # nothing was measured first
 
 
-def test_calibrating_in_passes_keeps_the_median_pass_of_each_figure(tmp_path, monkeypatch):
-    """Three passes: the encoder model (cost(L) with its batch terms) of the pass whose
-    time for the workload's batch is the median, each separately measured figure's own
-    median (here from different passes), every pass recorded, and the file stored."""
+def _planted_times(batch_ms: float = 2.0, sample_ms: float = 0.1, noise=()):
+    """Encoder timings of a planted encoder (cost(L) = 0.01 L^2 + 0.2 L + 0.05 ms a sample;
+    a batch pays `batch_ms` and `sample_ms` a sample beyond it), on lengths and batches like
+    a calibration's; `noise`: (batch index, factor) pairs that slow those batches."""
+    from fsbench.costmodel.calibrate import EncoderTimes
+    from fsbench.costmodel.cost_curve import quadratic_cost
+
+    lengths = [8, 16, 32, 64, 128]
+    per_sample = [float(quadratic_cost(0.01, 0.2, 0.05, np.array([L]), True)[0]) for L in lengths]
+    rng = np.random.default_rng(0)
+    shapes = [rng.integers(1, 129, n) for n in (160, 80, 40, 20, 10)] + [np.full(n, 8) for n in (20, 160)] \
+        + [np.full(n, 128) for n in (16, 32, 64)]
+    batches = [(L, float(quadratic_cost(0.01, 0.2, 0.05, L, True).sum()) + batch_ms + sample_ms * len(L))
+               for L in shapes]
+    for i, factor in noise:
+        batches[i] = (batches[i][0], batches[i][1] * factor)
+    return EncoderTimes(lengths, per_sample, batches)
+
+
+def test_calibrating_in_passes_fits_the_passes_median_timings(tmp_path, monkeypatch):
+    """Three passes: one encoder model fitted to each length's and each batch's median
+    timing, so a batch that one pass timed slow moves nothing; each separately measured
+    figure's own median (here from different passes); every pass recorded; the file
+    stored. (Before: the whole model of the median pass, its batch terms fitted to that
+    pass's noise.)"""
     from fsbench.costmodel import calibrate as cal
     from fsbench.costmodel.fit import load_fit
     from fsbench.workloads.presets import get_workload
 
     w = get_workload("tiny")
-    passes = [planted_fit(b=2.0, batch_ms=5.0, corun_slowdown=0.9, table_corun_slowdown=1.3),
-              planted_fit(b=1.0, batch_ms=9.0, corun_slowdown=1.3, table_corun_slowdown=1.0),
-              planted_fit(b=1.5, batch_ms=1.0, corun_slowdown=1.1, table_corun_slowdown=1.1,
-                          table_ns_per_element=2.0)]
-    times = [cal.encoder_batch_ms(f, w) for f in passes]
-    assert times[1] < times[2] < times[0]  # pass 2 (b=1.5) is the median encoder
-    monkeypatch.setattr(cal, "measure_fit", lambda *a, **k: passes.pop(0))
+    clean = cal.encoder_model(_planted_times())
+    assert clean["batch_sample_ms"] == pytest.approx(0.1, abs=1e-6)
+    assert clean["batch_ms"] == pytest.approx(2.0, abs=1e-6)
+    times = [_planted_times(noise=[(0, 1.4), (6, 3.0)]), _planted_times(), _planted_times(noise=[(5, 2.0)])]
+    # One pass alone is off where its noise sits: it would have been kept whole before.
+    assert abs(cal.encoder_model(times[0])["batch_sample_ms"] - 0.1) > 0.01
+    fits = [planted_fit(corun_slowdown=0.9, table_corun_slowdown=1.3),
+            planted_fit(corun_slowdown=1.3, table_corun_slowdown=1.0),
+            planted_fit(corun_slowdown=1.1, table_corun_slowdown=1.1, table_ns_per_element=2.0)]
+    runs = list(zip(fits, times))
+    monkeypatch.setattr(cal, "measure_pass", lambda *a, **k: runs.pop(0))
     fit = cal.calibrate(w, tmp_path, passes=3)
-    assert (fit.b, fit.batch_ms) == (1.5, 1.0)
+    for name in ("a", "b", "c", "batch_ms", "batch_sample_ms", "bucket_ms"):
+        assert getattr(fit, name) == pytest.approx(clean[name], abs=1e-9), name
     assert (fit.corun_slowdown, fit.table_corun_slowdown, fit.table_ns_per_element) == (1.1, 1.1, 0.0)
-    assert [p["encoder_batch_ms"] for p in fit.passes] == pytest.approx(times)
+    assert [p["encoder_batch_ms"] for p in fit.passes] == pytest.approx([cal.encoder_batch_ms(f, w) for f in fits])
     assert [p["corun_slowdown"] for p in fit.passes] == [0.9, 1.3, 1.1]
     assert load_fit(tmp_path, w) == fit
 

@@ -84,8 +84,8 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="what is timed")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per length (median)")
     p.add_argument("--passes", type=int, default=3,
-                   help="measure everything this many times, one pass after another, and keep "
-                        "each figure's median pass: on a shared host two calibrations in a row "
+                   help="measure everything this many times, one pass after another, and fit "
+                        "the medians (each length's, each batch's, each figure's): on a shared host two calibrations in a row "
                         "moved a 2-rank prediction by 14%%; 1 is three times faster")
     p.add_argument("--comm", action="store_true",
                    help="instead: time gloo all-reduce and all-to-all on local ranks and fit "

@@ -34,7 +34,7 @@ import numpy as np
 from fsbench.config import WorkloadConfig
 from fsbench.costmodel.batch_terms import TOKENS_PER_POINT, BatchTerms, fit_batch_terms
 from fsbench.costmodel.corun import measure_corun_slowdown
-from fsbench.costmodel.cost_curve import default_lengths, fit_quadratic
+from fsbench.costmodel.cost_curve import default_lengths, fit_quadratic, quadratic_cost
 from fsbench.costmodel.fit import CostFit, device_key, fit_path, model_key
 from fsbench.costmodel.timing import (CALIBRATION_SEED, measure_per_sample_ms,
                                       measure_replicated_ns_per_element,
@@ -48,36 +48,55 @@ def calibrate(workload: WorkloadConfig, out_dir: str | Path, device: str = "cpu"
               lengths: list[int] | None = None, repeats: int = 5, progress=lambda it: it,
               passes: int = 1) -> CostFit:
     """Measure, fit, store; returns the fit. With `passes` > 1 the whole measurement runs
-    that many times, one after another, and the fit keeps the median pass of each
-    quantity (median_of_passes): on a shared host two calibrations in a row moved a
-    2-rank prediction by 14% (results/sim_hist_check_cpu.md)."""
-    fits = [measure_fit(workload, device, lengths, repeats, progress) for _ in range(passes)]
-    fit = fits[0] if passes == 1 else median_of_passes(fits, workload)
+    that many times, one after another, and one fit is made of the passes' medians
+    (median_of_passes): on a shared host two calibrations in a row moved a 2-rank
+    prediction by 14% (results/sim_hist_check_cpu.md)."""
+    runs = [measure_pass(workload, device, lengths, repeats, progress) for _ in range(passes)]
+    fit = runs[0][0] if passes == 1 else median_of_passes(runs, workload)
     path = fit_path(out_dir, workload, device)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, dataclasses.asdict(fit))
     return fit
 
 
-def measure_fit(workload: WorkloadConfig, device: str = "cpu", lengths: list[int] | None = None,
-                repeats: int = 5, progress=lambda it: it) -> CostFit:
-    """One pass of every measurement behind a fit (nothing stored)."""
+@dataclasses.dataclass
+class EncoderTimes:
+    """One pass's encoder timings: per-sample ms at each calibration length, and each batch
+    of the batch terms' design (the same batches every pass) with its measured ms."""
+    lengths: list[int]
+    per_sample_ms: list[float]
+    batches: list[tuple[np.ndarray, float]]
+
+
+def encoder_model(times: EncoderTimes) -> dict:
+    """cost(L) (a, b, c, r2) and the batch terms fitted to `times`, as CostFit's fields."""
+    a, b, c, r2 = fit_quadratic(times.lengths, times.per_sample_ms)
+    model = dict(a=a, b=b, c=c, r2=r2, lengths=list(times.lengths), per_sample_ms=list(times.per_sample_ms))
+    def cost_ms(L):
+        return quadratic_cost(a, b, c, L, True)
+
+    return {**model, **dataclasses.asdict(batch_terms_of(times.batches, cost_ms))}
+
+
+def measure_pass(workload: WorkloadConfig, device: str = "cpu", lengths: list[int] | None = None,
+                 repeats: int = 5, progress=lambda it: it) -> tuple[CostFit, EncoderTimes]:
+    """One pass of every measurement behind a fit (nothing stored): the fit, and the
+    encoder timings it was fitted to."""
     lengths = lengths or default_lengths(workload.max_seq_len)
     per_sample = [measure_per_sample_ms(workload, L, repeats, device=device) for L in progress(lengths)]
-    a, b, c, r2 = fit_quadratic(lengths, per_sample)
-    fit = CostFit(a=a, b=b, c=c, r2=r2, model=model_key(workload), device=device_key(device),
-                  lengths=list(lengths), per_sample_ms=per_sample, padded=True,
+    times = EncoderTimes(list(lengths), per_sample, time_batch_design(workload, device))
+    fit = CostFit(model=model_key(workload), device=device_key(device), padded=True,
                   created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                   table_ns_per_element=measure_table_ns_per_element(workload, device),
                   table_optimizer=workload.table_optimizer,
-                  replicated_ns_per_element=measure_replicated_ns_per_element(workload, device))
-    fit = dataclasses.replace(fit, **dataclasses.asdict(measure_batch_terms(workload, fit.cost_ms, device)))
+                  replicated_ns_per_element=measure_replicated_ns_per_element(workload, device),
+                  **encoder_model(times))
     if device == "cpu":
         slowdown, processes = measure_corun_slowdown(workload)
         tables, _ = measure_corun_slowdown(workload, processes, repeats=3, work="tables")
         fit = dataclasses.replace(fit, corun_slowdown=slowdown, corun_processes=processes,
                                   table_corun_slowdown=tables)
-    return fit
+    return fit, times
 
 
 PASS_SCALARS = ("table_ns_per_element", "replicated_ns_per_element", "corun_slowdown",
@@ -92,31 +111,42 @@ def encoder_batch_ms(fit: CostFit, workload: WorkloadConfig) -> float:
     return fit.encoder_ms(lengths)
 
 
-def median_of_passes(fits: list[CostFit], workload: WorkloadConfig) -> CostFit:
-    """One fit from several passes: the encoder model (cost(L) with its batch terms, which
-    are residuals against it and so belong together) of the pass whose time for the
-    workload's batch is the median, and each of PASS_SCALARS' median over the passes
-    (None where a pass lacks it). Every pass's figures are kept in `passes`."""
-    times = [encoder_batch_ms(f, workload) for f in fits]
-    chosen = fits[sorted(range(len(fits)), key=times.__getitem__)[(len(fits) - 1) // 2]]
+def median_of_passes(runs: list[tuple[CostFit, EncoderTimes]], workload: WorkloadConfig) -> CostFit:
+    """One fit from several passes (each a fit and its encoder timings): the encoder model
+    (cost(L) with its batch terms) fitted once to the passes' median timings, each length's
+    and each batch's median (the passes time the same batches), and each of PASS_SCALARS'
+    median over the passes (None where a pass lacks it). Every pass's figures are kept in
+    `passes`.
+
+    Before, the model of the pass whose time for the workload's own batch was the median
+    was kept whole. Its batch terms fit six collinear columns to one pass's noise, so two
+    calibrations could agree on that batch and not elsewhere: the per-sample term was
+    +0.112 ms in one and -0.024 ms in the next, a 2-rank step on other lengths 15% under
+    its measurement (results/sim_validation_heldback_cpu.md, set 13). Medians first, then
+    one fit, leave the fit less of each pass's noise."""
+    fits = [f for f, _ in runs]
+    timings = [t for _, t in runs]
+    pooled = EncoderTimes(
+        timings[0].lengths,
+        [float(statistics.median(ms)) for ms in zip(*(t.per_sample_ms for t in timings))],
+        [(batch[0][0], float(statistics.median(b[1] for b in batch))) for batch in zip(*(t.batches for t in timings))])
     scalars = {name: (None if any(getattr(f, name) is None for f in fits)
                       else float(statistics.median(getattr(f, name) for f in fits)))
                for name in PASS_SCALARS}
-    record = [{"encoder_batch_ms": t, **{name: getattr(f, name) for name in PASS_SCALARS}}
-              for f, t in zip(fits, times)]
-    return dataclasses.replace(chosen, **scalars, passes=record)
+    record = [{"encoder_batch_ms": encoder_batch_ms(f, workload), **{name: getattr(f, name) for name in PASS_SCALARS}}
+              for f in fits]
+    return dataclasses.replace(fits[0], **encoder_model(pooled), **scalars, passes=record)
 
 
-def measure_batch_terms(workload, cost_ms, device: str = "cpu", batches: int = 3, repeats: int = 3,
-                        max_split: int = 16) -> BatchTerms:
-    """fit_batch_terms over timed batches (see the module docstring) less the sum of
-    cost_ms(L)."""
+def time_batch_design(workload, device: str = "cpu", batches: int = 3, repeats: int = 3,
+                      max_split: int = 16) -> list[tuple[np.ndarray, float]]:
+    """The batch terms' design (see fsbench.costmodel.batch_terms), each batch timed:
+    (its lengths, its encoder ms)."""
     timed = []
 
     def time_batch(model, batch) -> None:
-        lengths = batch.lengths.cpu().numpy()
         took = time_encoder_ms(model, batch.to(device), repeats, warmup=1, device=device)
-        timed.append((lengths, took - float(np.sum(cost_ms(lengths)))))
+        timed.append((batch.lengths.cpu().numpy(), took))
 
     def time_fixed(length: int, n: int) -> None:
         w = dataclasses.replace(workload, lengths=f"fixed:{length}", global_batch_size=n)
@@ -138,7 +168,18 @@ def measure_batch_terms(workload, cost_ms, device: str = "cpu", batches: int = 3
     short = min(8, workload.max_seq_len)
     for n in sorted({max(1, workload.global_batch_size // 8), workload.global_batch_size}):
         time_fixed(short, n)
-    terms = fit_batch_terms(timed, cost_ms)
+    return timed
+
+
+def batch_terms_of(timed: list[tuple[np.ndarray, float]], cost_ms) -> BatchTerms:
+    """fit_batch_terms over timed batches less the sum of cost_ms(L)."""
+    terms = fit_batch_terms([(L, took - float(np.sum(cost_ms(L)))) for L, took in timed], cost_ms)
     # A negative per-sample term corrects cost(L)'s constant; it never makes a sample free.
     floor = -float(np.asarray(cost_ms(np.array([1])))[0])
     return dataclasses.replace(terms, batch_sample_ms=max(terms.batch_sample_ms, floor))
+
+
+def measure_batch_terms(workload, cost_ms, device: str = "cpu", batches: int = 3, repeats: int = 3,
+                        max_split: int = 16) -> BatchTerms:
+    """The batch terms measured and fitted against cost_ms(L)."""
+    return batch_terms_of(time_batch_design(workload, device, batches, repeats, max_split), cost_ms)
