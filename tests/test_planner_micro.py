@@ -46,3 +46,21 @@ def test_bad_input_is_one_line_and_exit_2(argv, expected, capsys):
     assert main(["micro", "planner", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0]
+
+
+def test_one_core_runs_one_torch_thread_and_restores_both():
+    """The input stage's micro-benchmarks run as the stage does: one CPU, one torch thread
+    (two OpenMP threads pinned to one core waited for each other: 3.6x the stage's time)."""
+    import torch
+
+    from fsbench.scaling.planner_micro import one_core
+
+    threads, cpus = torch.get_num_threads(), os.sched_getaffinity(0)
+    torch.set_num_threads(2)
+    try:
+        with one_core() as where:
+            assert torch.get_num_threads() == 1
+            assert where.startswith("not pinned") or len(os.sched_getaffinity(0)) == 1
+        assert torch.get_num_threads() == 2 and os.sched_getaffinity(0) == cpus
+    finally:
+        torch.set_num_threads(threads)

@@ -37,19 +37,29 @@ def check_args(samples: int, ranks: int, repeats: int, window: int) -> None:
 
 @contextlib.contextmanager
 def one_core() -> Iterator[str]:
-    """While open, this process runs on one CPU (the planner runs on one core of the input
-    stage); yields which, or why it could not pin. The previous affinity is restored."""
+    """While open, this process runs on one CPU with one torch thread, as the input stage
+    does (a loader worker, the rank thread at one thread a rank); yields which CPU, or why
+    it could not pin. The previous affinity and thread count are restored. (Two OpenMP
+    threads pinned to one core wait for each other's turns: torch.isin and unique took
+    0.2-0.4 s a call, and the stage read 36 ms a step at 8 ranks instead of 10.)"""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
-        before = os.sched_getaffinity(0)
-        cpu = min(before)
-        os.sched_setaffinity(0, {cpu})
-    except (AttributeError, OSError) as e:
-        yield f"not pinned ({e.__class__.__name__})"
-        return
-    try:
-        yield f"pinned to cpu {cpu}"
+        try:
+            before = os.sched_getaffinity(0)
+            cpu = min(before)
+            os.sched_setaffinity(0, {cpu})
+        except (AttributeError, OSError) as e:
+            yield f"not pinned ({e.__class__.__name__})"
+            return
+        try:
+            yield f"pinned to cpu {cpu}"
+        finally:
+            os.sched_setaffinity(0, before)
     finally:
-        os.sched_setaffinity(0, before)
+        torch.set_num_threads(threads)
 
 
 def draw_lengths(workload: WorkloadConfig, samples: int, batches: int, seed: int) -> list[np.ndarray]:
