@@ -281,6 +281,20 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str,
     return "\n".join(lines) + "\n"
 
 
+WHY_IT_MOVED = (
+    "Why it moved (against `9a695e0`): the simulator's step engine shares each link between "
+    "communicators (fsbench/scaling/step_engine.py: a fluid model; within one process group or "
+    "copy stream collectives still follow each other). Before, every collective queued first "
+    "come, first served, so FreeScale's small SM-free offsets and barrier exchanges, on groups "
+    "of their own, waited behind DDP's dense all-reduce on the world group; a GPU runs "
+    "different communicators at once. DDP's and the sharded baseline's steps, one group each, "
+    "do not move. The input stage's plan and routing, timed on this CPU, ran on one pinned "
+    "core with one torch thread (`OMP_NUM_THREADS=1 taskset -c 1`), as a loader worker runs; "
+    "the table before did not pin them.\n")
+"""The last regeneration's reason, rendered under the before/after table: rewrite it with
+each regeneration that gives --before."""
+
+
 def before_after_section(df: pd.DataFrame, before: pd.DataFrame, commit: str) -> list[str]:
     """The headline cells at 256 GPUs (the step alone) against those of an earlier table's
     CSV, and why they moved."""
@@ -289,19 +303,7 @@ def before_after_section(df: pd.DataFrame, before: pd.DataFrame, commit: str) ->
     a, b = old[old["gpus"] == 256].set_index(key), df[df["gpus"] == 256].set_index(key)
     h = CLUSTERS["h100"]
     lines = [f"## The headline before and after (256 GPUs, the step alone; before: `{commit}`)\n",
-             "Why it moved (against `c4d722c`): (1) FreeScale in full now runs its SM-free "
-             "transport beyond one node, as the trainer does (freescale_impl/node_transport.py: a "
-             "node's rows on copy engines, the other nodes' over NCCL with its CTAs capped), where "
-             "before the table fell back to NCCL there; each such exchange adds small offsets and "
-             "barrier all-to-alls and a host sync, and the simulator's links serve collectives "
-             "first come, first served across communicators, so those small exchanges wait behind "
-             "DDP's all-reduce (on `medium`, 0.49 of the 1.2 ms exposed a step is one gradient "
-             "chunk's offsets behind it; a GPU would share the links between communicators: the "
-             "next change to the step engine); its throughput against the sharded baseline still "
-             "rises (1.27x on `medium`); (2) the requests of later steps travel in one control "
-             "all-to-all a step, read at the step's start, so no host sync falls between forward "
-             "and backward; (3) the chunk count comes from the chunking rule (4 on `medium` at 256 "
-             "GPUs: results/chunk_counts_h100.md).\n",
+             WHY_IT_MOVED,
              "| preset | batch/rank | sharded bubble | freescale bubble | reduction vs sharded | "
              "ddp bubble | reduction vs ddp |", "|---|--:|--:|--:|--:|--:|--:|"]
 
