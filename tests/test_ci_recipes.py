@@ -97,3 +97,33 @@ def test_the_comment_workflow_only_reads_the_artifact():
 @pytest.mark.parametrize("recipe", [*GITHUB, *GITLAB], ids=lambda p: p.name)
 def test_docs_show_each_recipe_as_it_is_tested(recipe):
     assert f"```yaml\n{recipe.read_text()}```" in (ROOT / "docs" / "ci.md").read_text()
+
+
+def _commit(repo, path, text):
+    import subprocess
+
+    f = repo / path
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(text)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", path], check=True)
+
+
+@pytest.mark.parametrize("path,gated", [
+    ("docs/x.md", False), ("results/y.md", False), ("tests/test_z.py", False),
+    ("scripts/paper_table.py", False), ("README.md", False),
+    ("fsbench/metrics.py", True), ("freescale_impl/a.py", True), ("baselines/b.py", True),
+    ("pyproject.toml", True), ("scripts/setup.sh", True)])
+def test_ci_gates_a_change_only_where_a_run_executes_it(tmp_path, path, gated):
+    """.ci/needs_gate: CI's performance gate runs when HEAD~1..HEAD changes code a run
+    executes or installs; a change to docs, results, tests or scripts alone skips it."""
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    _commit(tmp_path, "README.md", "a")
+    _commit(tmp_path, path, "changed")
+    done = subprocess.run(["bash", str(ROOT / ".ci" / "needs_gate")], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert done.returncode == (0 if gated else 1), done.stdout + done.stderr
+    assert gated or path in done.stdout
