@@ -77,7 +77,7 @@ def split_items(text: str, starts_item) -> list[str]:
 
 
 def variant_list(text: str) -> list[str]:
-    return split_items(text, lambda p: any(v.startswith(p.split(",")[0]) for v in VARIANTS))
+    return split_items(text, lambda p: any(v.startswith(p) for v in VARIANTS))
 
 
 def workload_list(text: str) -> list[str]:
@@ -127,8 +127,8 @@ def render(df: pd.DataFrame, args) -> str:
              f"Machine: {os.cpu_count()} cores ({platform.machine()}), no GPU, torch "
              f"{torch.__version__}, gloo, {args.world_size} ranks, one thread each. Commit "
              f"`{sha}`. {args.repeats} repeats, variants alternating; medians, throughput "
-             "spread = min..max over repeats. Command: `python scripts/comm_comparison.py "
-             f"{' '.join(shlex.quote(a) for a in sys.argv[1:])}`.\n"]
+             "spread = min..max over repeats. Command: "
+             f"`{shlex.join(['python', 'scripts/comm_comparison.py', *sys.argv[1:]])}`.\n"]
     pct = lambda v: "n/a" if pd.isna(v) else f"{100 * v:.1f}"  # noqa: E731
     for wname, g in df.groupby("workload", sort=False):
         med = g.groupby("variant", sort=False)[list(METRICS)].median()

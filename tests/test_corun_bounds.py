@@ -2,8 +2,6 @@
 freezes is killed after CORUN_TIMEOUT_S and the calibration fails saying so, one that
 fails is named by its exit code. A frozen co-run process held a CI run's output open
 after its test timed out, so the run never ended (2026-12-07)."""
-import time
-
 import psutil
 import pytest
 
@@ -19,11 +17,9 @@ def _my_children() -> set[int]:
 def test_a_co_run_that_runs_past_its_bound_is_killed_and_says_so(monkeypatch):
     monkeypatch.setattr(corun, "CORUN_TIMEOUT_S", 3.0)
     before = _my_children()
-    t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="still ran after 3 s; all were killed"):
         # 100,000 timed batches: far longer than the bound
         corun._time_in_processes("encoder", get_workload("tiny"), 64, 100_000, 2)
-    assert time.monotonic() - t0 < 60
     server = {p.pid for p in psutil.Process().children() if "forkserver" in " ".join(p.cmdline())}
     left = _my_children() - before - server
     assert not left, f"co-run processes left behind: {left}"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import statistics
 from pathlib import Path
 
@@ -72,9 +73,7 @@ def encoder_model(times: EncoderTimes) -> dict:
     """cost(L) (a, b, c, r2) and the batch terms fitted to `times`, as CostFit's fields."""
     a, b, c, r2 = fit_quadratic(times.lengths, times.per_sample_ms)
     model = dict(a=a, b=b, c=c, r2=r2, lengths=list(times.lengths), per_sample_ms=list(times.per_sample_ms))
-    def cost_ms(L):
-        return quadratic_cost(a, b, c, L, True)
-
+    cost_ms = functools.partial(quadratic_cost, a, b, c, padded=True)  # CostFit.cost_ms, padded
     return {**model, **dataclasses.asdict(batch_terms_of(times.batches, cost_ms))}
 
 
@@ -122,7 +121,7 @@ def median_of_passes(runs: list[tuple[CostFit, EncoderTimes]], workload: Workloa
     was kept whole. Its batch terms fit six collinear columns to one pass's noise, so two
     calibrations could agree on that batch and not elsewhere: the per-sample term was
     +0.112 ms in one and -0.024 ms in the next, a 2-rank step on other lengths 15% under
-    its measurement (results/sim_validation_heldback_cpu.md, set 13). Medians first, then
+    its measurement (results/sim_validation_heldback_set13_cpu.md; set 12's file has the +0.112). Medians first, then
     one fit, leave the fit less of each pass's noise."""
     fits = [f for f, _ in runs]
     timings = [t for _, t in runs]

@@ -77,8 +77,11 @@ def _time_in_processes(work: str, workload: WorkloadConfig, length: int, repeats
     ctx = warm_context() if sys.platform == "linux" else mp.get_context("spawn")
     # Bounded waits: a process that dies or freezes before the barrier must not leave the
     # others (and this caller) waiting for ever, and none may outlive this call, also
-    # when it is interrupted (Ctrl-C, a test's timeout): a CI run once froze on one.
-    start, results = ctx.Barrier(processes, timeout=CORUN_TIMEOUT_S), ctx.Array("d", processes)
+    # when it is interrupted (Ctrl-C, a test's timeout): a CI run once froze on one. This
+    # caller kills them at CORUN_TIMEOUT_S; the barrier's own, later, bound covers a caller
+    # killed outright (SIGKILL), so that its processes do not wait at it for ever.
+    start = ctx.Barrier(processes, timeout=2 * CORUN_TIMEOUT_S)
+    results = ctx.Array("d", processes)
     procs = [ctx.Process(target=_corun_child, args=(work, workload, length, repeats, start, results, i))
              for i in range(processes)]
     try:
