@@ -466,3 +466,25 @@ def test_junit_of_an_inconclusive_key_skips_with_the_reason():
                                                    "To settle it: rerun on a quiet machine.")
     assert "contended" in root.find("testsuite/system-out").text
     assert compare_output.summary_line(rows).startswith("fsbench: **inconclusive** (exit 3) | 0 regressed, 1 inconclusive")
+
+
+def test_a_trainer_whose_pair_stayed_contended_keeps_no_verdict():
+    """A gate whose pair of one trainer stayed contended after its reruns: that trainer's
+    verdicts from the pairs kept (which the neighbour may have slowed below the flag's
+    threshold) become inconclusive, "unchanged" too, with the reason; another trainer's
+    stand; a row names the contended seeds."""
+    def row(trainer, metric, verdict):
+        return compare.Row("small", trainer, 2, metric, 1.0, 1.06, 1.06, 1.02, 1.1, 0.01, 0.02,
+                           60, 60, verdict)
+
+    rows = [row("freescale", "step_time_ms", "regressed"), row("freescale", "bubble_ratio", "unchanged"),
+            row("ddp", "step_time_ms", "regressed"), row("freescale", "peak_memory_mb", "inconclusive")]
+    out = gate.contended_rows(gate.Sweep(), rows, [("freescale", 1, ["base", "new"])], retries=2)
+    by = {(r.trainer, r.metric): r for r in out}
+    assert by["freescale", "step_time_ms"].verdict == "inconclusive"
+    assert by["freescale", "step_time_ms"].reason.startswith("regressed on the pairs kept")
+    assert "seed 1 (base/new) stayed contended in 3 tries" in by["freescale", "bubble_ratio"].reason
+    assert by["freescale", "bubble_ratio"].verdict == "inconclusive"
+    assert by["ddp", "step_time_ms"].verdict == "regressed"
+    assert by["freescale", "peak_memory_mb"].reason == ""  # already inconclusive: its own reason
+    assert by["freescale", "*"].verdict == "inconclusive" and len(out) == len(rows) + 1

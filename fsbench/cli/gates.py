@@ -45,7 +45,8 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
                     "block k of BASE paired with block k of NEW. A BASE that predates turn-"
                     "taking falls back to whole runs in random order (far less sensitive; said "
                     "so). A pair in which a run was contended is moved to DIR/contended/ and run "
-                    "again, up to --retries times, then its key is inconclusive. Exit codes as "
+                    "again, up to --retries times; one still contended then makes its trainer's "
+                    "every verdict inconclusive. Exit codes as "
                     "compare's: 0 unchanged, 1 regressed, 2 bad input, 3 inconclusive, 4 "
                     "internal error.")
     p.add_argument("--base", required=True, metavar="REV", help="the version to compare against")

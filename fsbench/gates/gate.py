@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -287,20 +287,28 @@ def run_pairs(sides: tuple[Side, Side], sweep: Sweep, out: Path,
     return paced, still
 
 
-def contended_rows(sweep: Sweep, still: list[tuple[str, int, list[str]]], retries: int) -> list:
-    """An inconclusive row per trainer with a pair that stayed contended: its comparison
-    rests on fewer pairs than asked for, on a machine that was not quiet."""
+def contended_rows(sweep: Sweep, rows: list, still: list[tuple[str, int, list[str]]], retries: int) -> list:
+    """`rows` with every verdict of a trainer whose pair stayed contended made inconclusive,
+    and a row saying so. Its comparison rests on fewer pairs than asked for, and on a
+    machine that was not quiet while its pairs ran: the pairs kept may have been slowed too,
+    below the flag's threshold (a CI gate beside a neighbour read such a pair as a 5.9%
+    regression), so no verdict of that trainer can stand, "unchanged" included."""
     from fsbench.gates.compare import Row
 
-    rows = []
-    for trainer in dict.fromkeys(t for t, _, _ in still):
-        seeds = [f"seed {s} ({'/'.join(b)})" for t, s, b in still if t == trainer]
-        nan = float("nan")
-        rows.append(Row(sweep.workload, trainer, sweep.world_size, "*", nan, nan, nan, nan, nan,
-                        nan, nan, 0, 0, "inconclusive",
-                        reason=f"{', '.join(seeds)} stayed contended in {retries + 1} tries",
-                        remedy="run the gate on a quiet machine, or with more --retries"))
-    return rows
+    busy = {}
+    for trainer, seed, sides in still:
+        busy.setdefault(trainer, []).append(f"seed {seed} ({'/'.join(sides)})")
+    why = {t: f"{', '.join(seeds)} stayed contended in {retries + 1} tries" for t, seeds in busy.items()}
+    remedy = "run the gate on a quiet machine, or with more --retries"
+    out = [r if r.trainer not in why or r.verdict == "inconclusive" else replace(
+        r, verdict="inconclusive", reason=f"{r.verdict} on the pairs kept, but {why[r.trainer]}: "
+                                          "the machine was not quiet while they ran", remedy=remedy)
+           for r in rows]
+    nan = float("nan")
+    for trainer in busy:
+        out.append(Row(sweep.workload, trainer, sweep.world_size, "*", nan, nan, nan, nan, nan,
+                       nan, nan, 0, 0, "inconclusive", reason=why[trainer], remedy=remedy))
+    return out
 
 
 @dataclass
@@ -330,7 +338,7 @@ def run_gate(root: Path, base_sha: str, new_sha: str | None, sweep: Sweep, out: 
             raise ConfigError(f"gate: a run failed ({e}); runs so far are in {out}") from None
     rows, notes = compare.compare(compare_sides.load_side(out / "base"), compare_sides.load_side(out / "new"),
                                   alpha, thresholds, allow_cross_machine)
-    rows += contended_rows(sweep, still, retries)
+    rows = contended_rows(sweep, rows, still, retries)
     (out / "compare.md").write_text(compare_output.markdown(rows, notes))
     (out / "compare.json").write_text(compare_output.to_json(rows, notes))
     (out / "compare.junit.xml").write_text(compare_output.junit(rows, notes, name))
