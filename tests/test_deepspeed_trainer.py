@@ -181,8 +181,8 @@ def test_ds_config():
     cfg = dst.ds_config(run_cfg, world_size=2, zero_stage=1)
     assert cfg["optimizer"] == {"type": "Adam", "params": {
         "lr": 1e-3, "torch_adam": True, "adam_w_mode": False, "foreach": False}}
-    # every trainer's dense buckets: the workload's dense_bucket_mb (25 MiB) in fp32 elements
-    assert cfg["zero_optimization"] == {"stage": 1, "reduce_bucket_size": 25 * 2**20 // 4}
+    # every trainer's dense buckets: the workload's dense_bucket_mb (4 MiB) in fp32 elements
+    assert cfg["zero_optimization"] == {"stage": 1, "reduce_bucket_size": 4 * 2**20 // 4}
     assert cfg["train_micro_batch_size_per_gpu"] == 5  # ceil(9 / 2): nominal
     assert cfg["gradient_accumulation_steps"] == 1
     assert cfg["gradient_clipping"] == 0.0

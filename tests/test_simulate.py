@@ -1164,7 +1164,10 @@ def test_the_planner_plans_with_its_predicted_costs_and_the_cluster_books_the_tr
 # chunks under the earlier sub-batches' forwards (sub-batch c waits for chunk c only) and
 # the later chunks' gradients under the earlier sub-batches' backwards (only chunk 0's
 # follow DDP's last bucket); so more chunks hide more than the latency each adds here
-# (16 against 2 at 64 GPUs: 15/16 of the gradients leave during the backward, not 1/2);
+# (16 against 2 at 64 GPUs: 15/16 of the gradients leave during the backward, not 1/2),
+# with the dense part in one bucket after the backward (DDP's 25 MiB) on both sides: every
+# dense gradient is made in sub-batch 0's backward, so with smaller buckets more chunks
+# also shrink the window the dense all-reduce hides under (the test after this one);
 # the SM-free transport (inside a node: it refuses across nodes) adds its barriers and
 # host syncs.
 SHARDED_OFF = {"tables": "sharded", "balance": "off", "overlap": "off", "priority": "off",
@@ -1179,6 +1182,14 @@ SWITCHES = [
 ]
 
 
+def switch_workload(gpus: int, per_gpu: int, dense_bucket_mb: float | None = None):
+    w = get_workload("medium")
+    return dataclasses.replace(w, steps=8, warmup=0, global_batch_size=gpus * per_gpu,
+                               item_vocab=10_000_000, user_vocab=10_000_000,
+                               context_vocabs=(1_000_000,), popularity="zipf:0.3",
+                               dense_bucket_mb=dense_bucket_mb or w.dense_bucket_mb)
+
+
 @pytest.mark.parametrize("switch, base, on, moved, way, gpus", SWITCHES, ids=[s[0] for s in SWITCHES])
 def test_each_switch_alone_moves_the_projection_the_way_the_trainer_moves(switch, base, on, moved, way, gpus):
     # Long heavy-tailed histories, 4 samples per GPU (a 1,024-long history then costs
@@ -1188,9 +1199,7 @@ def test_each_switch_alone_moves_the_projection_the_way_the_trainer_moves(switch
     # without it, so there is nothing left for it to hide once the first step's control
     # message no longer queues behind the rows on every link (fsbench.scaling.step_engine).
     per_gpu = 16 if switch == "priority" else 4
-    w = dataclasses.replace(get_workload("medium"), steps=8, warmup=0, global_batch_size=gpus * per_gpu,
-                            item_vocab=10_000_000, user_vocab=10_000_000,
-                            context_vocabs=(1_000_000,), popularity="zipf:0.3")
+    w = switch_workload(gpus, per_gpu, dense_bucket_mb=25.0 if switch == "chunks" else None)
 
     def run(options):  # the step's model alone: no input stage timed on this CPU
         return simulate_run(RunConfig(workload=w, trainer="freescale", world_size=gpus,
@@ -1202,6 +1211,23 @@ def test_each_switch_alone_moves_the_projection_the_way_the_trainer_moves(switch
         assert after > before * 1.005, (switch, before, after)
     else:
         assert after >= before, (switch, before, after)
+
+
+def test_more_chunks_leave_the_dense_all_reduce_less_backward_to_hide_under():
+    """Every dense gradient is made in sub-batch 0's backward, 1/C of the backward with C
+    chunks: with the default buckets (4 MiB, `medium`'s 7 MiB in two), 16 chunks expose
+    more at 64 GPUs than 2, the dense all-reduce's window shrinking by more than the
+    embedding chunks gain; with the dense part in one bucket after the backward (25 MiB)
+    the chunks gain it all (the switch test above)."""
+    options = {**SHARDED_OFF, "overlap": "on"}
+
+    def exposed(chunks, mb=None):
+        run = RunConfig(workload=switch_workload(64, 4, mb), trainer="freescale", world_size=64,
+                        trainer_options={**options, "chunks": chunks})
+        return simulate_run(run, H100, ".", planner_time=False)[0]["exposed_comm_ratio"]
+
+    assert exposed("16") > exposed("2") * 1.05
+    assert exposed("16", 25.0) < exposed("2", 25.0)
 
 
 def test_a_planner_slower_than_the_step_is_input_stall():

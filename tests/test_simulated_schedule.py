@@ -151,15 +151,17 @@ def test_the_order_check_takes_unread_chunks_late_and_nowhere_else():
 
 
 def test_smaller_dense_buckets_leave_a_smaller_last_bucket_after_the_backward():
-    """dense_bucket_mb (every trainer's DDP buckets): at 256 GPUs on `medium` the last
-    bucket, ready only when the backward ends, is DDP's default 25 MiB one's remainder;
-    with 1 MiB buckets it is at most 1 MiB and the rest hides under the backward."""
+    """dense_bucket_mb (every trainer's DDP buckets): at 256 GPUs on `medium` DDP's 25 MiB
+    holds the whole dense part in one bucket, ready only when the backward ends; the
+    default (4 MiB) leaves a last bucket of at most 4 MiB and the rest hides under the
+    backward, though each bucket pays its own latency."""
     from fsbench.scaling.ddp_buckets import ddp_buckets, dense_grad_bytes
 
     w = get_workload("medium")
-    default, small = (ddp_buckets(list(dense_grad_bytes(w)), mb * 2**20) for mb in (25.0, 1.0))
-    assert small[-1] < default[-1] / 2 and len(small) > len(default)
+    assert w.dense_bucket_mb == 4.0
+    default, ddps = (ddp_buckets(list(dense_grad_bytes(w)), mb * 2**20) for mb in (w.dense_bucket_mb, 25.0))
+    assert len(ddps) == 1 and default[-1] <= 4 * 2**20 < ddps[-1] and len(default) > 1
     run = run_at(256)
-    fine = dataclasses.replace(run, workload=dataclasses.replace(run.workload, dense_bucket_mb=1.0))
-    for a, b in zip(steps_of(run), steps_of(fine)):
+    coarse = dataclasses.replace(run, workload=dataclasses.replace(run.workload, dense_bucket_mb=25.0))
+    for a, b in zip(steps_of(coarse), steps_of(run)):
         assert b["exposed_comm_ms"] < a["exposed_comm_ms"]

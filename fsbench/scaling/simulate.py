@@ -261,11 +261,13 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                 return whole * comm.share * part[comm.scope]
 
             def cost(comm) -> float:
-                if comm.payload == "dense_grads":
-                    # DDP's buckets follow each other on its group and cost as one
-                    # transfer of their sum: one latency (measured: DDP's two calls of small at 16 emulated ranks are
-                    # in flight 118 and 123 ms, not twice the 67 ms one costs alone); the
-                    # last, issued once the backward is done, at least its own cost.
+                if comm.payload == "dense_grads" and not gpu_hosts:
+                    # gloo (`local`): DDP's buckets follow each other on its group and cost
+                    # as one transfer of their sum, one latency (measured: DDP's two calls of
+                    # small at 16 emulated ranks are in flight 118 and 123 ms, not twice the
+                    # 67 ms one costs alone); the last, issued once the backward is done, at
+                    # least its own cost. On GPUs each bucket is an NCCL call of its own and
+                    # pays its own latency, as nccl-tests times every call (below).
                     last = comm.name.endswith(f":{len(buckets) - 1}")
                     return max(t_ar * comm.share, t_last if last else 0.0)
                 return costs_model.collective_ms(comm.op, min(n, per_node) if comm.scope == "node" else n,
