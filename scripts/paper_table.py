@@ -38,6 +38,7 @@ from fsbench.scaling.simulate import scaled_workload, simulate_run  # noqa: E402
 from fsbench.table import progress  # noqa: E402
 from fsbench.training.trainer import trainer_options  # noqa: E402
 from fsbench.workloads.presets import get_workload  # noqa: E402
+from paper_limits import exposed_parts, limits_section  # noqa: E402  (scripts/, beside this one)
 
 HERE = Path(__file__).resolve().parent.parent
 # The sharded-table baseline is TorchRec's profile (baselines.torchrec_trainer.sim_profile:
@@ -107,7 +108,8 @@ def simulate_all(presets: list[str], steps: int, batches: tuple[int, ...] = BATC
                      "route_extrapolated": s["route_extrapolated"], "step_ms": s["step_time_ms_median"],
                      "step_alone_ms": float((m["step_time_ms"] - m["plan_stall_ms"]).median()),
                      "bubble_step_alone": float((m["idle_ms"].sum() - stall) / (m["capacity_ms"].sum() - stall)),
-                     "samples_per_s_step_alone": float(m["num_samples"].sum() / alone_s)})
+                     "samples_per_s_step_alone": float(m["num_samples"].sum() / alone_s),
+                     "exposed_parts": exposed_parts(m)})
     return with_reductions(pd.DataFrame(rows))
 
 
@@ -155,7 +157,11 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str,
         "and its fresh rows after the update; the requests of later steps travel in one control "
         "all-to-all a step, read at the next step's start (the step's one host sync, booked); and "
         "beyond one node the SM-free transport moves a node's own rows on copy engines and the other "
-        "nodes' over NCCL with its CTAs capped, their SMs booked. Every bubble of a technique has its throughput against the sharded baseline "
+        "nodes' over NCCL with its CTAs capped, their SMs booked. Every configuration all-reduces "
+        f"its dense gradients in buckets of {get_workload('medium').dense_bucket_mb:g} MiB "
+        "(`dense_bucket_mb`, one default for every trainer; DDP's own is 25), each an NCCL call "
+        "with its own latency: the last bucket is made as the backward ends and is exposed "
+        "(docs/simulation.md, \"Dense buckets\"). Every bubble of a technique has its throughput against the sharded baseline "
         "beside it (`1.31x`): SM contention counts as busy time, so a technique that removes "
         "it can read a larger bubble while it is faster.\n",
         "Configurations: the `sharded baseline` (TorchRec-like: sharded tables, a contiguous "
@@ -274,6 +280,7 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str,
         lines += ["`*`: the routing followed on the line through two smaller global batches "
                   "(beyond four million tokens).\n"]
         lines += stage_limits_section(df)
+        lines += limits_section(df)
     else:
         lines += planner_section(df)
     if sens is not None:
@@ -282,15 +289,13 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str,
 
 
 WHY_IT_MOVED = (
-    "Why it moved (against `9a695e0`): the simulator's step engine shares each link between "
-    "communicators (fsbench/scaling/step_engine.py: a fluid model; within one process group or "
-    "copy stream collectives still follow each other). Before, every collective queued first "
-    "come, first served, so FreeScale's small SM-free offsets and barrier exchanges, on groups "
-    "of their own, waited behind DDP's dense all-reduce on the world group; a GPU runs "
-    "different communicators at once. DDP's and the sharded baseline's steps, one group each, "
-    "do not move. The input stage's plan and routing, timed on this CPU, ran on one pinned "
-    "core with one torch thread (`OMP_NUM_THREADS=1 taskset -c 1`), as a loader worker runs; "
-    "the table before did not pin them.\n")
+    "Why it moved (against `edfb5fe`): every trainer's dense gradients now go in buckets of "
+    "4 MiB (`dense_bucket_mb`, one default for all; it was DDP's 25), and on a GPU cluster each "
+    "bucket is an NCCL call that pays its own latency. With 25 MiB `medium`'s whole 7 MiB dense "
+    "part was one bucket, ready only when the backward ends, so its all-reduce was exposed "
+    "whole; `large`'s 52 MiB already spanned three. The sharded baseline and ddp move with it "
+    "(the same buckets). The input stage's plan and routing ran on one pinned core with one "
+    "torch thread (`OMP_NUM_THREADS=1 taskset -c 1`), as before.\n")
 """The last regeneration's reason, rendered under the before/after table: rewrite it with
 each regeneration that gives --before."""
 

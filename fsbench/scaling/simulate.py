@@ -344,6 +344,8 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                 "comm_cpu_ms": comm_cpu,
                 # Every transfer of the step, and what the shared links exposed of them.
                 "link_ms": sum(ran.comm_ms.values()), "shared_link_ms": shared,
+                "host_sync_ms": ran.sync_ms,
+                **{f"exposed_ms:{kind}": ms for kind, ms in ran.exposed_by_kind().items()},
                 # No split of whole samples can beat the larger of the mean load and the
                 # costliest single sample: the bubble's floor for this batch.
                 "bound_busy_max_ms": max(float(busy.mean()),

@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import re
 from typing import Callable
 
 from fsbench.training.step_program import Compute, HostSync, Issue, StepProgram, Wait
@@ -66,6 +67,17 @@ class Replay:
     exposed_by: dict[str, float]  # each collective's part of `exposed_ms`
     waits: list[str]  # the order the rank waited in
     carry: Carry
+
+    def exposed_by_kind(self) -> dict[str, float]:
+        """`exposed_by` summed over each kind of collective: a chunk's or bucket's index
+        dropped (`emb.fetch_c2` -> `emb.fetch`, `ddp.allreduce:3` -> `ddp.allreduce`), a
+        node exchange's barriers and offsets as one (`emb.grad_c0.node.staged` ->
+        `emb.grad.node`); what limits a step's hiding, by what the trainer waits for."""
+        out: dict[str, float] = {}
+        for name, ms in self.exposed_by.items():
+            kind = re.sub(r"\.node\.\w+$", ".node", re.sub(r"_c\d+|:\d+", "", name))
+            out[kind] = out.get(kind, 0.0) + ms
+        return out
 
 
 class Fluid:
