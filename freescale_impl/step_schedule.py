@@ -6,8 +6,8 @@ at 2 and 4 ranks, so a change to the step that is not made here too fails there.
 Payloads (the simulator turns them into bytes): rows / final_rows / fresh_rows (a rank's
 rows, all of them, those the previous update cannot change, those it can), row_grads,
 control / control_priority (exchanged routing's control message: later steps' counts and
-ids, with priority their fresh masks), samples (data=sharded's exchange), offsets and
-barrier (the copy-engine transport's own collectives)."""
+ids, with priority their fresh masks), samples (data=sharded's exchange), barrier (the
+copy-engine transport's own collective)."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,17 +23,12 @@ from fsbench.training.step_program import (Bucket, Comm, Compute, HostSync, Issu
 # hook on `ctx.group`), as data=sharded's sample exchange does (exchange_samples(...,
 # group=ctx.group)).
 EMB = "emb"
-"""The exchanges' group: the collective transport's rows and gradients, the control
-messages (ShardedEmbeddings.control is a CollectiveTransport on it) and, within one node,
-the copy-engine transport's offsets (SmFreeTransport's `dist.all_to_all_single` on it)."""
+"""The exchanges' group: the collective transport's rows and gradients and the control
+messages (ShardedEmbeddings.control is a CollectiveTransport on it)."""
 COPY = "emb.copy"
-"""The copy-engine transport's pulls (SmFreeTransport.stream): one staging buffer, so an
-exchange's pulls start once the one before it is done."""
-SYMM = "emb.symm"
-"""The copy-engine transport's barriers (its symmetric-memory handle's)."""
-NODE = "emb.node"
-"""Beyond one node, the node's own group (node_split_transport's `mine`), which carries
-the copy-engine part's offsets."""
+"""The copy-engine transport's stream (SmFreeTransport.stream): an exchange's staging, its
+two barriers and its pulls, one after another, so an exchange starts once the one before
+it is done."""
 NODES = "emb.nodes"
 """Beyond one node, the group across nodes with NCCL's CTAs capped (node_split_transport's
 `across`): the other nodes' rows."""
@@ -52,30 +47,27 @@ def _parts(comm: Comm, mode: str) -> list[Comm]:
 
 
 def _exchange(comm: Comm, mode: str) -> list[Op]:
-    """Issuing one row exchange on the transport. The copy-engine transport first swaps
-    offsets (a small all-to-all read on the host: one host sync; its own offsets go over
-    from pinned memory without one) and stages behind a barrier
-    (freescale_impl.transport.SmFreeTransport), then its pulls are the exchange. Between
-    nodes it does so for the node's rows only, while NCCL carries the other nodes' rows,
-    its CTAs capped (freescale_impl.node_transport)."""
+    """Issuing one row exchange on the transport. The copy-engine transport queues on its
+    stream its staging, a barrier (every rank staged), the pulls (the exchange) and a
+    barrier (every peer pulled): the rank waits for none of them here, and for the pulls
+    alone where it needs the rows (`_arrived`); no offsets are swapped and the host never
+    waits (freescale_impl.transport.SmFreeTransport). Between nodes it does so for the
+    node's rows only, while NCCL carries the other nodes' rows, its CTAs capped
+    (freescale_impl.node_transport)."""
     parts = _parts(comm, mode)
     if mode == "collective":
         return [Issue(parts[0])]
     node = parts[0]
-    offsets = Comm(f"{node.name}.offsets", "all_to_all", "offsets", scope=node.scope,
-                   channel=NODE if mode == "sm_free_nodes" else EMB)
-    barrier = Comm(f"{node.name}.staged", "all_to_all", "barrier", scope=node.scope, channel=SYMM)
-    return [Issue(offsets), Wait(offsets, implicit=True), HostSync(),
-            Issue(barrier), Wait(barrier, implicit=True), *(Issue(p) for p in parts)]
+    staged = Comm(f"{node.name}.staged", "all_to_all", "barrier", scope=node.scope, channel=COPY)
+    pulled = Comm(f"{node.name}.pulled", "all_to_all", "barrier", scope=node.scope, channel=COPY)
+    return [Issue(staged), Issue(node), Issue(pulled), *(Issue(p) for p in parts[1:])]
 
 
 def _arrived(comm: Comm, mode: str) -> list[Op]:
     parts = _parts(comm, mode)
     if mode == "collective":
         return [Wait(parts[0])]
-    node = parts[0]
-    freed = Comm(f"{node.name}.pulled", "all_to_all", "barrier", scope=node.scope, channel=SYMM)
-    return [Wait(node), Issue(freed), Wait(freed, implicit=True), *(Wait(p) for p in parts[1:])]
+    return [Wait(p) for p in parts]
 
 
 def sharded_step_program(exchange: str, chunks: int, routing: str, transport: str,

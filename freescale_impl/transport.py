@@ -19,10 +19,11 @@ sm_free     CUDA ranks with peer access: each rank stages its rows in a PyTorch
             itself) the driver may run it on SMs, as fast same-GPU copies suggest. The
             device check samples SM utilization while the one-rank pull runs alone
             (freescale_impl.transport_selftest) and says which; whether pulls between GPUs
-            are SM-free needs two GPUs and is not checked. One host sync per exchange:
-            the peers' offsets read back. Feature-detected (`sm_free_unavailable`): asking
-            for it where it cannot run is a one-line error before any rank starts. NOT
-            YET RUN ON A GPU.
+            are SM-free needs two GPUs and is not checked. No host sync: the buffer holds
+            a slot for each receiver at a place every rank knows (`slot_plan`), so a
+            receiver pulls with its own recv splits alone and no offsets are swapped.
+            Feature-detected (`sm_free_unavailable`): asking for it where it cannot run is
+            a one-line error before any rank starts. NOT YET RUN ON A GPU.
 """
 from __future__ import annotations
 
@@ -107,38 +108,71 @@ def elements_per_row(send: torch.Tensor) -> int:
 
 
 def send_starts(send_splits: list[int]) -> list[int]:
-    """Where the rows for each destination rank start in the sender's staging buffer."""
+    """Where the rows for each destination rank start in the sender's `send`."""
     return [sum(send_splits[:r]) for r in range(len(send_splits))]
 
 
-def pull_plan(row: int, recv_splits: list[int], peer_starts: list[int]) -> list[tuple[int, int, int, int]]:
+def slot_plan(row: int, send_splits: list[int], slot: int) -> list[tuple[int, int, int]]:
+    """The staging copies a sender makes, in elements: (from where in `send`, to where in
+    its buffer, how many). The rows for rank d go to slot d, `slot` elements from d * slot:
+    a place the receiver knows without asking (unlike a packed buffer, whose offsets
+    depend on every other receiver's count and had to be swapped, and read back on the
+    host, at each exchange)."""
+    return [(start * row, dest * slot, n * row)
+            for dest, (start, n) in enumerate(zip(send_starts(send_splits), send_splits)) if n]
+
+
+def pull_plan(row: int, recv_splits: list[int], rank: int, slot: int) -> list[tuple[int, int, int, int]]:
     """The copies a receiver makes, in elements: (peer, where in the peer's staging buffer,
-    where in the output, how many), skipping peers that send nothing. `peer_starts[p]`:
-    where this rank's rows start in peer p's buffer, in rows (p's `send_starts`)."""
+    where in the output, how many), skipping peers that send nothing: this rank's slot of
+    each peer's buffer (`slot_plan`)."""
     plan, at = [], 0
     for peer, n in enumerate(recv_splits):
         if n:
-            plan.append((peer, peer_starts[peer] * row, at * row, n * row))
+            plan.append((peer, rank * slot, at * row, n * row))
         at += n
     return plan
 
 
+def slot_elements(buffer_bytes: int, world_size: int, dtype: torch.dtype) -> int:
+    """Elements of `dtype` in one receiver's slot of a staging buffer of `buffer_bytes`."""
+    return buffer_bytes // world_size // torch.empty((), dtype=dtype).element_size()
+
+
+def check_slots(name: str, row: int, slot: int, send_splits: list[int], recv_splits: list[int],
+                buffer_bytes: int) -> None:
+    """One line naming the exchange when a peer's rows overflow its slot, on the sender and
+    on the receiver alike (both know the count), before anything is staged."""
+    most = max([0, *send_splits, *recv_splits])
+    if most * row > slot:
+        raise RuntimeError(f"{name}: {most} rows for one peer exceed the sm_free staging slot of "
+                           f"{slot // max(row, 1)} rows (a {buffer_bytes >> 20} MiB buffer over "
+                           f"{len(send_splits)} ranks); use freescale.transport=collective")
+
+
 class SmFreeTransport:
-    """Pull-based all-to-all over symmetric memory: rank r copies its slice out of every
+    """Pull-based all-to-all over symmetric memory: rank r copies its slot out of every
     peer's staging buffer with `Tensor.copy_` (cudaMemcpyAsync: a peer DMA between GPUs;
-    see the module docstring for one GPU). Two barriers per exchange: the senders' rows are staged before anyone pulls,
-    and everyone has pulled before a buffer is reused.
+    see the module docstring for one GPU). Each receiver has a slot of `capacity_bytes /
+    world` in every buffer (`slot_plan`).
+
+    The whole exchange runs on the transport's copy stream, after what the caller's stream
+    queued before it (the rows to send): the staging copies, a barrier (every rank has
+    staged), the pulls, a barrier (every peer has pulled). The caller's stream waits only
+    for the pulls, in `wait()`: never for a barrier, nor for an earlier exchange, whose last
+    barrier the next staging queues behind on the same stream (so the buffer is never
+    overwritten while a peer pulls). A barrier is a one-block kernel (symmetric memory's),
+    microseconds on an SM; the copies use none between GPUs. Nothing here blocks the host.
 
     The flight ends at an event recorded on the copy stream right after the pulls (not
-    when the caller waits: compute queued in between is no part of it), and nothing here
-    blocks the host on the device: `wait()` makes the caller's stream wait for the pulls
-    and queues the second barrier behind them. The pulls are launched inside a
-    `fsbench.comm.` annotation on their own stream, so that the profiler's record classes
-    them as communication (CUPTI calls them device-to-device copies). NOT YET RUN ON A GPU."""
+    when the caller waits: compute queued in between is no part of it). The staging copies
+    and the pulls are launched inside a `fsbench.comm.` annotation on the copy stream, so
+    that the profiler's record classes them as communication (CUPTI calls them
+    device-to-device copies). NOT YET RUN ON A GPU."""
 
     name = "sm_free"
 
-    def __init__(self, group, device: torch.device, capacity_bytes: int = 64 << 20) -> None:
+    def __init__(self, group, device: torch.device, capacity_bytes: int = 256 << 20) -> None:
         import torch.distributed._symmetric_memory as symm_mem
 
         self.group, self.device = group, device
@@ -146,52 +180,46 @@ class SmFreeTransport:
         self.symm_mem = symm_mem
         self.buffer = symm_mem.empty(capacity_bytes, dtype=torch.uint8, device=device)
         self.handle = symm_mem.rendezvous(self.buffer, group)
-        # Copies run on their own stream so that compute on the default stream overlaps.
+        # The exchange's own stream, so that compute on the caller's stream overlaps it.
         self.stream = torch.cuda.Stream(device)
-        self._unfinished: Pending | None = None
 
     def all_to_all(self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int],
                    name: str) -> Pending:
-        # One staging buffer: the previous exchange's pulls must end before it is reused.
-        if self._unfinished is not None:
-            self._unfinished.wait()
-        nbytes = send.numel() * send.element_size()
-        if nbytes > self.buffer.numel():
-            raise RuntimeError(f"{name}: {nbytes} bytes exceed the sm_free staging buffer "
-                               f"({self.buffer.numel()} bytes)")
         row = elements_per_row(send)
+        slot = slot_elements(self.buffer.numel(), self.world_size, send.dtype)
+        check_slots(name, row, slot, send_splits, recv_splits, self.buffer.numel())
         output = send.new_empty((sum(recv_splits), *send.shape[1:]))
-        # Where my rows start in each peer's buffer (the peer's send splits to the ranks
-        # before me): receivers know only their own recv splits, so exchange them.
-        starts = offsets_to_device(send_starts(send_splits), self.device)
-        peer_starts = torch.empty_like(starts)
         with span(f"{name}.issue", kind="comm"):
             flight = current().in_flight(name)
-            dist.all_to_all_single(peer_starts, starts, group=self.group)
-            # note: a CPU-GPU sync point, the exchange's one (the offsets are needed on the
-            # host to slice); torch's sync-debug mode sees it, so host_syncs_fwd_bwd_per_step
-            # counts it.
-            peer_starts = peer_starts.tolist()
-            self.buffer[:nbytes].view(send.dtype)[:send.numel()].copy_(send.reshape(-1))
-            self.handle.barrier()  # every rank has staged its rows
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
-            self.pull(output, send.dtype, pull_plan(row, recv_splits, peer_starts), name)
+            if send.is_cuda:  # used on the copy stream: not reused before it is done with them
+                send.record_stream(self.stream)
+                output.record_stream(self.stream)
+            self.stage(send, slot_plan(row, send_splits, slot), name)
+            with torch.cuda.stream(self.stream):
+                self.handle.barrier()  # every rank has staged its rows
+            self.pull(output, send.dtype, pull_plan(row, recv_splits, self.rank, slot), name)
             done = torch.cuda.Event()
             done.record(self.stream)
             flight.finish_on(self.stream)  # the pulls' end, on their stream
+            with torch.cuda.stream(self.stream):
+                self.handle.barrier()  # every peer has pulled: the buffer may be staged again
 
         def finish() -> None:
             # No host synchronize: inside forward and backward it would drain the device
             # (and torch's sync-debug mode would not count it). The caller's stream waits
-            # for the pulls; the barrier, queued behind them on that stream, completes when
-            # every peer has pulled, and only then can a later staging copy (queued after
-            # it on the same stream) overwrite the buffer.
+            # for the pulls alone.
             torch.cuda.current_stream(self.device).wait_event(done)
-            self.handle.barrier()  # every peer has pulled: the staging buffer is free
-            self._unfinished = None
 
-        self._unfinished = Pending(name, output, finish=finish)
-        return self._unfinished
+        return Pending(name, output, finish=finish)
+
+    def stage(self, send: torch.Tensor, plan: list[tuple[int, int, int]], name: str) -> None:
+        """Each receiver's rows into its slot of this rank's buffer (`slot_plan`), on the
+        copy stream inside a comm annotation: the exchange's own copies."""
+        staging, flat = self.buffer.view(send.dtype), send.reshape(-1)
+        with torch.cuda.stream(self.stream), comm_launch(f"sm_free.{name}.stage"):
+            for src_at, dst_at, count in plan:
+                staging[dst_at:dst_at + count].copy_(flat[src_at:src_at + count], non_blocking=True)
 
     def pull(self, output: torch.Tensor, dtype: torch.dtype, plan: list[tuple[int, int, int, int]],
              name: str) -> None:
@@ -206,25 +234,11 @@ class SmFreeTransport:
                                                              non_blocking=True)
 
     def close(self) -> None:
-        """Let go of the symmetric memory: the pending exchange finished, the device idle
-        (no pull still reads the buffer), then the buffer and its handle dropped, which
+        """Let go of the symmetric memory: the device idle (no copy or barrier of an
+        exchange still uses the buffer), then the buffer and its handle dropped, which
         frees the allocation; the group stays its owner's to destroy."""
-        if self._unfinished is not None:
-            self._unfinished.wait()
         torch.cuda.synchronize(self.device)  # note: a CPU-GPU sync point, at teardown only
         self.handle = self.buffer = None
-
-
-def offsets_to_device(values: list[int], device: torch.device) -> torch.Tensor:
-    """A few int64 offsets on `device` without a host wait: on CUDA staged in pinned host
-    memory and copied `non_blocking` (a DMA queued on the current stream; torch's caching
-    host allocator keeps the pinned block until the copy ends). From pageable memory,
-    `torch.tensor(..., device=cuda)` makes the host wait for the stream: a second host
-    sync in every exchange, beside the offsets' read back."""
-    host = torch.tensor(values, dtype=torch.int64)
-    if torch.device(device).type == "cuda":
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
 
 
 def make_transport(name: str, group, device: torch.device):

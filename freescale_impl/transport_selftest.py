@@ -1,5 +1,5 @@
 """Self-tests of the copy-engine transport on one GPU: its copies are communication, an
-exchange syncs the host once, and what moves the one-rank pull's bytes.
+exchange never syncs the host, and what moves the one-rank pull's bytes.
 
 The sm_free transport (freescale_impl.transport.SmFreeTransport) pulls rows with `copy_`
 from a symmetric-memory buffer mapped on the local device, on a stream of its own; CUPTI
@@ -22,7 +22,7 @@ import torch
 from fsbench.measurement import kineto
 from fsbench.measurement.selftests import SelfTest
 from fsbench.training.dist import one_rank_group
-from freescale_impl.transport import SmFreeTransport, pull_plan, sm_free_unavailable
+from freescale_impl.transport import SmFreeTransport, pull_plan, slot_elements, sm_free_unavailable
 
 NAME = "sm_free_copies_are_communication"
 WHAT = "one exchange of the copy-engine transport at one rank, under the profiler"
@@ -59,26 +59,27 @@ def sm_free_copies_are_communication(device: torch.device, work_dir: Path) -> Se
     activity = kineto.kernel_intervals(kineto.load_trace(path), device=device.index or 0)
     copies = activity[activity["name"].str.contains("Memcpy", case=False)]
     on_transport = copies[copies["kind"] == "comm"]
-    # The staging copy (send -> the symmetric buffer) runs on the compute stream and is a
-    # copy, not communication; the pull is on the transport's stream and is communication.
-    staged = copies[copies["kind"] == "memcpy"]
-    ok = (bool(torch.equal(received, send)) and len(on_transport) >= 1 and len(staged) >= 1
-          and on_transport["stream"].nunique() == 1
-          and set(on_transport["stream"]).isdisjoint(set(staged["stream"])))
-    return SelfTest(NAME, WHAT, float(len(on_transport)), 1.0, "copies classed communication",
-                    "at least the one pull, on one stream apart from the staging copy's", ok,
+    # The staging copy (send -> this rank's slot of the symmetric buffer) and the pull both
+    # run on the transport's copy stream inside its comm annotation: the exchange's own
+    # copies, communication; none is left on the caller's stream as a plain copy.
+    plain = copies[copies["kind"] == "memcpy"]
+    ok = (bool(torch.equal(received, send)) and len(on_transport) >= 2 and plain.empty
+          and on_transport["stream"].nunique() == 1)
+    return SelfTest(NAME, WHAT, float(len(on_transport)), 2.0, "copies classed communication",
+                    "at least the staging copy and the pull, on one stream, no plain copy", ok,
                     f"copies by kind: {copies.groupby('kind').size().to_dict()}, "
                     f"streams: {copies.groupby('kind')['stream'].agg(lambda s: sorted(set(s))).to_dict()}, "
                     f"rows received intact: {bool(torch.equal(received, send))}")
 
 
-def sm_free_exchange_syncs_once(device: torch.device) -> SelfTest:
+def sm_free_exchange_never_syncs(device: torch.device) -> SelfTest:
     """One exchange, counted by torch's sync debug mode (fsbench.measurement.host_syncs):
-    exactly one host sync, the peers' offsets read back. A pageable host-to-device copy of
-    its own offsets was a second (freescale_impl.transport.offsets_to_device)."""
+    no host sync. Each receiver pulls its own slot of every peer's buffer
+    (freescale_impl.transport.slot_plan); before, the peers' offsets were swapped and read
+    back on the host, one sync an exchange."""
     from fsbench.measurement.host_syncs import HostSyncCounter
 
-    name, what = "sm_free_exchange_syncs_once", "one exchange of the copy-engine transport at one rank"
+    name, what = "sm_free_exchange_never_syncs", "one exchange of the copy-engine transport at one rank"
     why = sm_free_unavailable(device, 1)
     if why:
         return SelfTest(name, what, None, None, "syncs", "", None, f"not run: {why}")
@@ -89,8 +90,8 @@ def sm_free_exchange_syncs_once(device: torch.device) -> SelfTest:
         with HostSyncCounter(True, lambda: []).step() as counts:
             transport.all_to_all(send, [4096], [4096], "counted").wait()
         torch.cuda.synchronize(device)  # note: a sync point after the counted exchange
-    return SelfTest(name, what, float(counts["host_syncs"]), 1.0, "syncs", "exactly",
-                    counts["host_syncs"] == 1, f"counts {counts}")
+    return SelfTest(name, what, float(counts["host_syncs"]), 0.0, "syncs", "exactly",
+                    counts["host_syncs"] == 0, f"counts {counts}")
 
 
 def sm_free_pull_sm_util(device: torch.device, nbytes: int = 48 << 20) -> SelfTest:
@@ -110,7 +111,7 @@ def sm_free_pull_sm_util(device: torch.device, nbytes: int = 48 << 20) -> SelfTe
     output = torch.empty_like(send)
     with one_rank_transport(device) as transport:
         transport.all_to_all(send, [rows], [rows], "stage").wait()  # the rows staged once
-        plan = pull_plan(64, [rows], [0])
+        plan = pull_plan(64, [rows], 0, slot_elements(transport.buffer.numel(), 1, send.dtype))
 
         # sm_util_while waits for the whole device between bursts, the pull's stream too
         util, reason = sm_util_while(device, lambda: transport.pull(output, send.dtype, plan, "selftest"))

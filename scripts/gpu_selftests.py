@@ -5,7 +5,7 @@
 Runs fsbench.measurement.selftests (flight, compute span, host sync, Kineto busy, the
 sleep kernel's warm calibration, SM occupancy), fsbench.measurement.copy_engines (what
 moves a same-GPU and a pinned host-to-device copy), freescale_impl.transport_selftest
-(the copy-engine transport's copies are communication, one host sync an exchange, what
+(the copy-engine transport's copies are communication, no host sync in an exchange, what
 moves its one-rank pull) and the ground truth on CUDA (fsbench.running.groundtruth.cuda_selftest),
 each guarded, and rewrites OUT_JSON after every one: a step killed at its budget still
 leaves what finished. `quick` is every test but the ground truth (seconds), which the
@@ -27,7 +27,7 @@ from fsbench.measurement import selftests
 from fsbench.measurement.copy_engines import copies_on_copy_engines
 from fsbench.measurement.device_sleep import sleep_kernel
 from fsbench.running.groundtruth import cuda_selftest
-from freescale_impl.transport_selftest import (sm_free_copies_are_communication, sm_free_exchange_syncs_once,
+from freescale_impl.transport_selftest import (sm_free_copies_are_communication, sm_free_exchange_never_syncs,
                                                sm_free_pull_sm_util)
 
 
@@ -43,7 +43,7 @@ def planned(device, work: Path) -> list[tuple[str, object]]:
         ("sm_occupancy_busy_and_idle", lambda: selftests.sm_occupancy_busy_and_idle(device)),
         ("copies_on_copy_engines", lambda: copies_on_copy_engines(device)),
         ("sm_free_copies_are_communication", lambda: sm_free_copies_are_communication(device, work)),
-        ("sm_free_exchange_syncs_once", lambda: sm_free_exchange_syncs_once(device)),
+        ("sm_free_exchange_never_syncs", lambda: sm_free_exchange_never_syncs(device)),
         ("sm_free_pull_sm_util", lambda: sm_free_pull_sm_util(device)),
         ("ground_truth_on_cuda", lambda: cuda_selftest(work)),
     ]

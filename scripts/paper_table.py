@@ -156,8 +156,9 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str,
         "but chunk 0's (the shared negatives), which follows DDP's last bucket; with priority, the next step's final rows fly during the backward "
         "and its fresh rows after the update; the requests of later steps travel in one control "
         "all-to-all a step, read at the next step's start (the step's one host sync, booked); and "
-        "beyond one node the SM-free transport moves a node's own rows on copy engines and the other "
-        "nodes' over NCCL with its CTAs capped, their SMs booked. Every configuration all-reduces "
+        "beyond one node the SM-free transport moves a node's own rows on copy engines (no host "
+        "sync: each receiver's slot is at a known place) and the other nodes' over NCCL with its "
+        "CTAs capped, their SMs booked. Every configuration all-reduces "
         f"its dense gradients in buckets of {get_workload('medium').dense_bucket_mb:g} MiB "
         "(`dense_bucket_mb`, one default for every trainer; DDP's own is 25), each an NCCL call "
         "with its own latency: the last bucket is made as the backward ends and is exposed "
@@ -289,13 +290,17 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str,
 
 
 WHY_IT_MOVED = (
-    "Why it moved (against `edfb5fe`): every trainer's dense gradients now go in buckets of "
-    "4 MiB (`dense_bucket_mb`, one default for all; it was DDP's 25), and on a GPU cluster each "
-    "bucket is an NCCL call that pays its own latency. With 25 MiB `medium`'s whole 7 MiB dense "
-    "part was one bucket, ready only when the backward ends, so its all-reduce was exposed "
-    "whole; `large`'s 52 MiB already spanned three. The sharded baseline and ddp move with it "
-    "(the same buckets). The input stage's plan and routing ran on one pinned core with one "
-    "torch thread (`OMP_NUM_THREADS=1 taskset -c 1`), as before.\n")
+    "Why it moved (against `edfb5fe`): (1) every trainer's dense gradients now go in buckets "
+    "of 4 MiB (`dense_bucket_mb`, one default for all; it was DDP's 25), and on a GPU cluster "
+    "each bucket is an NCCL call that pays its own latency. With 25 MiB `medium`'s whole 7 MiB "
+    "dense part was one bucket, ready only when the backward ends, so its all-reduce was exposed "
+    "whole; the sharded baseline and ddp move with it (the same buckets). (2) FreeScale's "
+    "SM-free transport (FreeScale in full, and `overlap + SM-free`) no longer syncs the host: "
+    "each receiver has a slot at a known place in every peer's staging buffer, so no offsets are "
+    "swapped and read back (one host sync an exchange before, 30 us each on `h100`), and its "
+    "staging, barriers and pulls all queue on its copy stream, the rank waiting for the pulls "
+    "alone (before, both barriers sat on the compute stream). The input stage's plan and routing "
+    "ran on one pinned core with one torch thread (`OMP_NUM_THREADS=1 taskset -c 1`), as before.\n")
 """The last regeneration's reason, rendered under the before/after table: rewrite it with
 each regeneration that gives --before."""
 

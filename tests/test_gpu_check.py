@@ -66,7 +66,7 @@ def test_the_dry_run_passes_on_cpu_writes_its_report_and_leaves_the_checkout_as_
     assert {t["name"] for t in doc["selftests"]} == {
         "flight_of_known_delay", "compute_span_of_known_kernels", "planted_host_sync_counted_once",
         "kineto_busy_of_known_sequence", "sleep_lengths_match_nominal", "sm_occupancy_busy_and_idle",
-        "copies_on_copy_engines", "sm_free_copies_are_communication", "sm_free_exchange_syncs_once",
+        "copies_on_copy_engines", "sm_free_copies_are_communication", "sm_free_exchange_never_syncs",
         "sm_free_pull_sm_util", "ground_truth_on_cuda"}
     assert all(t["passed"] is None for t in doc["selftests"])  # no CUDA: not run, said so
     assert sorted(r["options"] for r in doc["runs"]) == [

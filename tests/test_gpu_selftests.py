@@ -86,10 +86,10 @@ def test_what_moves_a_same_gpu_and_a_pinned_copy_is_measured_with_both_controls_
     assert {c["copy"] for c in result.record["copies"]} == {"sm_kernel_copy", "same_gpu_copy", "pinned_h2d_copy"}
 
 
-def test_an_sm_free_exchange_syncs_the_host_once(device):
-    from freescale_impl.transport_selftest import sm_free_exchange_syncs_once
+def test_an_sm_free_exchange_never_syncs_the_host(device):
+    from freescale_impl.transport_selftest import sm_free_exchange_never_syncs
 
-    _verdict_or_skip(sm_free_exchange_syncs_once(device))
+    _verdict_or_skip(sm_free_exchange_never_syncs(device))
 
 
 def test_the_one_rank_sm_free_pull_gets_a_verdict_on_what_moves_it(device):

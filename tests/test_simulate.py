@@ -1168,8 +1168,8 @@ def test_the_planner_plans_with_its_predicted_costs_and_the_cluster_books_the_tr
 # with the dense part in one bucket after the backward (DDP's 25 MiB) on both sides: every
 # dense gradient is made in sub-batch 0's backward, so with smaller buckets more chunks
 # also shrink the window the dense all-reduce hides under (the test after this one);
-# the SM-free transport (inside a node: it refuses across nodes) adds its barriers and
-# host syncs.
+# the SM-free transport (inside a node: it refuses across nodes) adds its two barriers
+# an exchange.
 SHARDED_OFF = {"tables": "sharded", "balance": "off", "overlap": "off", "priority": "off",
                "transport": "collective", "chunks": "4"}
 SWITCHES = [

@@ -101,10 +101,13 @@ def test_freescale_declares_the_host_syncs_of_its_step():
     ops = profile_of("freescale", trainer_options("freescale", SHARDED), 64).program([Bucket(1.0, 1.0)], 8, 1).ops
     first_forward = next(i for i, op in enumerate(ops) if isinstance(op, Compute) and op.phase == "forward")
     assert [i for i, op in enumerate(ops) if isinstance(op, HostSync)][0] < first_forward
-    # copy engines: each exchange (rows and gradients, each chunk) reads its peers' offsets
-    # back: 1 more a chunk and direction (its own offsets go over from pinned memory, no
-    # wait; from pageable memory they were a second sync: freescale_impl.transport)
-    assert syncs(transport="sm_free", chunks="2") == 1 + 1 * 2 * 2
+    # copy engines: no more, each receiver pulls its own slot (freescale_impl.transport
+    # slot_plan; each exchange read its peers' offsets back before: 1 + 4 here)
+    assert syncs(transport="sm_free", chunks="2") == 1
+    names = {op.comm.name for op in profile_of("freescale", trainer_options(
+        "freescale", {**SHARDED, "transport": "sm_free"}), 8).program([Bucket(1.0, 1.0)], 8, 2).ops
+        if hasattr(op, "comm")}
+    assert "emb.fetch_c0.staged" in names and not [n for n in names if "offsets" in n]
 
 
 def test_the_order_check_tells_chunks_made_in_the_backward_from_chunks_held_for_dense():

@@ -134,3 +134,18 @@ def test_fixed_arrivals_and_the_first_step_s_next_step_collectives():
 def test_a_host_sync_costs_its_drain_and_counts_apart():
     ran = run(Compute("forward"), HostSync(), sync_ms=0.5)
     assert (ran.step_ms, ran.sync_ms, ran.exposed_ms) == (10.5, 0.5, 0.5)
+
+
+def test_a_barrier_nobody_waits_for_delays_only_its_stream_and_is_issued_again_once_arrived():
+    """The sm_free transport's stream: barrier (c, 2 ms), pulls (a, 4 ms), barrier (b, 3 ms),
+    the rank waiting for the pulls alone. The pulls follow the first barrier (6 ms); the
+    second delays no wait of the rank, only the next exchange on the stream (a again,
+    issued at 7 ms after a 1 ms forward: from 9 ms, so 6 ms exposed, not 4). A barrier re-issued after it arrived
+    unwaited is no second flight of one name."""
+    stream = {name: comm(name, channel="copy") for name in ("c", "a", "b")}
+    ran = run(Issue(stream["c"]), Issue(stream["a"]), Issue(stream["b"]), Wait(stream["a"]),
+              Compute("forward", 0.1), Issue(stream["a"]), Wait(stream["a"]))
+    assert ran.exposed_by == {"a": pytest.approx(6.0 + 6.0)}
+    again = run(Issue(stream["b"]), Compute("forward", 0.5), Issue(stream["b"]), Issue(stream["a"]),
+                Wait(stream["a"]))
+    assert again.step_ms == pytest.approx(5.0 + 3.0 + 4.0)

@@ -289,14 +289,14 @@ def step_payloads(w: WorkloadConfig, n: int, chunks: int, rows: np.ndarray | Non
       samples.lengths, sample_meta, sample_tokens  data=sharded: every rank's lengths (an
               all-gather of S bytes a rank moves what an all-to-all of S to each peer does),
               then per sample length, user and contexts, per token input item and target, int64
-      offsets, barrier  the copy-engine transport's N int64 (a barrier, as small)"""
+      barrier  the copy-engine transport's barrier, priced as an all-to-all of N int64"""
     dim_bytes, contexts = 4.0 * w.model.row_dim, len(w.context_vocabs)
     i = int(np.argmax(tokens))
     out = {"input_lengths": float(samples[i]) * (2 + contexts) * 8.0,
            "input_ids": (2 * float(tokens[i]) + float(samples[i]) * (1 + contexts)) * 8.0,
            "samples.lengths": float(samples.sum()) * 8.0,
            "sample_meta": float(samples[i]) * (2 + contexts) * 8.0, "sample_tokens": float(tokens[i]) * 2 * 8.0,
-           "offsets": 8.0 * n, "barrier": 8.0 * n}
+           "barrier": 8.0 * n}
     if rows is not None:
         fresh = rows if fresh is None else fresh
         most = float(rows.max())

@@ -71,7 +71,7 @@ class Replay:
     def exposed_by_kind(self) -> dict[str, float]:
         """`exposed_by` summed over each kind of collective: a chunk's or bucket's index
         dropped (`emb.fetch_c2` -> `emb.fetch`, `ddp.allreduce:3` -> `ddp.allreduce`), a
-        node exchange's barriers and offsets as one (`emb.grad_c0.node.staged` ->
+        node exchange's barriers as one (`emb.grad_c0.node.staged` ->
         `emb.grad.node`); what limits a step's hiding, by what the trainer waits for."""
         out: dict[str, float] = {}
         for name, ms in self.exposed_by.items():
@@ -104,8 +104,12 @@ class Fluid:
     def issue(self, name: str, channel: str, links: tuple[str, ...], work_ms: float, at: float) -> None:
         self.advance(at)
         # A name is issued again only once its last flight was waited (a step's control
-        # message, the next step's rows): two of one name in flight would be a program bug.
-        assert name not in self.running and name not in self.arrived, f"{name} issued twice in flight"
+        # message, the next step's rows), or arrived where nobody waits for it (a copy
+        # stream's barrier: FreeScale's sm_free transport): two of one name in flight would be a
+        # program bug.
+        assert name not in self.running and not any(f.name == name for q in self.queued.values() for f in q), \
+            f"{name} issued twice in flight"
+        self.arrived.pop(name, None)
         self._enter(Flight(name, channel, links, work_ms))
 
     def holds(self, name: str) -> bool:
