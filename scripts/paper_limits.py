@@ -11,10 +11,22 @@ REDUCTION_TARGETS = {"medium": 0.70, "large": 0.903}  # bubble reduction vs the 
 WHAT = {
     "ddp.allreduce": "dense all-reduce (DDP's buckets; the last made as the backward ends)",
     "emb.fetch": "rows (the next step's fresh rows, sent after the update, before its forward)",
+    "emb.fetch_final": "final rows (the next step's rows this update cannot change)",
     "emb.grad": "row gradients (chunk 0's made as the backward ends)",
     "emb.control": "control (the requests of later steps)",
     "host_sync": "host syncs (the device drains its queue)",
 }
+WHERE = {".nodes": ", the other nodes' part over NCCL", ".node": ", the node's part on copy engines"}
+
+
+def what(kind: str) -> str:
+    """A kind of collective (Replay.exposed_by_kind) in words: `emb.fetch.nodes` is the
+    rows' part between nodes."""
+    for suffix, part in WHERE.items():
+        if kind.endswith(suffix) and kind[:-len(suffix)] in WHAT:
+            base = WHAT[kind[:-len(suffix)]]
+            return base[:-1] + part + ")" if base.endswith(")") else base + part
+    return WHAT.get(kind, kind)
 
 
 def exposed_parts(steps: pd.DataFrame) -> str:
@@ -47,7 +59,7 @@ def limits_section(df: pd.DataFrame, gpus: int = 256) -> list[str]:
         target = REDUCTION_TARGETS.get(r["preset"])
         reached = "" if target is None else f" ({target:.1%}: {'met' if r['reduction_vs_sharded_alone'] >= target else 'missed'})"
         parts = str(r["exposed_parts"]) if isinstance(r["exposed_parts"], str) else ""
-        named = ", ".join(f"{WHAT.get(k, k)} {float(v):.3f}" for k, v in
+        named = ", ".join(f"{what(k)} {float(v):.3f}" for k, v in
                           (p.split("=") for p in parts.split(";") if p))
         exposed = f"{100 * r['exposed_comm']:.1f}%"
         if r["preset"] == "medium":

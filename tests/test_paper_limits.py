@@ -44,3 +44,10 @@ def test_limits_name_each_part_and_judge_the_targets():
     assert "95.0% (90.3%: met)" in large and large.endswith("| none |")
     assert text.count("\n| ") == 3  # the header and the two FreeScale rows: ddp's left out
     assert "regenerate" in "\n".join(pl.limits_section(df.drop(columns="exposed_parts")))
+
+
+def test_a_part_between_nodes_is_named_as_such():
+    assert pl.what("emb.fetch.nodes") == ("rows (the next step's fresh rows, sent after the update, "
+                                           "before its forward, the other nodes' part over NCCL)")
+    assert pl.what("emb.grad.node").endswith("the node's part on copy engines)")
+    assert pl.what("samples.tokens") == "samples.tokens"
