@@ -219,9 +219,10 @@ class WorkloadConfig:
     DeepSpeed's reduce_bucket_size). The last bucket is ready only when the backward ends,
     so what it holds is exposed; each bucket more pays a call's latency. 4, not DDP's 25:
     a dense part up to 25 MiB (`medium`: 7 MiB) in one bucket left the whole all-reduce
-    after the backward. Simulated at 8..1024 H100s, each bucket an NCCL call with its own
-    latency, 4 lowered every trainer's bubble at 8, 64 and 256 GPUs against 25 and matched
-    2 within half a point (docs/simulation.md, "Dense buckets")."""
+    after the backward. Simulated on `medium` at 8..1024 H100s, each bucket an NCCL call
+    with its own latency, 4 lowered FreeScale's and the sharded baseline's bubble at 8, 64
+    and 256 GPUs against 25 and matched 2 within a point; ddp's moved by 0.2 points
+    (docs/simulation.md, "Dense buckets")."""
 
     def __post_init__(self) -> None:
         _positive("item_vocab", self.item_vocab, 2)

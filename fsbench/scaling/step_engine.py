@@ -69,13 +69,12 @@ class Replay:
     carry: Carry
 
     def exposed_by_kind(self) -> dict[str, float]:
-        """`exposed_by` summed over each kind of collective: a chunk's or bucket's index
-        dropped (`emb.fetch_c2` -> `emb.fetch`, `ddp.allreduce:3` -> `ddp.allreduce`), a
-        node exchange's barriers as one (`emb.grad_c0.node.staged` ->
-        `emb.grad.node`); what limits a step's hiding, by what the trainer waits for."""
+        """`exposed_by` summed over each kind of collective, a chunk's or bucket's index
+        dropped (`emb.fetch_c2.nodes` -> `emb.fetch.nodes`, `ddp.allreduce:3` ->
+        `ddp.allreduce`): what limits a step's hiding, by what the trainer waits for."""
         out: dict[str, float] = {}
         for name, ms in self.exposed_by.items():
-            kind = re.sub(r"\.node\.\w+$", ".node", re.sub(r"_c\d+|:\d+", "", name))
+            kind = re.sub(r"_c\d+|:\d+", "", name)
             out[kind] = out.get(kind, 0.0) + ms
         return out
 
@@ -107,8 +106,7 @@ class Fluid:
         # message, the next step's rows), or arrived where nobody waits for it (a copy
         # stream's barrier: FreeScale's sm_free transport): two of one name in flight would be a
         # program bug.
-        assert name not in self.running and not any(f.name == name for q in self.queued.values() for f in q), \
-            f"{name} issued twice in flight"
+        assert name in self.arrived or not self.holds(name), f"{name} issued twice in flight"
         self.arrived.pop(name, None)
         self._enter(Flight(name, channel, links, work_ms))
 
