@@ -46,10 +46,12 @@ def limits_section(df: pd.DataFrame, gpus: int = 256) -> list[str]:
              f"most {EXPOSED_TARGET:.0%} on `medium`) and its bubble reduction against the sharded "
              "baseline (targets: " + ", ".join(f"`{p}` {t:.1%}" for p, t in REDUCTION_TARGETS.items())
              + "), with what the step waits for, ms a step on the fastest rank. Every dense "
-             "gradient is made in the last sub-batch's backward (1/C of it with C chunks), so the "
-             "dense all-reduce and chunk 0's gradients can hide only under that part; the next "
-             "step's fresh rows leave only after the update they carry, and its forward waits for "
-             "the first chunk of them.\n",
+             "gradient is made in the last sub-batch's backward (1/C of it with C chunks), and "
+             "its last bucket can leave only when that backward ends, with nothing after it but "
+             "the table update to hide under; how much of the dense all-reduce a wider window "
+             "(fewer chunks) would hide is in results/dense_window_h100.md "
+             "(scripts/dense_window.py). The next step's fresh rows leave only after the update "
+             "they carry, and its forward waits for the first chunk of them.\n",
              "| preset | batch/rank | step ms | exposed comm | reduction vs sharded (target) | exposed, by what it waits for (ms a step) |",
              "|---|--:|--:|--:|--:|---|"]
     if "exposed_parts" not in df:

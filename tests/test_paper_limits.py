@@ -50,3 +50,20 @@ def test_a_part_between_nodes_is_named_as_such():
                                            "before its forward, the other nodes' part over NCCL)")
     assert pl.what("emb.grad.node").endswith("the node's part on copy engines)")
     assert pl.what("samples.tokens") == "samples.tokens"
+
+
+def test_the_dense_window_sweep_simulates_each_chunk_count(tmp_path, monkeypatch):
+    """scripts/dense_window.py on a small point: one row per chunk count, each from its own
+    simulation (the chunk count it asked for reaches the run), the baseline's kinds named."""
+    spec = importlib.util.spec_from_file_location("dense_window", ROOT / "scripts" / "dense_window.py")
+    dw = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dw)
+    out = tmp_path / "dw.md"
+    monkeypatch.setattr("sys.argv", ["dense_window.py", "--preset", "small", "--gpus", "16", "--batch", "16",
+                                     "--chunks", "1,2", "--out", str(out)])
+    dw.main()
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [r.split("|")[1].strip() for r in rows] == ["1", "2"]
+    assert rows[0].split("|")[2:] != rows[1].split("|")[2:]  # two counts, two different steps
+    assert "tr.dense" in out.read_text()
+    assert dw.by_kind({"a": 0.1, "b": 0.3, "c": 0.0}) == "b 0.300, a 0.100"
