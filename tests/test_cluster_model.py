@@ -11,7 +11,7 @@ import pytest
 
 from fsbench.cli import main
 from fsbench.errors import ConfigError
-from fsbench.scaling.collectives import bus_factor, collective_s, fit_figures, published_figures
+from fsbench.scaling.collectives import bus_factor, collective_s, fit_figures, published_figures, published_points
 from fsbench.scaling.nccl_tests import NcclTestsPoint, parse_log, read_logs
 from fsbench.scaling.sim_inputs import CLUSTERS, Cluster
 
@@ -226,3 +226,18 @@ def test_nccl_tests_points_match_nccl_tests_bus_bandwidth_definition():
     for p in run.points:  # busbw = size / time * (n-1)/n, as the log printed it
         assert p.busbw_gbs == pytest.approx(p.bytes / (p.time_us * 1e-6) / 1e9 * 7 / 8, abs=0.01)
     assert np.isclose(bus_factor("all_reduce", 8), 1.75)
+
+
+def test_compare_published_checks_the_committed_runs_never_fitted_on(capsys):
+    """`--compare published`: the multi-node all-reduce runs below 32 MiB, each from a source
+    with an address, predicted at its own size; none of them is among the fitted points."""
+    assert main(["cluster", "--compare", "published", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    checked = published_points("checked")
+    fitted = {(p.collective, p.world_size, p.bytes, p.time_us) for p in published_points("fitted")}
+    assert len(doc["rows"]) == len(checked) >= 40
+    assert not {(p.collective, p.world_size, p.bytes, p.time_us) for p in checked} & fitted
+    assert all(r["source"].startswith("https://") and r["world_size"] > 8 for r in doc["rows"])
+    assert min(r["bytes"] for r in doc["rows"]) < 32 << 20  # what the fit has no point of
+    for r in doc["rows"]:
+        assert r["predicted_ms"] == pytest.approx(collective_s(H100, "all_reduce", r["world_size"], r["bytes"], 8) * 1e3)

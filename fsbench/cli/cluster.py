@@ -61,7 +61,9 @@ def add_parsers(sub, csv: Callable, default_store: str) -> None:
     p.add_argument("--compare", nargs="+", metavar="LOG",
                    help="nccl-tests logs (all_reduce_perf, alltoall_perf, all_gather_perf, "
                         "reduce_scatter_perf output; COLLECTIVE=LOG where neither the log nor its "
-                        "name says which ran): predict each of their points and show the ratio")
+                        "name says which ran): predict each of their points and show the ratio; "
+                        "`published`: the committed published runs the h100 model is checked on "
+                        "and never fitted on (multi-node all-reduce below 32 MiB)")
     p.add_argument("--min-bytes", type=byte_size, default=0, help="--compare: points from this size")
     p.add_argument("--max-bytes", type=byte_size, help="--compare: points up to this size (default: all)")
     add_store(p, "where --cluster local finds its comm fit (STORE/calibrations/)", default=default_store)
@@ -121,20 +123,24 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def _compare(args, described: str, predict) -> int:
+    from fsbench.scaling.collectives import published_points
     from fsbench.scaling.nccl_tests import read_logs
 
+    logs = [spec for spec in args.compare if spec != "published"]
+    points = [p for run in read_logs(logs) for p in run.points] if logs else []
+    if "published" in args.compare:  # the committed runs the model is checked on, never fitted on
+        points += published_points("checked")
     rows = []
-    for run in read_logs(args.compare):
-        for p in run.points:
-            if p.bytes < args.min_bytes or (args.max_bytes is not None and p.bytes > args.max_bytes):
-                continue
-            if p.collective not in ALIASES.values():
-                continue  # sendrecv: no collective of the simulator's
-            predicted = predict(p.collective, p.world_size, p.gpus_per_node, p.bytes) * 1e3
-            measured = p.time_us / 1e3
-            rows.append({"collective": p.collective, "world_size": p.world_size,
-                         "gpus_per_node": p.gpus_per_node, "bytes": p.bytes, "predicted_ms": predicted,
-                         "measured_ms": measured, "ratio": predicted / measured, "source": p.source})
+    for p in points:
+        if p.bytes < args.min_bytes or (args.max_bytes is not None and p.bytes > args.max_bytes):
+            continue
+        if p.collective not in ALIASES.values():
+            continue  # sendrecv: no collective of the simulator's
+        predicted = predict(p.collective, p.world_size, p.gpus_per_node, p.bytes) * 1e3
+        measured = p.time_us / 1e3
+        rows.append({"collective": p.collective, "world_size": p.world_size,
+                     "gpus_per_node": p.gpus_per_node, "bytes": p.bytes, "predicted_ms": predicted,
+                     "measured_ms": measured, "ratio": predicted / measured, "source": p.source})
     if not rows:
         raise ConfigError("--compare: no point of the logs lies within --min-bytes/--max-bytes")
     inside = sum(BAND[0] <= r["ratio"] <= BAND[1] for r in rows)
@@ -152,7 +158,7 @@ def _compare(args, described: str, predict) -> int:
         print(f"{inside} of {len(rows)} points within {BAND[0]:.2f}-{BAND[1]:.2f}x; the worst: "
               f"{worst['ratio']:.2f}x ({worst['collective']}, {worst['world_size']} ranks, "
               f"{_size(worst['bytes'])})")
-    note(f"compared {len(rows)} points of {len(args.compare)} log(s)")
+    note(f"compared {len(rows)} points of {len({r['source'] for r in rows})} source(s)")
     return 0
 
 

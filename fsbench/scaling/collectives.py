@@ -264,7 +264,20 @@ def published_figures(name: str = "h100_nccl_tests.json") -> tuple[dict[str, flo
 
     data = json.loads(files("fsbench.scaling").joinpath("data", name).read_text())
     used = [s for s in data["sources"] if s["use"] == "fitted"]
-    points = [NcclTestsPoint(c, n, g, b, t, bus, s["address"])
-              for s in used for c, n, g, b, t, bus in s["points"]]
-    figures, how = fit_figures(points)
+    figures, how = fit_figures(published_points("fitted", name))
     return figures, how, [s["address"] for s in used]
+
+
+def published_points(use: str, name: str = "h100_nccl_tests.json") -> list:
+    """The points (NcclTestsPoint, each with its source's address) of the committed file's
+    sources whose `use` starts with `use`: "fitted" (what the preset is fitted on),
+    "checked" (published runs the model is only compared with: `fsbench cluster --compare
+    published`)."""
+    import json
+    from importlib.resources import files
+
+    from fsbench.scaling.nccl_tests import NcclTestsPoint
+
+    data = json.loads(files("fsbench.scaling").joinpath("data", name).read_text())
+    return [NcclTestsPoint(c, n, g, b, t, bus, s["address"]) for s in data["sources"]
+            if s["use"].startswith(use) for c, n, g, b, t, bus in s["points"]]
