@@ -71,19 +71,27 @@ def _arrived(comm: Comm, mode: str) -> list[Op]:
 
 
 def sharded_step_program(exchange: str, chunks: int, routing: str, transport: str,
-                         buckets: list[Bucket], sample_exchange: bool = False) -> StepProgram:
+                         buckets: list[Bucket], sample_exchange: bool = False,
+                         cut: tuple[tuple[float, ...], tuple[float, ...]] | None = None) -> StepProgram:
     """The steady-state step (neither the first nor the last two) of
     `ShardedTableTrainer`: exchange is blocking | overlapped | prioritized; routing host |
     exchanged (the requests' counts and ids travel over the steps before); transport
-    collective | sm_free | sm_free_nodes (sm_free beyond one node)."""
+    collective | sm_free | sm_free_nodes (sm_free beyond one node). `cut`: (each
+    sub-batch's share of the forward and backward, each chunk's share of the rows), as the
+    trainer cuts them (exchange_plan.expected_sub_batches: about equal rows a chunk, so
+    sub-batch 0, which reads the negatives and the popular items first, computes less);
+    None: equal."""
     chunks = 1 if exchange == "blocking" else chunks
+    if cut is None or len(cut[0]) != chunks:
+        cut = ((1 / chunks,) * chunks, (1 / chunks,) * chunks)
+    sub_shares, row_shares = cut
     priority = exchange == "prioritized"
     rows = "fresh_rows" if priority else "rows"
     # Priority: this step's rows were sent during the step before (next_step there).
-    fetch = [Comm(f"emb.fetch_c{c}", "all_to_all", rows, 1 / chunks, next_step=priority)
+    fetch = [Comm(f"emb.fetch_c{c}", "all_to_all", rows, row_shares[c], next_step=priority)
              for c in range(chunks)]
     final = Comm("emb.fetch_final", "all_to_all", "final_rows", next_step=True)
-    grads = [Comm(f"emb.grad_c{c}", "all_to_all", "row_grads", 1 / chunks) for c in range(chunks)]
+    grads = [Comm(f"emb.grad_c{c}", "all_to_all", "row_grads", row_shares[c]) for c in range(chunks)]
     ops: list[Op] = []
     if sample_exchange:  # data=sharded: lengths gathered, planned samples exchanged, blocking
         for name, payload in (("samples.lengths", "samples.lengths"), ("samples.meta", "sample_meta"),
@@ -111,7 +119,7 @@ def sharded_step_program(exchange: str, chunks: int, routing: str, transport: st
         if exchange != "blocking":
             ops += [w for f in ([final] if priority and c == 0 else []) + [fetch[c]]
                     for w in _arrived(f, transport)]
-        ops += [Compute("forward", 1 / chunks, own_span=True)]
+        ops += [Compute("forward", sub_shares[c], own_span=True)]
     if exchanged and priority:  # the next step's final rows, planned at the step's start
         ops += _exchange(final, transport)
     # The backward runs sub-batch by sub-batch, the last first, and the backward's
@@ -124,8 +132,8 @@ def sharded_step_program(exchange: str, chunks: int, routing: str, transport: st
         ops += ddp_backward(buckets) + [o for o in _exchange(grads[0], transport)]
     else:
         for c in range(chunks - 1, 0, -1):
-            ops += [Compute("backward", 1 / chunks), *_exchange(grads[c], transport)]
-        ops += ddp_backward(buckets, share=1 / chunks, after_last=tuple(_exchange(grads[0], transport)))
+            ops += [Compute("backward", sub_shares[c]), *_exchange(grads[c], transport)]
+        ops += ddp_backward(buckets, share=sub_shares[0], after_last=tuple(_exchange(grads[0], transport)))
     ops += [w for g in reversed(grads) for w in _arrived(g, transport)]
     ops += [Compute("table_update")]
     if priority:  # the next step's fresh rows, first in line, after the update made them

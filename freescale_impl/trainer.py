@@ -57,6 +57,7 @@ from freescale_impl.routing import OwnRequest, RoutedShare, check_routing, choos
 from freescale_impl.sample_exchange import exchange_samples
 from freescale_impl.sharded_step import ShardedTableTrainer
 from freescale_impl.node_transport import NCCL_DEFAULT_CTAS
+from freescale_impl.exchange_plan import expected_sub_batches
 from freescale_impl.step_schedule import sharded_step_program
 from freescale_impl.transport import sm_free_unavailable
 
@@ -188,14 +189,18 @@ class FreeScaleTrainer(DataParallelTrainer):
         # Its step as ops, each switch as set (freescale_impl.step_schedule), with the
         # chunks the simulator chose as the trainer would (chunks=0: the chunking rule on
         # the simulated cluster): the simulator costs what the trainer runs.
-        def program(buckets, gpus_per_node: int, chunks: int):
+        def program(buckets, gpus_per_node: int, chunks: int, workload=None):
             if not sharded_tables:
                 return ddp_program(buckets)
             transport = opts.transport  # sm_free beyond a node splits each exchange by node
             if transport == "sm_free" and world_size > gpus_per_node:
                 transport = "sm_free_nodes"
+            # The sub-batches and chunks as the trainer cuts them (equal rows a chunk, in
+            # whole samples), in expectation on the workload; without one, equal.
+            cut = (expected_sub_batches(workload, world_size, chunks)
+                   if workload is not None and exchange != "blocking" else None)
             return sharded_step_program(exchange, chunks, routing, transport, buckets,
-                                        sample_exchange=opts.data == "sharded")
+                                        sample_exchange=opts.data == "sharded", cut=cut)
 
         return SimProfile(tables=FreeScaleTrainer.table_memory(options, world_size),
                           exchange=exchange, sm_free=opts.transport == "sm_free", plan=plan,

@@ -98,9 +98,9 @@ def test_the_simulator_runs_the_count_the_rule_gives_at_each_world_size():
         profile = profile_of("freescale", run.trainer_options, n)
         used = []
 
-        def program(buckets, gpus_per_node, chunks, build=profile.program):
+        def program(buckets, gpus_per_node, chunks, workload, build=profile.program):
             used.append(chunks)
-            return build(buckets, gpus_per_node, chunks)
+            return build(buckets, gpus_per_node, chunks, workload)
 
         summary, _ = simulate_run(run, H100, ".", profile=dataclasses.replace(profile, program=program),
                                   planner_time=False)

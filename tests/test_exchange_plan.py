@@ -12,8 +12,8 @@ import torch
 
 from fsbench.models import table_specs
 from fsbench.workloads import make_batch_source
-from fsbench.workloads.presets import tiny
-from freescale_impl.exchange_plan import build_request, plan_fetches, service_of
+from fsbench.workloads.presets import get_workload, small, tiny
+from freescale_impl.exchange_plan import build_request, expected_sub_batches, plan_fetches, service_of
 from freescale_impl.sharded_tables import RowLayout
 
 WORKLOAD = dataclasses.replace(tiny(), global_batch_size=24, lengths="yelp")
@@ -80,3 +80,52 @@ def test_the_service_labels_each_entry_by_requester_then_chunk():
     svc = service_of(counts, 3, 2)
     assert svc.src.tolist() == [0, 0, 1, 2, 2, 2, 2]
     assert svc.chunk.tolist() == [0, 0, 1, 0, 1, 1, 1]
+
+
+def _rank_request(workload, n: int, chunks: int, step: int = 0):
+    """Rank 0's request at world size n: its contiguous share of a global batch."""
+    specs = table_specs(workload.model.dim, workload.item_vocab, workload.user_vocab,
+                        workload.context_vocabs)
+    batch = make_batch_source(workload, 0).global_batch(step)
+    local = batch.select(list(range(batch.batch_size // n)))
+    return build_request(local, RowLayout(specs, n, "row"), chunks), local
+
+
+def test_sub_batches_cut_at_equal_rows_first_read():
+    """Chunk c holds the rows sub-batch c is the first to read; the cut makes the chunks
+    about equal (within one sample's new rows), so sub-batch 0, which reads the negatives
+    and the popular items first, holds the fewest tokens."""
+    w = dataclasses.replace(small(), global_batch_size=256)
+    req, batch = _rank_request(w, 2, 4)
+    sizes = np.bincount(req.chunk.numpy(), minlength=4)
+    bounds = req.sub_samples
+    tokens = np.diff(req.sub_tokens)
+    # Rows first read by each sample: the most one sample adds bounds a cut's error.
+    assert sizes.max() - sizes.min() <= 2 * batch.lengths[:bounds[-1]].max() + 4
+    assert tokens[0] < tokens[1:].min(), (tokens, sizes)
+    assert bounds[0] == 0 and all(b1 > b0 for b0, b1 in zip(bounds, bounds[1:]))
+
+
+@pytest.mark.parametrize("preset,n", [("small", 2), ("medium", 64)])
+def test_the_simulators_sub_batch_shares_are_the_trainers_cut(preset, n):
+    """One truth: the shares the simulator gives each sub-batch's compute and each chunk's
+    rows (expected_sub_batches) are what the trainer's cut gives on the workload's
+    real-shaped batches, within 0.04, averaged over steps."""
+    w = get_workload(preset)
+    chunks = 4
+    tokens, rows = (np.array(x) for x in expected_sub_batches(w, n, chunks))
+    got_tokens, got_rows = [], []
+    for step in range(3):
+        req, _ = _rank_request(w, n, chunks, step)
+        got_tokens.append(np.diff(req.sub_tokens) / req.sub_tokens[-1])
+        got_rows.append(np.bincount(req.chunk.numpy(), minlength=chunks) / req.chunk.numel())
+    assert np.abs(np.mean(got_tokens, axis=0) - tokens).max() < 0.04, (np.mean(got_tokens, axis=0), tokens)
+    assert np.abs(np.mean(got_rows, axis=0) - rows).max() < 0.04, (np.mean(got_rows, axis=0), rows)
+    assert abs(sum(tokens) - 1.0) < 1e-9 and abs(sum(rows) - 1.0) < 1e-9 and tokens[0] < 1 / chunks
+
+
+def test_with_fewer_samples_than_chunks_the_expected_cut_takes_one_sample_each():
+    w = dataclasses.replace(get_workload("medium"), global_batch_size=4 * 64)
+    tokens, rows = expected_sub_batches(w, 64, 16)
+    assert tokens[:4] == (0.25,) * 4 and set(tokens[4:]) == {0.0} and set(rows[4:]) == {0.0}
+    assert rows[0] > rows[1] > 0  # the negatives and popular items in chunk 0

@@ -1198,7 +1198,8 @@ def test_each_switch_alone_moves_the_projection_the_way_the_trainer_moves(switch
     # GPU: at 4, chunk 0's rows arrive under the step's control read (its host sync)
     # without it, so there is nothing left for it to hide once the first step's control
     # message no longer queues behind the rows on every link (fsbench.scaling.step_engine).
-    per_gpu = 16 if switch == "priority" else 4
+    # Chunks at 16 too: a rank cuts its samples into at most one sub-batch a sample.
+    per_gpu = 16 if switch in ("priority", "chunks") else 4
     w = switch_workload(gpus, per_gpu, dense_bucket_mb=25.0 if switch == "chunks" else None)
 
     def run(options):  # the step's model alone: no input stage timed on this CPU
@@ -1214,20 +1215,21 @@ def test_each_switch_alone_moves_the_projection_the_way_the_trainer_moves(switch
 
 
 def test_more_chunks_leave_the_dense_all_reduce_less_backward_to_hide_under():
-    """Every dense gradient is made in sub-batch 0's backward, 1/C of the backward with C
-    chunks: with the default buckets (4 MiB, `medium`'s 7 MiB in two), 16 chunks expose
-    more at 64 GPUs than 2, the dense all-reduce's window shrinking by more than the
+    """Every dense gradient is made in sub-batch 0's backward, a part of it that shrinks
+    with more chunks (sub-batch 0 is cut to equal rows, and reads the negatives first):
+    with the default buckets (4 MiB, `medium`'s 7 MiB in two), 4 chunks expose more at 64
+    GPUs than 2 (8 samples a GPU), the dense all-reduce's window shrinking by more than the
     embedding chunks gain; with the dense part in one bucket after the backward (25 MiB)
     the chunks gain it all (the switch test above)."""
     options = {**SHARDED_OFF, "overlap": "on"}
 
     def exposed(chunks, mb=None):
-        run = RunConfig(workload=switch_workload(64, 4, mb), trainer="freescale", world_size=64,
+        run = RunConfig(workload=switch_workload(64, 8, mb), trainer="freescale", world_size=64,
                         trainer_options={**options, "chunks": chunks})
         return simulate_run(run, H100, ".", planner_time=False)[0]["exposed_comm_ratio"]
 
-    assert exposed("16") > exposed("2") * 1.05
-    assert exposed("16", 25.0) < exposed("2", 25.0)
+    assert exposed("4") > exposed("2") * 1.05
+    assert exposed("4", 25.0) < exposed("2", 25.0)
 
 
 def test_a_planner_slower_than_the_step_is_input_stall():

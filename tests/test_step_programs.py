@@ -70,7 +70,7 @@ def recorded_run(store, name: str, n: int, attempt: int = 0):
     # with the chunks the run chose (its manifest): the simulator chooses them by the same rule
     ran = json.loads((run_dir / "manifest.json").read_text()).get("trainer_ran", {})
     program = profile_of(run.trainer, run.trainer_options, n).program(step_buckets(run.workload), n,  # one host
-                                                                      ran.get("chunks", 1))
+                                                                      ran.get("chunks", 1), run.workload)
     ranks = [[json.loads(line) for line in open(run_dir / f"rank-{r}.jsonl")] for r in range(n)]
     return program, ranks, bool(json.loads((run_dir / "summary.json").read_text())["contended"])
 

@@ -220,7 +220,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # the rows it updated, which the prioritized exchange cannot send before its update.
     prev = None
     per_node = cluster.gpus_per_node if cluster.compute != "fit" else n  # `local`: one host
-    program = prof.program(ready_buckets, per_node, chunks)
+    program = prof.program(ready_buckets, per_node, chunks, w)
     carry = carry_alone = None  # what each step leaves in flight for the next
     rows = []
     for window, lengths, plans, _ in windows:
