@@ -15,13 +15,16 @@ run: $(STAMP)
 	$(VENV)/bin/fsbench sweep --workload small --trainers ddp,torchrec,deepspeed,freescale --world-sizes 1,2
 
 # The fast tier: unit tests, no process starts ranks (a guard in tests/conftest.py fails an
-# unmarked test that does). test-dist: the multi-process gloo and end-to-end tests.
+# unmarked test that does). test-dist: the multi-process gloo and end-to-end tests; those
+# marked parallel_safe (no timing, no contention check) two at a time, a file to a worker,
+# then the rest one at a time on a machine left to them.
 # test-nightly: slow end-to-end checks of rare paths, for a scheduled CI (docs/ci.md).
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "not dist"
 
 test-dist: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m "dist and not nightly"
+	$(VENV)/bin/python -m pytest -q -m "dist and not nightly and parallel_safe" -n 2 --dist loadfile
+	$(VENV)/bin/python -m pytest -q -m "dist and not nightly and not parallel_safe"
 
 test-nightly: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m nightly

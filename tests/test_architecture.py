@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# Asserts nothing a test running beside it can move: the dist tier runs it two at a time.
+pytestmark = pytest.mark.parallel_safe
+
 FSBENCH = Path(__file__).resolve().parents[1] / "fsbench"
 
 # Bottom to top. "" is the top level: the shared leaf types (config, specs, errors,

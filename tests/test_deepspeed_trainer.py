@@ -39,6 +39,9 @@ from fsbench.workloads.presets import tiny
 pytest.importorskip("deepspeed", reason="deepspeed is not installed: pip install -e '.[deepspeed]'")
 import baselines.deepspeed_trainer as dst  # noqa: E402
 
+# Asserts nothing a test running beside it can move: the dist tier runs it two at a time.
+pytestmark = pytest.mark.parallel_safe
+
 DS = "deepspeed"
 HERE = Path(__file__).resolve().parent
 WORLD = 2

@@ -25,6 +25,9 @@ from fsbench.running.store import read_json
 from fsbench.workloads import load_histories, make_batch_source
 from fsbench.workloads.realdata import histories_from_events
 
+# Asserts nothing a test running beside it can move: the dist tier runs it two at a time.
+pytestmark = pytest.mark.parallel_safe
+
 ONLY_HELD_OUT = 40  # an item the test data holds only as one user's last interaction
 
 

@@ -13,7 +13,8 @@ from fsbench.measurement.timeline import read_timelines
 from fsbench.workloads import make_batch_source
 from fsbench.workloads.presets import tiny
 
-pytestmark = pytest.mark.dist
+# Asserts nothing a test running beside it can move: the dist tier runs it two at a time.
+pytestmark = [pytest.mark.dist, pytest.mark.parallel_safe]
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

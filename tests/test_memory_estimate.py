@@ -13,6 +13,9 @@ from fsbench.config import RunConfig
 from fsbench.running.runner import run_once
 from fsbench.workloads.presets import get_workload, tiny
 
+# Asserts nothing a test running beside it can move: the dist tier runs it two at a time.
+pytestmark = pytest.mark.parallel_safe
+
 
 def test_sharded_trainers_hold_a_share_of_the_tables():
     w = dataclasses.replace(get_workload("small"), item_vocab=1_000_000)

@@ -26,7 +26,8 @@ from fsbench.running.runner import run_once
 from fsbench.workloads import make_batch_source
 from fsbench.workloads.presets import tiny
 
-pytestmark = pytest.mark.dist
+# Asserts nothing a test running beside it can move: the dist tier runs it two at a time.
+pytestmark = [pytest.mark.dist, pytest.mark.parallel_safe]
 SEED, STEPS = 11, 6
 # Rates large enough that a step visibly moves the rows it reads (and Adam's the others).
 # The dense part's SGD takes less: at 0.5 six steps amplify the all-reduce's rounding

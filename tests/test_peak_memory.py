@@ -9,7 +9,8 @@ from fsbench.running.runner import run_once, summarize_run
 from fsbench.running.store import load_runs, write_json_atomic
 from fsbench.workloads.presets import tiny
 
-pytestmark = pytest.mark.dist
+# Asserts nothing a test running beside it can move: the dist tier runs it two at a time.
+pytestmark = [pytest.mark.dist, pytest.mark.parallel_safe]
 
 
 def test_every_rank_reports_its_peak_and_sharding_saves_memory(big_table_runs):

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from foreground import ignores_sigint, sigint_default
 
-pytestmark = pytest.mark.dist
+# Asserts nothing a test running beside it can move: the dist tier runs it two at a time.
+pytestmark = [pytest.mark.dist, pytest.mark.parallel_safe]
 
 GRACE_S = 5.0
 

@@ -13,6 +13,9 @@ from fsbench.quality import time_to_quality as ttq
 from fsbench.quality.convergence import LOSS_RTOL, RunQuality, analyze, trajectory
 from fsbench.stats import equivalence, mean_interval
 
+# Asserts nothing a test running beside it can move: the dist tier runs it two at a time.
+pytestmark = pytest.mark.parallel_safe
+
 SPE = 4  # steps per epoch of the made-up runs
 
 

@@ -21,6 +21,9 @@ from fsbench.table import formatted
 from fsbench.training.trainer import option_defaults, resolve_trainer_class
 from fsbench.measurement.timeline import read_timelines
 
+# Asserts nothing a test running beside it can move: the dist tier runs it two at a time.
+pytestmark = pytest.mark.parallel_safe
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DATA_PNG = "data:image/png;base64,"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

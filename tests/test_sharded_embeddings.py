@@ -29,7 +29,8 @@ from freescale_impl.sharded_tables import LocalShard, RowLayout
 from freescale_impl.trainer import FreeScaleOptions, exchange_chunks
 from freescale_impl.transport import CollectiveTransport
 
-pytestmark = pytest.mark.dist
+# Asserts nothing a test running beside it can move: the dist tier runs it two at a time.
+pytestmark = [pytest.mark.dist, pytest.mark.parallel_safe]
 WORKLOAD = dataclasses.replace(tiny(), global_batch_size=12, lengths="yelp")
 SEED, LR = 5, 0.3
 

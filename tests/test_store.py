@@ -12,6 +12,9 @@ import pytest
 
 from fsbench.running import store
 
+# Asserts nothing a test running beside it can move: the dist tier runs it two at a time.
+pytestmark = pytest.mark.parallel_safe
+
 
 def test_write_json_atomic_replaces_whole_files_and_leaves_no_temp_files(tmp_path):
     path = tmp_path / "x.json"

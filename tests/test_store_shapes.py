@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from fsbench.cli import main
 
 # Every shape starts from real runs (ranks on gloo): the dist tier.
-pytestmark = pytest.mark.dist
+# Asserts nothing a test running beside it can move: the dist tier runs it two at a time.
+pytestmark = [pytest.mark.dist, pytest.mark.parallel_safe]
 
 FORMATS = ("md", "latex", "csv", "html")
 PLOT_FILES = ("bubble_vs_world_size.png", "bubble_causes.png", "throughput_vs_world_size.png",

@@ -13,7 +13,8 @@ from foreground import sigint_default
 
 from fsbench.cli import main
 
-pytestmark = pytest.mark.dist
+# Asserts nothing a test running beside it can move: the dist tier runs it two at a time.
+pytestmark = [pytest.mark.dist, pytest.mark.parallel_safe]
 
 ARGS = ["sweep", "--workload", "tiny", "--trainers", "ddp", "--world-sizes", "1",
         "--repeats", "3", "--steps", "3", "--warmup", "1"]

@@ -54,3 +54,18 @@ def test_every_nightly_test_is_also_a_dist_test():
                     nightly.append(node.name)
                     assert "pytest.mark.dist" in marks, f"{path.name}::{node.name} is nightly, not dist"
     assert "test_bisect_finds_the_planted_slow_commit" in nightly
+
+
+def test_no_parallel_safe_file_times_anything():
+    """`parallel_safe` files run two at a time in the dist tier (Makefile): none of them may
+    use the timing helpers (tests/support/timing.py), which judge a run by how quiet the
+    machine was."""
+    import re
+    from pathlib import Path
+
+    marked = [p for p in Path(__file__).parent.glob("test_*.py")
+              if re.search(r"^pytestmark = .*parallel_safe", p.read_text(), re.M)]
+    assert len(marked) >= 10
+    for path in marked:
+        text = path.read_text()
+        assert "from timing import" not in text and "first_quiet_try" not in text, path.name

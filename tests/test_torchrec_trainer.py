@@ -45,6 +45,9 @@ from fsbench.training.trainer import trainer_options
 from fsbench.workloads import make_batch_source
 from fsbench.workloads.presets import tiny
 
+# Asserts nothing a test running beside it can move: the dist tier runs it two at a time.
+pytestmark = pytest.mark.parallel_safe
+
 TRAINER = "torchrec"  # registered short name of baselines.torchrec_trainer:TorchRecTrainer
 SEED = 7
 WORLD = 2
