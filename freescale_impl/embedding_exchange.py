@@ -10,7 +10,7 @@ Every rank is both a *requester* (its samples need rows) and an *owner* (it hold
 `freescale_impl.sharded_tables`). One step, seen from a requester:
 
   request   the unique rows its batch needs, cut into `chunks` by whole samples: its
-            samples form `chunks` sub-batches (about equal rows first read) and chunk c holds the
+            samples form `chunks` sub-batches (about equal tokens) and chunk c holds the
             rows sub-batch c is the first to read (the shared negatives in chunk 0);
             entries are sent grouped by owner, then chunk. Counts first (an (N, chunks)
             matrix), then the ids (uneven splits; a rank with no samples still asks for

@@ -53,7 +53,7 @@ class Request:
     """A requester's view of one step: entry e asks owner[e] for global row rows[e].
 
     Chunks are by whole samples: the rank's samples are cut into `chunks` sub-batches
-    (contiguous, about equal rows first read), and chunk c holds the rows sub-batch c is the first
+    (contiguous, about equal tokens), and chunk c holds the rows sub-batch c is the first
     to read (the shared negatives, read by every sub-batch, in chunk 0). Sub-batch c then
     reads only chunks <= c, and the forward runs sub-batch by sub-batch."""
 
@@ -119,23 +119,27 @@ def all_rows(batch: JaggedBatch, layout: RowLayout) -> torch.Tensor:
     return torch.cat(list(rows_by_use(batch, layout).values()))
 
 
-def sub_batch_bounds(new_rows: np.ndarray, chunks: int) -> np.ndarray:
+def sub_batch_bounds(weights: np.ndarray, chunks: int) -> np.ndarray:
     """(chunks + 1) sample bounds cutting a rank's samples into `chunks` contiguous
-    sub-batches whose chunks carry about equal rows (sub-batch c: samples
-    bounds[c]..bounds[c+1]), none empty; with fewer samples than chunks, one sample each
-    and the empty ones last. `new_rows[i]`: the rows sample i is the first to read (the
-    shared negatives count in sample 0).
+    sub-batches of about equal weight (sub-batch c: samples bounds[c]..bounds[c+1]), none
+    empty; with fewer samples than chunks, one sample each and the empty ones last.
+    `weights[i]`: sample i's tokens (what the trainer cuts by).
 
-    Why rows, not tokens: chunk c holds the rows sub-batch c is the first to read, so with
-    equal tokens chunk 0 (the negatives, the popular items: a third of the rows at 4
-    chunks on `medium`) is the largest, and it is the one on the step's critical path at
-    both ends (its gradients leave last; the next step's forward waits for it). Cut by
-    rows, sub-batch 0 holds fewer tokens and every chunk about 1/chunks of the bytes."""
-    b, arange = new_rows.size, np.arange(chunks + 1)
+    Why tokens: chunk c holds the rows sub-batch c is the first to read, so chunk 0 (the
+    shared negatives, the popular items) is the largest, and it is on the step's critical
+    path at both ends. A cut at equal rows would shrink it, but it starves sub-batch 0,
+    whose backward makes every dense gradient and hides the dense all-reduce: on short
+    histories, where the negatives are much of the rows, that cost more than it saved
+    (docs/simulation.md, "How sub-batches are cut")."""
+    b, arange = weights.size, np.arange(chunks + 1)
     if b <= chunks:
         return np.minimum(arange, b)
-    starts = np.cumsum(new_rows) - new_rows  # rows first read before each sample
-    bounds = np.searchsorted(starts, int(new_rows.sum()) * arange / chunks, side="left")
+    # Each bound at the sample boundary nearest its target (unbiased: the sample that
+    # straddles a target goes to the side it mostly lies on).
+    ends = np.concatenate([[0], np.cumsum(weights)])  # weight before sample i, i = 0..b
+    targets = ends[-1] * arange / chunks
+    above = np.clip(np.searchsorted(ends, targets, side="left"), 1, b)
+    bounds = np.where(ends[above] - targets < targets - ends[above - 1], above, above - 1)
     bounds[0], bounds[-1] = 0, b
     # At least one sample each: strictly increasing bounds.
     bounds = np.clip(bounds, arange, b - chunks + arange)
@@ -144,10 +148,11 @@ def sub_batch_bounds(new_rows: np.ndarray, chunks: int) -> np.ndarray:
 
 def expected_sub_batches(workload, n: int, chunks: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(each sub-batch's share of a rank's tokens, each chunk's share of its rows), in
-    expectation: `sub_batch_bounds`' cut, whole samples and all, on the workload's expected
-    lengths and popularity at its share of the global batch (deterministic: the
-    simulator's compute and exchange shares, fsbench.scaling.simulate). Rows as the
-    simulator counts them (sim_costs.unique_rows): the shared negatives first, then each
+    expectation: `sub_batch_bounds`' cut at equal tokens, in whole samples, on the
+    workload's expected lengths and popularity at its share of the global batch
+    (deterministic: the simulator's compute and exchange shares, fsbench.scaling.simulate).
+    A chunk's rows: those its sub-batch is the first to read, counted as the simulator
+    counts rows (sim_costs.unique_rows): the shared negatives first (chunk 0's), then each
     token's and sample's draws, one user and context row a sample."""
     from fsbench.scaling.sim_costs import expected_distinct, expected_tokens
     from fsbench.specs import parse_popularity
@@ -157,20 +162,12 @@ def expected_sub_batches(workload, n: int, chunks: int) -> tuple[tuple[float, ..
     w = workload
     s, samples = float(parse_popularity(w.popularity).s), w.global_batch_size / n
     per_sample = expected_tokens(w) / n + samples  # item draws past the negatives
-    grid = np.linspace(0.0, 1.0, 2049)  # the share of the samples read so far
-    rows = (expected_distinct(w.negatives_per_step + grid * per_sample, w.item_vocab, s)
-            + grid * samples * (1 + len(w.context_vocabs)))
-    cuts = np.interp(rows[-1] * np.arange(chunks + 1) / chunks, rows, grid)
     # In whole samples, at least one each (the empty ones last), as the trainer cuts.
     b, arange = max(int(round(samples)), 1), np.arange(chunks + 1)
-    if b <= chunks:
-        bounds = np.minimum(arange, b)
-    else:
-        bounds = np.clip(np.rint(cuts * b).astype(np.int64), arange, b - chunks + arange)
-        bounds = np.maximum.accumulate(bounds - arange) + arange
-        bounds[0], bounds[-1] = 0, b
-    at = bounds / b
-    read = np.interp(at, grid, rows)
+    bounds = np.minimum(arange, b) if b <= chunks else sub_batch_bounds(np.ones(b), chunks)
+    at = bounds / b  # the share of the samples (and, in expectation, tokens) read so far
+    read = (expected_distinct(w.negatives_per_step + at * per_sample, w.item_vocab, s)
+            + at * samples * (1 + len(w.context_vocabs)))
     read[0] = 0.0  # the negatives are read, by sub-batch 0
     return (tuple(float(x) for x in np.diff(at)),
             tuple(float(x) for x in np.diff(read) / read[-1]))
@@ -195,10 +192,10 @@ def build_request(batch: JaggedBatch, layout: RowLayout, chunks: int) -> Request
     uniq, inverse = np.unique(flat, return_inverse=True)
     n_uniq = uniq.size
     inv = torch.from_numpy(inverse)
-    # Each unique row's first reader; the sub-batches cut at equal rows first read.
+    # Each unique row's first reader; the sub-batches cut at equal tokens.
     first_sample = torch.full((n_uniq,), max(b - 1, 0), dtype=torch.int64).scatter_reduce_(
         0, inv, torch.from_numpy(sample_of_id), reduce="amin").numpy()
-    bounds = sub_batch_bounds(np.bincount(first_sample, minlength=b)[:b], chunks)
+    bounds = sub_batch_bounds(lengths, chunks)
     token_bounds = np.concatenate([[0], np.cumsum(lengths)])[bounds]
     sub_of_sample = np.repeat(np.arange(chunks), np.diff(bounds))
     # Each unique row's chunk: the sub-batch of its first reader (sub-batch 0 for the

@@ -78,9 +78,8 @@ def sharded_step_program(exchange: str, chunks: int, routing: str, transport: st
     exchanged (the requests' counts and ids travel over the steps before); transport
     collective | sm_free | sm_free_nodes (sm_free beyond one node). `cut`: (each
     sub-batch's share of the forward and backward, each chunk's share of the rows), as the
-    trainer cuts them (exchange_plan.expected_sub_batches: about equal rows a chunk, so
-    sub-batch 0, which reads the negatives and the popular items first, computes less);
-    None: equal."""
+    trainer cuts them (exchange_plan.expected_sub_batches: about equal tokens, so chunk 0,
+    which holds the negatives and the popular items, is the largest); None: equal."""
     chunks = 1 if exchange == "blocking" else chunks
     if cut is None or len(cut[0]) != chunks:
         cut = ((1 / chunks,) * chunks, (1 / chunks,) * chunks)

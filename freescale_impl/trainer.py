@@ -195,8 +195,8 @@ class FreeScaleTrainer(DataParallelTrainer):
             transport = opts.transport  # sm_free beyond a node splits each exchange by node
             if transport == "sm_free" and world_size > gpus_per_node:
                 transport = "sm_free_nodes"
-            # The sub-batches and chunks as the trainer cuts them (equal rows a chunk, in
-            # whole samples), in expectation on the workload; without one, equal.
+            # The sub-batches and chunks as the trainer cuts them (equal tokens, in whole
+            # samples; chunk 0 the largest), in expectation on the workload; without one, equal.
             cut = (expected_sub_batches(workload, world_size, chunks)
                    if workload is not None and exchange != "blocking" else None)
             return sharded_step_program(exchange, chunks, routing, transport, buckets,

@@ -290,26 +290,19 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str,
 
 
 WHY_IT_MOVED = (
-    "Why it moved (against `afaab1e`): FreeScale's sub-batches are cut at equal rows first "
-    "read, and the simulator books that cut. Chunk c of the exchange holds the rows sub-batch c "
-    "is the first to read, so chunk 0 also holds the shared negatives and the popular items. "
-    "The trainer cut at equal tokens, which made chunk 0 the largest (about a third of a rank's "
-    "rows at 4 chunks on `medium`), while the simulator booked every chunk and sub-batch at 1/C: "
-    "it under-costed the chunk on the step's critical path (its gradients leave last; the next "
-    "forward waits for its fresh rows). Now the trainer cuts so that every chunk carries about "
-    "1/C of the rows (sub-batch 0 then computes less), and the simulator books each sub-batch's "
-    "compute and each chunk's rows as that cut gives them in expectation "
+    "Why it moved (against `afaab1e`): the simulator books FreeScale's sub-batches and chunks "
+    "as the trainer cuts them. Chunk c of the exchange holds the rows sub-batch c is the first "
+    "to read, so chunk 0 also holds the shared negatives and the popular items: with the "
+    "trainer's cut at equal tokens it carries about a third of a rank's rows at 4 chunks, "
+    "while the simulator booked every chunk at 1/C and so under-costed the chunk on the "
+    "step's critical path (its gradients leave last; the next forward waits for its fresh "
+    "rows). Each chunk's rows now come from that cut in expectation "
     "(`freescale_impl.exchange_plan.expected_sub_batches`, held against the trainer's cut on "
     "real-shaped batches). Only configurations with more than one chunk move; the sharded "
-    "baseline and ddp do not. On `medium-short` (short histories: the negatives are a large "
-    "part of a rank's rows) FreeScale moves the wrong way: sub-batch 0 then holds a few "
-    "samples, and the dense buckets, all made in its backward, have almost nothing to hide "
-    "under. There one chunk beats the rule's count under either cut (docs/simulation.md, "
-    "\"Sub-batches cut at equal rows\"): the chunk rule weighs the links alone, not that "
-    "window; not yet built. The input stage's plan and routing ran on one pinned core with "
-    "one torch thread (`OMP_NUM_THREADS=1 taskset -c 1`), as before, but beside other work on "
-    "the other core for its first minutes (plan time at 256 GPUs on `medium` 2.1 ms against "
-    "1.8 before: the step-alone columns do not read it).\n")
+    "baseline and ddp do not. A cut at equal rows, built and simulated, won a point or two on "
+    "long histories and lost ten on `medium-short` (docs/simulation.md, \"How sub-batches are "
+    "cut\"); the trainer keeps equal tokens. The input stage's plan and routing ran on one "
+    "pinned core with one torch thread (`OMP_NUM_THREADS=1 taskset -c 1`), as before.\n")
 """The last regeneration's reason, rendered under the before/after table: rewrite it with
 each regeneration that gives --before."""
 

@@ -1215,16 +1215,15 @@ def test_each_switch_alone_moves_the_projection_the_way_the_trainer_moves(switch
 
 
 def test_more_chunks_leave_the_dense_all_reduce_less_backward_to_hide_under():
-    """Every dense gradient is made in sub-batch 0's backward, a part of it that shrinks
-    with more chunks (sub-batch 0 is cut to equal rows, and reads the negatives first):
-    with the default buckets (4 MiB, `medium`'s 7 MiB in two), 4 chunks expose more at 64
-    GPUs than 2 (8 samples a GPU), the dense all-reduce's window shrinking by more than the
-    embedding chunks gain; with the dense part in one bucket after the backward (25 MiB)
-    the chunks gain it all (the switch test above)."""
+    """Every dense gradient is made in sub-batch 0's backward, 1/C of the backward with C
+    chunks: with the default buckets (4 MiB, `medium`'s 7 MiB in two), 4 chunks expose
+    more at 64 GPUs than 2 (4 samples a GPU: one a sub-batch), the dense all-reduce's
+    window shrinking by more than the embedding chunks gain; with the dense part in one
+    bucket after the backward (25 MiB) the chunks gain it all (the switch test above)."""
     options = {**SHARDED_OFF, "overlap": "on"}
 
     def exposed(chunks, mb=None):
-        run = RunConfig(workload=switch_workload(64, 8, mb), trainer="freescale", world_size=64,
+        run = RunConfig(workload=switch_workload(64, 4, mb), trainer="freescale", world_size=64,
                         trainer_options={**options, "chunks": chunks})
         return simulate_run(run, H100, ".", planner_time=False)[0]["exposed_comm_ratio"]
 
