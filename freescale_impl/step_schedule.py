@@ -81,8 +81,9 @@ def sharded_step_program(exchange: str, chunks: int, routing: str, transport: st
     trainer cuts them (exchange_plan.expected_sub_batches: about equal tokens, so chunk 0,
     which holds the negatives and the popular items, is the largest); None: equal."""
     chunks = 1 if exchange == "blocking" else chunks
-    if cut is None or len(cut[0]) != chunks:
+    if cut is None:
         cut = ((1 / chunks,) * chunks, (1 / chunks,) * chunks)
+    assert len(cut[0]) == len(cut[1]) == chunks, (cut, chunks)
     sub_shares, row_shares = cut
     priority = exchange == "prioritized"
     rows = "fresh_rows" if priority else "rows"

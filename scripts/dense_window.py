@@ -22,8 +22,9 @@ from fsbench.scaling.simulate import scaled_workload, simulate_run
 from fsbench.training.trainer import trainer_options
 from fsbench.workloads.presets import get_workload
 
+from paper_table import FULL  # noqa: E402  (scripts/, beside this one: FreeScale in full)
+
 HERE = Path(__file__).resolve().parent.parent
-FULL = {"balance": "on", "tables": "sharded", "overlap": "on", "priority": "on", "transport": "sm_free"}
 DENSE = "exposed_ms:ddp.allreduce"
 
 

@@ -55,6 +55,7 @@ def test_a_part_between_nodes_is_named_as_such():
 def test_the_dense_window_sweep_simulates_each_chunk_count(tmp_path, monkeypatch):
     """scripts/dense_window.py on a small point: one row per chunk count, each from its own
     simulation (the chunk count it asked for reaches the run), the baseline's kinds named."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # it imports paper_table beside it
     spec = importlib.util.spec_from_file_location("dense_window", ROOT / "scripts" / "dense_window.py")
     dw = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(dw)
