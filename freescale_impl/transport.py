@@ -72,7 +72,8 @@ class CollectiveTransport:
             # Completion is stamped by gloo's/NCCL's own thread, not when we wait: a
             # message that landed during compute was hidden even if we wait later.
             work.get_future().then(lambda _: flight.finish())
-        return Pending(name, output, work)
+        # The wait finishes it too, where the callback still waits for the GIL (Flight).
+        return Pending(name, output, work, finish=flight.waited)
 
     def close(self) -> None:
         """Nothing of its own to free: the group is its owner's."""

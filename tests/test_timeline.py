@@ -146,3 +146,45 @@ def test_profiled_steps_are_flagged_in_the_records(tmp_path):
     df = read_timelines(tmp_path)
     assert df.set_index("step")["profiled"].to_dict() == {0: False, 1: True}
     assert "profiled" not in (tmp_path / "rank-0.jsonl").read_text().splitlines()[0]
+
+
+def test_a_flight_ends_at_the_first_finish_and_is_recorded_once(tmp_path):
+    """The caller's wait and gloo's callback both finish a flight; the callback needs the
+    GIL and may get it a switch interval after the wait returned. The earlier stamp
+    stands, and the flight is one record however many finish it."""
+    tl = Timeline(tmp_path / "rank-0.jsonl", rank=0)
+    tl.begin_step(1, warmup=False)
+    flight = tl.in_flight("emb.fetch_c0")
+    flight.waited()  # the wait returned: done
+    waited_ns = now_ns()
+    time.sleep(0.02)
+    flight.finish()  # the late callback
+    tl.flush()
+    (rec,) = [json.loads(x) for x in (tmp_path / "rank-0.jsonl").read_text().splitlines()]
+    assert rec["kind"] == "flight" and rec["start_ns"] + rec["dur_ns"] <= waited_ns
+
+
+def test_the_collective_transports_wait_stamps_its_flight(monkeypatch, tmp_path):
+    """Where the collective's own callback never runs (here: a future never completed),
+    the wait alone ends the flight: the transport hands its Pending the flight's `waited`."""
+    import torch
+
+    from fsbench.measurement import timeline as timeline_module
+    from freescale_impl import transport
+
+    class Work:  # an issued collective whose completion callback has not run
+        def get_future(self):
+            return torch.futures.Future()
+
+        def wait(self):
+            return True
+
+    monkeypatch.setattr(transport.dist, "all_to_all_single", lambda *a, **k: Work())
+    tl = Timeline(tmp_path / "rank-0.jsonl", rank=0)
+    monkeypatch.setattr(timeline_module, "_current", tl)
+    tl.begin_step(1, warmup=False)
+    pending = transport.CollectiveTransport(group=None).all_to_all(torch.ones(2, 3), [2], [2], "emb.fetch_c0")
+    pending.wait()
+    tl.flush()
+    recs = [json.loads(x) for x in (tmp_path / "rank-0.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in recs if r["name"] == "emb.fetch_c0"] == ["flight"]

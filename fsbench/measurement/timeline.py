@@ -212,7 +212,11 @@ def gpu_flight(anchor_ns: int, start_to_anchor_ms: float, start_to_end_ms: float
 class Flight:
     """One collective in flight (see `Timeline.in_flight`); a no-op when disabled. Call
     `finish()` where the collective is complete as the caller's stream sees it: in its
-    future's callback (or after a synchronous call returns)."""
+    future's callback (or after a synchronous call returns). It may be called from more
+    than one place (the callback and the caller's wait): the first call records it. A
+    callback runs on the communication library's thread and needs the GIL, which it can
+    wait for past the caller's wait by a switch interval (5 ms): the wait's own call
+    stamps the end the caller saw (`waited`)."""
 
     __slots__ = ("timeline", "rec", "events")
 
@@ -234,8 +238,19 @@ class Flight:
             # collective: an event recorded on it completes when the collective does.
             self._end_on(None)
             return
-        self.rec["dur_ns"] = max(now_ns() - self.rec["start_ns"], 1)
-        self.timeline._append(self.rec)
+        end = now_ns()
+        with self.timeline._lock:  # two threads may finish it: the first one records
+            if self.rec["dur_ns"]:
+                return
+            self.rec["dur_ns"] = max(end - self.rec["start_ns"], 1)
+            self.timeline._buffer.append(self.rec)
+
+    def waited(self) -> None:
+        """The caller's wait for the collective returned. On the host that is its end, if
+        the callback has not stamped it yet; on CUDA the wait returns before the device is
+        done, and only the callback's event marks the end."""
+        if self.events is None:
+            self.finish()
 
     def finish_on(self, stream) -> None:
         """CUDA: the collective is the work queued on `stream` so far (a transport that
@@ -251,9 +266,11 @@ class Flight:
 
     def _end_on(self, stream) -> None:
         start, end = self.events
-        end.record(stream)  # None: the current stream
-        self.rec["dur_ns"] = -1  # finished; the duration is read at flush
         with self.timeline._lock:
+            if self.rec["dur_ns"]:
+                return
+            self.rec["dur_ns"] = -1  # finished; the duration is read at flush
+            end.record(stream)  # None: the current stream
             self.timeline._flights.append((self.rec, start, end))
 
 
