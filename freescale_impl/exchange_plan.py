@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from fsbench.models.sparse import ITEM, USER, context_table
+from fsbench.training.sub_batch_cut import sub_batch_bounds
 from fsbench.workloads.batch import JaggedBatch
 from freescale_impl.sharded_tables import RowLayout
 from freescale_impl.transport import Pending
@@ -117,33 +118,6 @@ def rows_by_use(batch: JaggedBatch, layout: RowLayout) -> dict[str, torch.Tensor
 
 def all_rows(batch: JaggedBatch, layout: RowLayout) -> torch.Tensor:
     return torch.cat(list(rows_by_use(batch, layout).values()))
-
-
-def sub_batch_bounds(weights: np.ndarray, chunks: int) -> np.ndarray:
-    """(chunks + 1) sample bounds cutting a rank's samples into `chunks` contiguous
-    sub-batches of about equal weight (sub-batch c: samples bounds[c]..bounds[c+1]), none
-    empty; with fewer samples than chunks, one sample each and the empty ones last.
-    `weights[i]`: sample i's tokens (what the trainer cuts by).
-
-    Why tokens: chunk c holds the rows sub-batch c is the first to read, so chunk 0 (the
-    shared negatives, the popular items) is the largest, and it is on the step's critical
-    path at both ends. A cut at equal rows would shrink it, but it starves sub-batch 0,
-    whose backward makes every dense gradient and hides the dense all-reduce: on short
-    histories, where the negatives are much of the rows, that cost more than it saved
-    (docs/simulation.md, "How sub-batches are cut")."""
-    b, arange = weights.size, np.arange(chunks + 1)
-    if b <= chunks:
-        return np.minimum(arange, b)
-    # Each bound at the sample boundary nearest its target (unbiased: the sample that
-    # straddles a target goes to the side it mostly lies on).
-    ends = np.concatenate([[0], np.cumsum(weights)])  # weight before sample i, i = 0..b
-    targets = ends[-1] * arange / chunks
-    above = np.clip(np.searchsorted(ends, targets, side="left"), 1, b)
-    bounds = np.where(ends[above] - targets < targets - ends[above - 1], above, above - 1)
-    bounds[0], bounds[-1] = 0, b
-    # At least one sample each: strictly increasing bounds.
-    bounds = np.clip(bounds, arange, b - chunks + arange)
-    return np.maximum.accumulate(bounds - arange) + arange
 
 
 def expected_sub_batches(workload, n: int, chunks: int) -> tuple[tuple[float, ...], tuple[float, ...]]:

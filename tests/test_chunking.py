@@ -1,8 +1,11 @@
-"""The embedding exchange's chunk count follows what one more chunk saves the forward
-against the link time it adds, on the all-to-all's cost at the world size
-(fsbench.scaling.chunking), one rule for the trainer and the simulator: fewer chunks where
-the collective's latency grows (many ranks), more where a chunk carries many bytes, and an
-asked count always wins."""
+"""The embedding exchange's chunk count, one rule for the trainer and the simulator. Where
+the step can be priced (a GPU cluster, or this machine's fits), the count whose step,
+replayed at each count, is shortest (fsbench.scaling.chunk_replay): fewer chunks where
+each sub-batch's pass is launch-bound, more where compute dwarfs the launches and the
+links. Else what one more chunk saves the forward against the link time it adds, on the
+all-to-all's cost at the world size (fsbench.scaling.chunking): fewer chunks where the
+collective's latency grows (many ranks), more where a chunk carries many bytes. An asked
+count always wins."""
 import dataclasses
 import json
 
@@ -105,7 +108,9 @@ def test_the_simulator_runs_the_count_the_rule_gives_at_each_world_size():
         summary, _ = simulate_run(run, H100, ".", profile=dataclasses.replace(profile, program=program),
                                   planner_time=False)
         expected = exchange_chunks(FreeScaleOptions.parse({}), w, n, "cuda", None)  # the trainer's
-        assert used == [expected.chunks] and summary["exchange_chunks"] == expected.chunks
+        # the rule replays the program at each count it tries; the step booked is the last
+        assert used[-1] == expected.chunks and summary["exchange_chunks"] == expected.chunks
+        assert expected.why == "replay" and used[:-1] == list(expected.predicted_ms)
         assert summary["exchange_chunks_why"] == expected.line()
         fetches = {op.comm.name for op in profile.program([Bucket(1.0, 1.0)], 8, used[0]).ops
                    if hasattr(op, "comm") and op.comm.name.startswith("emb.fetch_c")}
@@ -141,3 +146,47 @@ def test_a_missing_or_unknown_cost_model_is_a_one_line_error(tmp_path):
         trainer_options("freescale", {"chunk_cluster": "h200"})
     assert str(e.value) == ("freescale.chunk_cluster='h200' is not allowed; choose auto, h100, local "
                             "or a cluster file (.toml, .json)")
+
+
+def test_the_replayed_rule_takes_the_shortest_predicted_step_and_ties_to_fewer_chunks():
+    from fsbench.scaling.chunk_replay import COUNTS, TIE
+
+    for preset, n, per_rank in (("medium", 256, 128), ("large", 256, 128), ("medium", 8, 2)):
+        w = weak(preset, n, per_rank)
+        c = exchange_chunks(FreeScaleOptions.parse({}), w, n, "cuda", None)  # the h100 model
+        assert c.why == "replay" and c.model == "h100"
+        assert list(c.predicted_ms) == [k for k in COUNTS if k <= per_rank]  # whole samples
+        best = min(c.predicted_ms.values())
+        assert c.predicted_ms[c.chunks] <= best * (1 + TIE)
+        assert all(ms > best * (1 + TIE) for k, ms in c.predicted_ms.items() if k < c.chunks)
+        assert f"chunks={c.chunks} (replay on h100 at {n} ranks" in c.line()
+
+
+def test_launch_bound_passes_get_one_chunk_and_long_compute_gets_many():
+    """Each sub-batch is a pass that launches every layer again: `medium` at 32 samples a
+    GPU computes less than its launches, so one chunk; `large` at 128 computes hundreds of
+    milliseconds a step, against a few of exchange: more chunks than the links' rule caps."""
+    opts = FreeScaleOptions.parse({})
+    assert exchange_chunks(opts, weak("medium", 256, 32), 256, "cuda", None).chunks == 1
+    assert exchange_chunks(opts, weak("large", 256, 128), 256, "cuda", None).chunks > CAP
+
+
+def test_the_predicted_step_is_the_simulated_one_within_a_tenth():
+    """The rule's estimate (a mean rank's encoder, expected payloads) against the
+    simulator's booking of the same step (sampled batches, the balanced plan's slowest
+    rank): the same program on the same costs, so within 10% on both sides of the
+    launch-bound regime."""
+    for preset, per_rank in (("medium", 128), ("large", 32)):
+        w = dataclasses.replace(weak(preset, 256, per_rank), steps=6, warmup=2)
+        run = RunConfig(workload=w, trainer="freescale", world_size=256,
+                        trainer_options=trainer_options("freescale", {}))
+        summary, rows = simulate_run(run, H100, ".", planner_time=False)
+        chosen = exchange_chunks(FreeScaleOptions.parse({}), w, 256, "cuda", None)
+        simulated = sum(r["step_time_ms"] for r in rows[w.warmup:]) / (w.steps - w.warmup)
+        assert summary["exchange_chunks"] == chosen.chunks
+        assert chosen.predicted_ms[chosen.chunks] == pytest.approx(simulated, rel=0.10), (preset, simulated)
+
+
+def test_on_cpu_without_fits_the_links_rule_stays(tmp_path):
+    c = exchange_chunks(FreeScaleOptions.parse({}), get_workload("small"), 2, "cpu", tmp_path)
+    assert c.why == "rule" and c.model == GLOO_DEFAULT

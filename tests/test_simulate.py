@@ -13,6 +13,7 @@ from fsbench.config import RunConfig
 from fsbench.scaling.sim_inputs import CLUSTERS, SimProfile
 from fsbench.scaling.sim_costs import Costs
 from fsbench.scaling.simulate import profile_of, simulate_run
+from fsbench.training.step_program import Bucket
 from fsbench.running.store import load_runs
 from fsbench.workloads.generator import SyntheticBatches
 from fsbench.workloads.presets import get_workload
@@ -1170,6 +1171,7 @@ def test_the_planner_plans_with_its_predicted_costs_and_the_cluster_books_the_tr
 # also shrink the window the dense all-reduce hides under (the test after this one);
 # the SM-free transport (inside a node: it refuses across nodes) adds its two barriers
 # an exchange.
+NO_LAUNCHES = dataclasses.replace(H100, name="no-launches", layer_overhead_ms=0.0)
 SHARDED_OFF = {"tables": "sharded", "balance": "off", "overlap": "off", "priority": "off",
                "transport": "collective", "chunks": "4"}
 SWITCHES = [
@@ -1202,9 +1204,13 @@ def test_each_switch_alone_moves_the_projection_the_way_the_trainer_moves(switch
     per_gpu = 16 if switch in ("priority", "chunks") else 4
     w = switch_workload(gpus, per_gpu, dense_bucket_mb=25.0 if switch == "chunks" else None)
 
+    # The SM-free transport's barriers alone: without launches, whose gaps (4 launch-bound
+    # passes a step here, tests/test_simulated_schedule.py) would hide them.
+    cluster = NO_LAUNCHES if switch == "transport" else H100
+
     def run(options):  # the step's model alone: no input stage timed on this CPU
         return simulate_run(RunConfig(workload=w, trainer="freescale", world_size=gpus,
-                                      trainer_options=options), H100, ".", planner_time=False)[0]
+                                      trainer_options=options), cluster, ".", planner_time=False)[0]
     before, after = run(base)[moved], run({**base, switch: on})[moved]
     if way == "lower":
         assert after < before * 0.995, (switch, before, after)
@@ -1216,19 +1222,24 @@ def test_each_switch_alone_moves_the_projection_the_way_the_trainer_moves(switch
 
 def test_more_chunks_leave_the_dense_all_reduce_less_backward_to_hide_under():
     """Every dense gradient is made in sub-batch 0's backward, 1/C of the backward with C
-    chunks: with the default buckets (4 MiB, `medium`'s 7 MiB in two), 4 chunks expose
-    more at 64 GPUs than 2 (4 samples a GPU: one a sub-batch), the dense all-reduce's
-    window shrinking by more than the embedding chunks gain; with the dense part in one
-    bucket after the backward (25 MiB) the chunks gain it all (the switch test above)."""
-    options = {**SHARDED_OFF, "overlap": "on"}
+    chunks (freescale_impl.step_schedule): FreeScale's program replayed on fixed times (a
+    2 ms backward, buckets ready half-way and at the end, each all-reduce 0.8 ms, the
+    exchanges free) exposes more of the dense all-reduce the more chunks it has."""
+    from fsbench.scaling.step_engine import replay
 
-    def exposed(chunks, mb=None):
-        run = RunConfig(workload=switch_workload(64, 4, mb), trainer="freescale", world_size=64,
-                        trainer_options={**options, "chunks": chunks})
-        return simulate_run(run, H100, ".", planner_time=False)[0]["exposed_comm_ratio"]
+    profile = profile_of("freescale", {**SHARDED_OFF, "overlap": "on"}, 64)
+    buckets = [Bucket(4.0, 0.5), Bucket(3.0, 1.0)]
 
-    assert exposed("4") > exposed("2") * 1.05
-    assert exposed("4", 25.0) < exposed("2", 25.0)
+    def dense_exposed(chunks: int) -> float:
+        program = profile.program(buckets, 8, chunks)
+        ran = replay(program, lambda comm: 0.8 if comm.payload == "dense_grads" else 0.0,
+                     {"forward": 1.0, "backward": 2.0})
+        return sum(ms for name, ms in ran.exposed_by.items() if name.startswith("ddp.allreduce"))
+
+    one, two, four = dense_exposed(1), dense_exposed(2), dense_exposed(4)
+    # one chunk: the first bucket hides under the backward's second half, the last is exposed
+    assert one == pytest.approx(0.8, abs=1e-9)
+    assert one < two < four
 
 
 def test_a_planner_slower_than_the_step_is_input_stall():

@@ -16,6 +16,7 @@ from fsbench.training.trainer import trainer_options
 from fsbench.workloads.presets import get_workload
 
 H100 = CLUSTERS["h100"]
+NO_LAUNCHES = dataclasses.replace(H100, name="no-launches", layer_overhead_ms=0.0)
 SHARDED = {"balance": "off", "tables": "sharded", "overlap": "on", "priority": "off",
            "transport": "collective"}
 
@@ -47,7 +48,8 @@ def test_sm_free_beyond_a_node_splits_each_exchange_and_its_capped_ctas_take_few
 
 
 def test_each_chunk_pays_its_own_latency_and_the_forward_starts_on_the_first():
-    one, four = steps_of(run_at(256, chunks="1")), steps_of(run_at(256, chunks="4"))
+    # The exchange alone: launches (each sub-batch's pass repeats them) held out, below.
+    one, four = (steps_of(run_at(256, chunks=c), NO_LAUNCHES) for c in ("1", "4"))
     for a, b in zip(one, four):
         # forward rows and backward gradients, 3 more all-to-alls each: their fixed cost
         # at 256 ranks at least (alpha) on the link, whatever the chunks' sizes
@@ -172,3 +174,23 @@ def test_smaller_dense_buckets_leave_a_smaller_last_bucket_after_the_backward():
     coarse = dataclasses.replace(run, workload=dataclasses.replace(run.workload, dense_bucket_mb=25.0))
     for a, b in zip(steps_of(coarse), steps_of(run)):
         assert b["exposed_comm_ms"] < a["exposed_comm_ms"]
+
+
+def test_each_sub_batch_is_a_pass_that_launches_every_layer_again():
+    """A sub-batch is a pass of the encoder: 4 chunks launch every layer 4 times. The host
+    launches ahead, so a pass takes the longer of its kernels and its launches; the
+    kernels (busy) are the same however the samples are cut, and a launch-bound pass's gap
+    is idle, not busy (ARCHITECTURE: busy is compute kernels)."""
+    # no slowdown of compute by communication on SMs: busy is the kernels alone
+    launching = dataclasses.replace(H100, sm_slowdown=0.0)
+    quiet = dataclasses.replace(launching, layer_overhead_ms=0.0)
+    launch = H100.layer_overhead_ms * get_workload("medium").model.num_layers
+    one, four = (steps_of(run_at(256, chunks=c), launching) for c in ("1", "4"))
+    held_out = steps_of(run_at(256, chunks="4"), quiet)
+    for a, b, c in zip(one, four, held_out):
+        assert b["busy_max_ms"] == pytest.approx(c["busy_max_ms"], rel=1e-9)  # launches: never busy
+        assert b["busy_max_ms"] == pytest.approx(a["busy_max_ms"], rel=1e-9)  # the same kernels
+        # 32 samples a GPU of `medium`: a rank's kernels take less than one pass's
+        # launches, so four passes take four launches at least, and one pass one
+        assert c["busy_max_ms"] < launch
+        assert b["step_time_ms"] >= 4 * launch > a["step_time_ms"] >= launch

@@ -57,7 +57,8 @@ class ChunkChoice:
     simulated summary)."""
     chunks: int
     why: str
-    """rule | asked (freescale.chunks=N) | blocking (one exchange before the forward) |
+    """replay (the shortest replayed step: fsbench.scaling.chunk_replay) | rule (the links
+    alone, where no encoder cost is known) | asked (freescale.chunks=N) | blocking (one exchange before the forward) |
     one rank (nothing crosses a link) | rank 0's (a rank whose rule gave another count
     takes rank 0's)"""
     world_size: int
@@ -69,12 +70,18 @@ class ChunkChoice:
     """That chunk's fixed cost."""
     transfer_us: float | None = None
     """That chunk's time at the all-to-all's bandwidth."""
+    predicted_ms: dict | None = None
+    """`replay`: each tried count's predicted step (fsbench.scaling.chunk_replay)."""
 
     def record(self) -> dict:
         return dataclasses.asdict(self)
 
     def line(self) -> str:
         """One line for logs and tables: 'chunks=2 (rule on h100 at 256 ranks: ...)'."""
+        if self.why == "replay":
+            steps = ", ".join(f"{c}: {ms:.4g}" for c, ms in self.predicted_ms.items())
+            return (f"chunks={self.chunks} (replay on {self.model} at {self.world_size} ranks, "
+                    f"predicted step ms by count {steps})")
         if self.why != "rule":
             return f"chunks={self.chunks} ({self.why})"
         return f"chunks={self.chunks} (rule on {self.model} at {self.world_size} ranks: {self.figures()})"
@@ -90,16 +97,23 @@ class ChunkChoice:
 
 
 def choose_chunks(workload: WorkloadConfig, n: int, a2a_ms: A2aMs | None, model: str | None,
-                  asked: int = 0, blocking: bool = False) -> ChunkChoice:
+                  asked: int = 0, blocking: bool = False, estimate=None) -> ChunkChoice:
     """The chunk count of `workload`'s embedding exchange on n ranks: `asked` where > 0
-    (freescale.chunks=N wins), 1 for the blocking exchange and on one rank, else the
-    module's rule on `a2a_ms` (the all-to-all's cost model, named `model`)."""
+    (freescale.chunks=N wins), 1 for the blocking exchange and on one rank; else, with an
+    `estimate` of the step (fsbench.scaling.chunk_replay.StepEstimate), the count whose
+    replayed step is shortest; else the module's rule on `a2a_ms` (the all-to-all's cost
+    model, named `model`)."""
     if blocking:
         return ChunkChoice(1, "blocking", n)
     if asked > 0:
         return ChunkChoice(asked, "asked", n)
     if n <= 1:
         return ChunkChoice(1, "one rank", n)
+    if estimate is not None:
+        from fsbench.scaling.chunk_replay import choose_by_replay
+
+        chosen, predicted = choose_by_replay(workload, n, estimate)
+        return ChunkChoice(chosen, "replay", n, estimate.name or model, predicted_ms=predicted)
     from fsbench.scaling.sim_costs import expected_exchange_bytes
 
     total = expected_exchange_bytes(workload, n)

@@ -5,6 +5,7 @@ distinct and of freshly updated embedding rows under the workload's Zipf popular
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 
 import numpy as np
@@ -130,11 +131,31 @@ class Costs:
         return self.fit.batch_extra_ms(lengths) if self.fit is not None else 0.0
 
     def launch_ms(self) -> float:
-        """A GPU cluster's launches per step (`layer_overhead_ms` per layer), where no
-        encoder fit measured them (its batch terms hold them); `local`: 0 (in its fit)."""
+        """A GPU cluster's launches for one pass of the encoder, forward and backward
+        (`layer_overhead_ms` per layer), where no encoder fit measured them (its batch
+        terms hold them); `local`: 0 (in its fit)."""
         if self.fit is not None:
             return 0.0
         return self.cluster.layer_overhead_ms * self.workload.model.num_layers
+
+    def encoder_passes(self, sample_ms: np.ndarray, lengths: np.ndarray, passes: int) -> tuple[float, float]:
+        """(kernel ms, device ms) of a rank's encoder over its samples (`sample_ms` each,
+        `lengths` their tokens) in `passes` sub-batches cut as the trainer cuts them
+        (fsbench.training.sub_batch_cut; an empty one beyond the first runs nothing). Each
+        pass pays its batch terms (a fit's: busy, as measured) and its launches: the host
+        launches ahead of the device, so a pass takes the longer of its kernels and its
+        launches, and the difference is a launch gap, idle (ARCHITECTURE: busy is compute
+        kernels). Sub-batches multiply passes: four of them launch every layer four times."""
+        from fsbench.training.sub_batch_cut import sub_batch_bounds
+
+        bounds = sub_batch_bounds(lengths, passes) if passes > 1 else np.array([0, len(lengths)])
+        launch, kernels, device = self.launch_ms(), 0.0, 0.0
+        for c, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+            if c and b == a:
+                continue
+            k = float(sample_ms[a:b].sum()) + self.batch_extra_ms(lengths[a:b])
+            kernels, device = kernels + k, device + max(k, launch)
+        return kernels, device
 
     def table_corun_factor(self, world_size: int) -> float:
         """`local`: the table work's own co-run slowdown (memory-bound; the encoder's
@@ -266,6 +287,33 @@ def expected_exchange_bytes(w: WorkloadConfig, n: int) -> float:
     draws = np.array([expected_tokens(w) / n + samples + w.negatives_per_step])
     rows = unique_rows(w, draws, np.array([samples]), float(parse_popularity(w.popularity).s))
     return float(rows[0]) * 4.0 * w.model.row_dim
+
+
+def expected_payloads(w: WorkloadConfig, n: int, chunks: int) -> dict[str, float]:
+    """step_payloads for a rank with its share of the global batch at the workload's
+    expected lengths, in a steady step (the step before drew as many): deterministic, so
+    that the trainer's chunk rule and the simulator's compute the same
+    (fsbench.scaling.chunk_replay)."""
+    from fsbench.specs import parse_popularity
+
+    s = float(parse_popularity(w.popularity).s)
+    samples, tokens = w.global_batch_size / n, expected_tokens(w) / n
+    draws = np.array([tokens + samples + w.negatives_per_step])
+    rows = unique_rows(w, draws, np.array([samples]), s)
+    prev_draws = expected_tokens(w) + w.global_batch_size + w.negatives_per_step
+    fresh = (expected_fresh(draws, w.item_vocab, s, prev_draws)
+             + samples * sum(-math.expm1(-w.global_batch_size / v) for v in (w.user_vocab, *w.context_vocabs)))
+    return step_payloads(w, n, chunks, rows, fresh, np.array([samples]), np.array([tokens]))
+
+
+def comm_bytes(comm, payloads: dict[str, float], dense_bytes: float, per_node: int, n: int) -> float:
+    """A rank's bytes of one collective of a step program (fsbench.training.step_program.Comm):
+    its share of its payload (`dense_grads`: the dense part's `dense_bytes`); an exchange
+    split by node (sm_free beyond one node) moves the node's peers' part of it over the copy
+    engines (`node`) and the other nodes' over NCCL (`nodes`)."""
+    part = {"all": 1.0, "node": min(1.0, per_node / n), "nodes": max(0.0, 1 - per_node / n)}
+    whole = dense_bytes if comm.payload == "dense_grads" else payloads[comm.payload]
+    return whole * comm.share * part[comm.scope]
 
 
 # Payloads by what they are: a sharded table's rows and gradients; a step's input routing

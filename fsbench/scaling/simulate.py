@@ -99,9 +99,10 @@ from fsbench.config import RunConfig, WorkloadConfig
 from fsbench.scaling.ddp_buckets import step_buckets
 from fsbench.errors import ConfigError
 from fsbench.measurement.metrics import rank_causes
+from fsbench.scaling.chunk_replay import StepEstimate
 from fsbench.scaling.chunking import choose_chunks
 from fsbench.scaling.sim_costs import (INPUT_PAYLOADS, OVERHEAD_KEYS, ROW_PAYLOADS, SAMPLE_PAYLOADS, Costs,
-                                      expected_fresh, expected_tokens, step_payloads,
+                                      comm_bytes as shared_comm_bytes, expected_fresh, expected_tokens, step_payloads,
                                       unique_rows, worker_preemption_ms)
 from fsbench.scaling.step_engine import replay
 from fsbench.scaling.sim_inputs import Cluster, PlanInputs, SimProfile, contiguous_plan
@@ -171,10 +172,18 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                 else PlanInputs(w, None, "cuda", fit=costs_model.fit))
     # The row exchange's chunks: as asked, else the trainer's rule (fsbench.scaling.chunking)
     # on this cluster's all-to-all, so the routing and the program are the trainer's there.
+    # With the trainer's program replayed on this cluster's costs (chunk_replay), as the
+    # trainer replays it on the cluster it is told it runs on.
+    per_node = cluster.gpus_per_node if cluster.compute != "fit" else n  # `local`: one host
+    sync_ms = cluster.host_sync_s * 1e3 if cluster.compute != "fit" else 0.0
+    estimate = StepEstimate(lambda k: prof.program(ready_buckets, per_node, k, w), costs_model, per_node,
+                            tuple(buckets), sync_ms, cluster.name)
     chunking = None if prof.exchange == "none" else choose_chunks(
         w, n, lambda k, nbytes: costs_model.collective_ms("all_to_all", k, nbytes), cluster.name,
-        asked=prof.chunks, blocking=prof.exchange == "blocking")
+        asked=prof.chunks, blocking=prof.exchange == "blocking", estimate=estimate)
     chunks = chunking.chunks if chunking else 1
+    # The encoder's passes a step: FreeScale's overlapped exchange runs a sub-batch a chunk.
+    passes = chunks if prof.exchange in ("overlapped", "prioritized") else 1
     # The trainer plans with its own predicted costs; the cluster's costs are booked.
     # Its planning is the input stage's work at the simulated size, timed on this
     # machine's CPU: the first window is planned once more untimed (compiling the planner
@@ -219,7 +228,6 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # The previous step's global item draws (negatives shared by all ranks) and samples:
     # the rows it updated, which the prioritized exchange cannot send before its update.
     prev = None
-    per_node = cluster.gpus_per_node if cluster.compute != "fit" else n  # `local`: one host
     program = prof.program(ready_buckets, per_node, chunks, w)
     carry = carry_alone = None  # what each step leaves in flight for the next
     rows = []
@@ -227,14 +235,15 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
         costs = [costs_model.sample_ms(L) for L in lengths]  # alone on a core
         all_lengths, all_costs = np.concatenate(lengths), np.concatenate(costs)
         for k, owners in zip(window, plans):
-            enc = np.array([all_costs[idx].sum() + costs_model.batch_extra_ms(all_lengths[idx])
-                            for idx in owners])
-            launch = costs_model.launch_ms()
+            # Each rank's encoder pass by pass (FreeScale's sub-batches: one pass each):
+            # its kernels (busy) and the device's time, launch gaps included (idle).
+            enc, enc_device = np.array([costs_model.encoder_passes(all_costs[idx], all_lengths[idx], passes)
+                                        for idx in owners]).T
             # Communication hides under the encoder's forward and backward only; the
             # overhead (input, Python, row gathering) comes before them.
-            model_ms = enc * enc_wall + launch
+            model_ms = enc_device * enc_wall
             c = model_ms + over_wall  # each rank's wall until its gradients
-            busy = enc * enc_busy + launch + over["busy_ms"] * corun
+            busy = enc * enc_busy + over["busy_ms"] * corun
             cpu = (0.0 if emulated else enc * corun) + over["cpu_ms"] * corun
             tokens = np.array([all_lengths[idx].sum() for idx in owners], dtype=np.float64)
             samples = np.array([len(idx) for idx in owners], dtype=np.float64)
@@ -254,11 +263,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             t_last = costs_model.collective_ms("all_reduce", n, buckets[-1]) if buckets else 0.0
 
             def comm_bytes(comm) -> float:
-                # An exchange split by node (sm_free beyond one node): the node's peers' share
-                # of the rows, and the other nodes'.
-                part = {"all": 1.0, "node": min(1.0, per_node / n), "nodes": max(0.0, 1 - per_node / n)}
-                whole = sum(buckets) if comm.payload == "dense_grads" else payload[comm.payload]
-                return whole * comm.share * part[comm.scope]
+                return shared_comm_bytes(comm, payload, sum(buckets), per_node, n)
 
             def cost(comm) -> float:
                 if comm.payload == "dense_grads" and not gpu_hosts:
@@ -277,7 +282,6 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             # it hides under its forward, backward and table step, and what it waits for.
             phases = {"forward": float(model_ms.min()) / 3, "backward": 2 * float(model_ms.min()) / 3,
                       "table_update": 0.0, "optimizer": 0.0}
-            sync_ms = cluster.host_sync_s * 1e3 if gpu_hosts else 0.0
             ran = replay(program, cost, phases, sync_ms, carry)
             alone = replay(program, cost, phases, sync_ms, carry_alone, shared_link=False)
             carry, carry_alone = ran.carry, alone.carry
