@@ -1,9 +1,10 @@
-"""The chunk counts FreeScale's embedding exchange takes on a cluster model
-(fsbench.scaling.chunking, the rule the trainer and the simulator share), per workload
+"""The chunk counts FreeScale's embedding exchange takes on a cluster model, per workload
 preset and world size: at 128 samples a GPU (the paper table's weak scaling) and at the
-preset's own global batch. Each cell: the count, then a chunk's bytes, its transfer and its
-fixed cost (at one chunk where even one is latency-bound). Deterministic: nothing here is
-timed.
+preset's own global batch. Each cell: the count FreeScale in full takes (its step program
+replayed at each count on the cluster's costs, fsbench.scaling.chunk_replay: the rule the
+trainer and the simulator share), its predicted step against one chunk's, and the count
+the links alone would give (fsbench.scaling.chunking's rule, where no encoder cost is
+known). Deterministic: nothing here is timed.
 
     python scripts/chunk_counts.py [--cluster h100] [--out results/chunk_counts_h100.md]
 """
@@ -13,10 +14,14 @@ import argparse
 import subprocess
 from pathlib import Path
 
-from fsbench.scaling.chunking import CAP, MARGIN, a2a_model, choose_chunks
+from fsbench.scaling.chunk_replay import COUNTS, TIE
+from fsbench.scaling.chunking import CAP, a2a_model, choose_chunks
 from fsbench.scaling.simulate import scaled_workload
 from fsbench.table import grid
 from fsbench.workloads.presets import get_workload
+from freescale_impl.trainer import FreeScaleOptions, exchange_chunks
+
+from paper_table import FULL  # noqa: E402  (scripts/, beside this one: FreeScale in full)
 
 WORKLOADS = ("medium", "large", "comm-heavy", "small")
 WORLD_SIZES = (2, 8, 64, 256, 1024)
@@ -25,9 +30,12 @@ WORLD_SIZES = (2, 8, 64, 256, 1024)
 def cell(workload, n: int, a2a, name: str) -> str:
     if workload.global_batch_size < n:
         return "-"
-    c = choose_chunks(workload, n, a2a, name)
-    return (f"**{c.chunks}** ({c.chunk_bytes / 1e6:.3g} MB, {c.transfer_us:.3g} / "
-            f"{c.latency_us:.3g} us)").replace("e+03", "e3")
+    opts = FreeScaleOptions.parse({**FULL, "chunk_cluster": name})
+    c = exchange_chunks(opts, workload, n, "cuda", None)
+    links = choose_chunks(workload, n, a2a, name).chunks
+    if c.why != "replay":
+        return f"**{c.chunks}** ({c.why})"
+    return f"**{c.chunks}** ({c.predicted_ms[c.chunks]:.3g} ms; 1: {c.predicted_ms[1]:.3g}; links: {links})"
 
 
 def table(cluster: str) -> str:
@@ -53,10 +61,13 @@ def main() -> None:
     page = "\n".join([
         f"# Chunks of FreeScale's embedding exchange on `{args.cluster}`", "",
         f"`python scripts/chunk_counts.py --cluster {args.cluster}` at {commit or 'an unknown commit'}: "
-        f"the largest count up to {CAP} to which each more chunk saves the forward at least "
-        f"{MARGIN:g} x the link time it adds (fsbench/scaling/chunking.py; "
-        "docs/simulation.md#how-many-chunks). A cell: **count** (a chunk's bytes, its transfer "
-        "/ the rest of its time at that count); `-`: fewer samples than GPUs.", "",
+        f"FreeScale in full (its switches as in the paper table). A cell: **the count** whose "
+        f"replayed step is shortest among {', '.join(map(str, COUNTS))} (up to a rank's samples; "
+        f"within {TIE:.1%} of the shortest, the fewest), then its predicted step and one chunk's, "
+        f"ms, and the count the links' rule alone gives (at most {CAP}). Each sub-batch is a pass "
+        "of the encoder that launches every layer again, so where a pass's kernels take less "
+        "than its launches one chunk wins (fsbench/scaling/chunk_replay.py; "
+        "docs/simulation.md#how-many-chunks). `-`: fewer samples than GPUs.", "",
         table(args.cluster)])
     if args.out:
         args.out.write_text(page)

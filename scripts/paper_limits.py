@@ -45,15 +45,19 @@ def limits_section(df: pd.DataFrame, gpus: int = 256) -> list[str]:
              f"Its exposed communication (the share of its step blocked on a collective; target at "
              f"most {EXPOSED_TARGET:.0%} on `medium`) and its bubble reduction against the sharded "
              "baseline (targets: " + ", ".join(f"`{p}` {t:.1%}" for p, t in REDUCTION_TARGETS.items())
-             + "), with what the step waits for, ms a step on the fastest rank. Every dense "
-             "gradient is made in the last sub-batch's backward (1/C of it with C chunks), and "
-             "its last bucket can leave only when that backward ends, with nothing after it but "
-             "the table update to hide under; how much of the dense all-reduce a wider window "
+             + "), with what the step waits for, ms a step on the fastest rank, and its launch "
+             "gaps (other idle: each pass of the encoder launches every layer, `layer_overhead_ms` "
+             "per layer, ASSUMED; where a pass's kernels take less, the GPU idles the rest, in "
+             "FreeScale's step and the baseline's alike, and no exchange schedule removes it). "
+             "The chunk count is the trainer's replayed choice (each sub-batch is a pass). Every "
+             "dense gradient is made in the last sub-batch's backward (1/C of it with C chunks), "
+             "and its last bucket can leave only when that backward ends, with nothing after it "
+             "but the table update to hide under; how much of the dense all-reduce a wider window "
              "(fewer chunks) would hide is in results/dense_window_h100.md "
              "(scripts/dense_window.py). The next step's fresh rows leave only after the update "
              "they carry, and its forward waits for the first chunk of them.\n",
-             "| preset | batch/rank | step ms | exposed comm | reduction vs sharded (target) | exposed, by what it waits for (ms a step) |",
-             "|---|--:|--:|--:|--:|---|"]
+             "| preset | batch/rank | step ms | exposed comm | launch gaps | reduction vs sharded (target) | exposed, by what it waits for (ms a step) |",
+             "|---|--:|--:|--:|--:|--:|---|"]
     if "exposed_parts" not in df:
         return lines[:1] + ["(A CSV from before the exposure was split: regenerate the table.)\n"]
     at = df[(df["config"] == "freescale") & (df["gpus"] == gpus)]
@@ -66,6 +70,7 @@ def limits_section(df: pd.DataFrame, gpus: int = 256) -> list[str]:
         exposed = f"{100 * r['exposed_comm']:.1f}%"
         if r["preset"] == "medium":
             exposed += f" ({'met' if r['exposed_comm'] <= EXPOSED_TARGET else 'missed'})"
-        lines.append(f"| {r['preset']} | {r['batch_per_rank']} | {r['step_alone_ms']:.2f} | {exposed} | "
+        gaps = f"{100 * r['other_idle']:.1f}%" if "other_idle" in r and r["other_idle"] == r["other_idle"] else "n/a"
+        lines.append(f"| {r['preset']} | {r['batch_per_rank']} | {r['step_alone_ms']:.2f} | {exposed} | {gaps} | "
                      f"{100 * r['reduction_vs_sharded_alone']:.1f}%{reached} | {named or 'none'} |")
     return lines + [""]

@@ -102,7 +102,8 @@ def simulate_all(presets: list[str], steps: int, batches: tuple[int, ...] = BATC
         rows.append({"preset": preset, "batch_per_rank": batch, "gpus": n, "config": name,
                      "transport": sets.get("transport", ""),
                      "bubble": s["bubble_ratio"], "straggler": s["straggler_bubble_ratio"],
-                     "exposed_comm": s["exposed_comm_ratio"], "samples_per_s": s["samples_per_s"],
+                     "exposed_comm": s["exposed_comm_ratio"], "other_idle": s["other_idle_ratio"],
+                     "samples_per_s": s["samples_per_s"],
                      "bound": s["whole_sample_bound_bubble"],
                      "plan_ms": s["plan_ms_per_step"], "route_ms": s["route_ms_per_step"],
                      "route_extrapolated": s["route_extrapolated"], "step_ms": s["step_time_ms_median"],
@@ -290,19 +291,21 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str,
 
 
 WHY_IT_MOVED = (
-    "Why it moved (against `afaab1e`): the simulator books FreeScale's sub-batches and chunks "
-    "as the trainer cuts them. Chunk c of the exchange holds the rows sub-batch c is the first "
-    "to read, so chunk 0 also holds the shared negatives and the popular items: with the "
-    "trainer's cut at equal tokens it carries about a third of a rank's rows at 4 chunks, "
-    "while the simulator booked every chunk at 1/C and so under-costed the chunk on the "
-    "step's critical path (its gradients leave last; the next forward waits for its fresh "
-    "rows). Each chunk's rows now come from that cut in expectation "
-    "(`freescale_impl.exchange_plan.expected_sub_batches`, held against the trainer's cut on "
-    "real-shaped batches). Only configurations with more than one chunk move; the sharded "
-    "baseline and ddp do not. A cut at equal rows, built and simulated, won a point or two on "
-    "long histories and lost ten on `medium-short` (docs/simulation.md, \"How sub-batches are "
-    "cut\"); the trainer keeps equal tokens. The input stage's plan and routing ran on one "
-    "pinned core with one torch thread (`OMP_NUM_THREADS=1 taskset -c 1`), as before.\n")
+    "Why it moved (against `e098304`, simulated at 940c46a): what the simulator books of the "
+    "encoder, and how FreeScale chooses its chunks. (1) A sub-batch is a pass of the encoder: "
+    "it launches every layer again (`layer_overhead_ms` per layer, ASSUMED) and pays a fit's "
+    "batch terms again; a step of C sub-batches was booked one pass's. (2) The host launches "
+    "ahead of the device, so a pass takes the longer of its kernels and its launches, and the "
+    "difference is a launch gap, idle (ARCHITECTURE: busy is compute kernels); launches were "
+    "added to every step as busy compute. This moves every trainer on the GPU preset: where a "
+    "rank's kernels take less than a pass's launches (short histories, few samples a GPU), "
+    "its GPU idles the rest, and the bubble of every trainer there rises. (3) The trainer "
+    "chooses its chunk count by replaying its own step program at each count on the "
+    "cluster's costs (`fsbench.scaling.chunk_replay`), as the simulator does: launches, the "
+    "dense all-reduce's window and the links weighed together, where the rule weighed the "
+    "links alone (at most 4). It takes one chunk where passes are launch-bound and up to 16 "
+    "where compute dwarfs them. The input stage's plan and routing ran on one pinned core "
+    "with one torch thread (`OMP_NUM_THREADS=1 taskset -c 1`), as before.\n")
 """The last regeneration's reason, rendered under the before/after table: rewrite it with
 each regeneration that gives --before."""
 
