@@ -94,7 +94,7 @@ FIGURES: dict[str, tuple[str, str]] = {
     "a2a_peer_s": ("s", "an all-to-all's fixed cost per peer"),
     "peak_tflops": ("TFLOPS", "encoder peak"),
     "mfu": ("", "share of peak the encoder reaches"),
-    "layer_overhead_ms": ("ms", "launches per encoder layer and step"),
+    "layer_overhead_ms": ("ms", "launches per encoder layer and pass"),
     "sm_slowdown": ("", "compute slowdown beside SM-based communication"),
     "host_sync_s": ("s", "the device's wait per host sync inside a step (the host relaunches)"),
     "table_ns_per_element": ("ns", "optimizer step per table element"),
@@ -256,7 +256,8 @@ def _h100() -> Cluster:
         f"{figures['a2a_peer_s'] * 1e6:.1f} us per all-to-all peer); ASSUMED, not yet measured on a GPU "
         "(`fsbench calibrate --device cuda` and `fsbench micro sm-contention` measure them; "
         "`fsbench micro input-stage` on the host times its cores): encoder at 20% of 989 TFLOPS "
-        "(bf16 dense) plus 0.3 ms per layer and step of launches, SM-contention slowdown 10% of "
+        "(bf16 dense), 0.3 ms of launches per layer and pass (a pass takes the longer of its kernels "
+        "and its launches, the gap idle), SM-contention slowdown 10% of "
         "overlapped compute, 30 us of device idle per host sync in a step, an optimizer step of 28 "
         "bytes per table element at 3.35 TB/s, 4 loader "
         "workers per GPU on host cores as fast as this machine's",
