@@ -291,7 +291,7 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str,
 
 
 WHY_IT_MOVED = (
-    "Why it moved (against `e098304`, simulated at 940c46a): what the simulator books of the "
+    "Why it moved (against the table of `e098304`, simulated at 940c46a): what the simulator books of the "
     "encoder, and how FreeScale chooses its chunks. (1) A sub-batch is a pass of the encoder: "
     "it launches every layer again (`layer_overhead_ms` per layer, ASSUMED) and pays a fit's "
     "batch terms again; a step of C sub-batches was booked one pass's. (2) The host launches "
