@@ -41,13 +41,9 @@ import torch.distributed as dist
 from fsbench.config import ConfigError, RunConfig
 from fsbench.training.dist import RankContext
 from fsbench.training.dp import DataParallelTrainer
-from fsbench.training.step_program import StepProgram, ddp_program
 from fsbench.training.table_memory import REPLICATED, TableMemory, sharded
-from fsbench.scaling.chunk_replay import StepEstimate
-from fsbench.scaling.chunking import ChunkChoice, a2a_model, check_chunk_cluster, choose_chunks
-from fsbench.scaling.ddp_buckets import step_buckets
-from fsbench.scaling.sim_costs import Costs
-from fsbench.scaling.sim_inputs import PlanInputs, SimProfile, contiguous_plan, load_cluster
+from fsbench.scaling.chunking import ChunkChoice, check_chunk_cluster
+from fsbench.scaling.sim_inputs import PlanInputs, SimProfile, contiguous_plan
 from fsbench.options import TrainerOptions
 from fsbench.measurement.timeline import span
 from fsbench.training.trainer import Preparer, StepInput, StepStats, measured_steps
@@ -60,8 +56,7 @@ from freescale_impl.routing import OwnRequest, RoutedShare, check_routing, choos
 from freescale_impl.sample_exchange import exchange_samples
 from freescale_impl.sharded_step import ShardedTableTrainer
 from freescale_impl.node_transport import NCCL_DEFAULT_CTAS
-from freescale_impl.exchange_plan import expected_sub_batches
-from freescale_impl.step_schedule import sharded_step_program
+from freescale_impl.chunk_choice import exchange_chunks, step_program  # noqa: F401  (exchange_chunks: the trainer's API)
 from freescale_impl.transport import sm_free_unavailable
 
 
@@ -123,58 +118,6 @@ class FreeScaleOptions(TrainerOptions):
         if self.data == "sharded" and self.window != 1:
             raise ConfigError(f"{prefix}.window > 1 needs {prefix}.data=replicated (a window "
                               "reads future batches, which a rank's shard does not hold)")
-
-
-def exchange_chunks(opts: FreeScaleOptions, workload, n: int, device: str, store) -> ChunkChoice:
-    """The row exchange's chunk count on n ranks (fsbench.scaling.chunking): asked, one
-    for the blocking exchange, else its step replayed at each count on
-    `opts.chunk_cluster`'s costs (chunk_replay) where they price the encoder, else the
-    links' rule on its all-to-all."""
-    blocking = opts.overlap == "off"
-    reads_costs = not (opts.chunks or blocking or n <= 1)
-    a2a, model = a2a_model(opts.chunk_cluster, device, store) if reads_costs else (None, None)
-    estimate = step_estimate(opts, workload, n, device, store) if reads_costs else None
-    return choose_chunks(workload, n, a2a, model, asked=opts.chunks, blocking=blocking, estimate=estimate)
-
-
-def step_estimate(opts: FreeScaleOptions, workload, n: int, device: str, store) -> StepEstimate | None:
-    """What the chunk rule replays this run's step on: `opts.chunk_cluster`'s costs (auto:
-    the h100 preset on CUDA, this machine's fits on CPU), or None where they do not price
-    the encoder and every collective the step runs (on CPU without `fsbench calibrate`)."""
-    spec = opts.chunk_cluster
-    name = ("h100" if device == "cuda" else "local") if spec == "auto" else spec
-    try:
-        cluster = load_cluster(name)
-        costs = Costs(cluster, workload, store or ".")
-        if cluster.compute == "fit" and not {"all_to_all", "all_reduce"} <= set(costs.comm or {}):
-            return None
-    except ConfigError:
-        return None
-    per_node = cluster.gpus_per_node if cluster.compute != "fit" else n  # `local`: one host
-    buckets = step_buckets(workload)
-    sync_ms = cluster.host_sync_s * 1e3 if cluster.compute != "fit" else 0.0
-    return StepEstimate(lambda c: step_program(opts, n, buckets, per_node, c, workload), costs, per_node,
-                        tuple(b.nbytes for b in buckets), sync_ms, cluster.name)
-
-
-def step_program(opts: FreeScaleOptions, world_size: int, buckets, gpus_per_node: int, chunks: int,
-                 workload=None) -> StepProgram:
-    """The step the trainer runs with these switches (freescale_impl.step_schedule), with
-    `chunks` chunks: what the simulator costs and the chunk rule replays."""
-    if opts.tables != "sharded":
-        return ddp_program(buckets)
-    exchange = ("blocking" if opts.overlap == "off" else
-                "prioritized" if opts.priority == "on" else "overlapped")
-    transport = opts.transport  # sm_free beyond a node splits each exchange by node
-    if transport == "sm_free" and world_size > gpus_per_node:
-        transport = "sm_free_nodes"
-    routing, _ = choose_routing(opts.routing, world_size, opts.data)
-    # The sub-batches and chunks as the trainer cuts them (equal tokens, in whole
-    # samples; chunk 0 the largest), in expectation on the workload; without one, equal.
-    cut = (expected_sub_batches(workload, world_size, chunks)
-           if workload is not None and exchange != "blocking" else None)
-    return sharded_step_program(exchange, chunks, routing, transport, buckets,
-                                sample_exchange=opts.data == "sharded", cut=cut)
 
 
 class ShardLengths:
