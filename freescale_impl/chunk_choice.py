@@ -5,7 +5,7 @@ replays and the simulator costs (FreeScaleTrainer.sim_profile)."""
 from __future__ import annotations
 
 from fsbench.config import ConfigError
-from fsbench.scaling.chunk_replay import StepEstimate
+from fsbench.scaling.chunk_replay import GROWTHS, StepEstimate
 from fsbench.scaling.chunking import ChunkChoice, a2a_model, choose_chunks
 from fsbench.scaling.ddp_buckets import step_buckets
 from fsbench.scaling.sim_costs import Costs
@@ -25,7 +25,16 @@ def exchange_chunks(opts, workload, n: int, device: str, store) -> ChunkChoice:
     reads_costs = not (opts.chunks or blocking or n <= 1)
     a2a, model = a2a_model(opts.chunk_cluster, device, store) if reads_costs else (None, None)
     estimate = step_estimate(opts, workload, n, device, store) if reads_costs else None
-    return choose_chunks(workload, n, a2a, model, asked=opts.chunks, blocking=blocking, estimate=estimate)
+    return choose_chunks(workload, n, a2a, model, asked=opts.chunks, blocking=blocking, estimate=estimate,
+                         growths=growth_choices(opts))
+
+
+def growth_choices(opts) -> tuple[float, ...]:
+    """The cuts the chunk rule chooses among: `chunk_growth` as asked, else with an asked
+    count equal tokens, else every cut the replay tries (chunk_replay.GROWTHS)."""
+    if opts.chunk_growth != "auto":
+        return (float(opts.chunk_growth),)
+    return (1.0,) if opts.chunks else GROWTHS
 
 
 def step_estimate(opts, workload, n: int, device: str, store) -> StepEstimate | None:
@@ -44,12 +53,12 @@ def step_estimate(opts, workload, n: int, device: str, store) -> StepEstimate | 
     per_node = cluster.gpus_per_node if cluster.compute != "fit" else n  # `local`: one host
     buckets = step_buckets(workload)
     sync_ms = cluster.host_sync_s * 1e3 if cluster.compute != "fit" else 0.0
-    return StepEstimate(lambda c: step_program(opts, n, buckets, per_node, c, workload), costs, per_node,
+    return StepEstimate(lambda c, g: step_program(opts, n, buckets, per_node, c, workload, g), costs, per_node,
                         tuple(b.nbytes for b in buckets), sync_ms, cluster.name)
 
 
 def step_program(opts, world_size: int, buckets, gpus_per_node: int, chunks: int,
-                 workload=None) -> StepProgram:
+                 workload=None, growth: float = 1.0) -> StepProgram:
     """The step the trainer runs with these switches (freescale_impl.step_schedule), with
     `chunks` chunks: what the simulator costs and the chunk rule replays."""
     if opts.tables != "sharded":
@@ -62,7 +71,7 @@ def step_program(opts, world_size: int, buckets, gpus_per_node: int, chunks: int
     routing, _ = choose_routing(opts.routing, world_size, opts.data)
     # The sub-batches and chunks as the trainer cuts them (equal tokens, in whole
     # samples; chunk 0 the largest), in expectation on the workload; without one, equal.
-    cut = (expected_sub_batches(workload, world_size, chunks)
+    cut = (expected_sub_batches(workload, world_size, chunks, growth)
            if workload is not None and exchange != "blocking" else None)
     return sharded_step_program(exchange, chunks, routing, transport, buckets,
                                 sample_exchange=opts.data == "sharded", cut=cut)

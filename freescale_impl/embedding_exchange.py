@@ -80,11 +80,12 @@ class ShardedEmbeddings:
 
     def __init__(self, layout: RowLayout, shard: LocalShard, transport, group, rank: int,
                  chunks: int, overlap: bool, priority: bool, queue: IssueQueue | None = None,
-                 dense_slot: str | None = None) -> None:
+                 dense_slot: str | None = None, growth: float = 1.0) -> None:
         self.layout, self.shard, self.transport = layout, shard, transport
         self.control = CollectiveTransport(group)  # counts, ids, masks: small messages
         self.rank, self.n = rank, layout.world_size
         self.chunks = chunks if overlap else 1
+        self.growth = growth if overlap else 1.0  # each sub-batch's tokens / the one before's
         # Priority sends rows no update can change before the update: with an optimizer
         # that moves every row at every step (dense Adam) there are none.
         self.overlap, self.priority = overlap, priority and not shard.steps_every_row
@@ -109,7 +110,7 @@ class ShardedEmbeddings:
         (`freescale_impl.routing.OwnRequest`), else built here."""
         if req is None:
             with span("emb.route", kind="compute"):
-                req = build_request(batch, self.layout, self.chunks)
+                req = build_request(batch, self.layout, self.chunks, self.growth)
         svc, ids = self.send_ids(req, self.send_counts(req))
         return req, svc, ids
 

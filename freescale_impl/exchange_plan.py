@@ -120,9 +120,11 @@ def all_rows(batch: JaggedBatch, layout: RowLayout) -> torch.Tensor:
     return torch.cat(list(rows_by_use(batch, layout).values()))
 
 
-def expected_sub_batches(workload, n: int, chunks: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def expected_sub_batches(workload, n: int, chunks: int, growth: float = 1.0
+                         ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(each sub-batch's share of a rank's tokens, each chunk's share of its rows), in
-    expectation: `sub_batch_bounds`' cut at equal tokens, in whole samples, on the
+    expectation: `sub_batch_bounds`' cut (equal tokens, or each sub-batch `growth` times
+    the one before), in whole samples, on the
     workload's expected lengths and popularity at its share of the global batch
     (deterministic: the simulator's compute and exchange shares, fsbench.scaling.simulate).
     A chunk's rows: those its sub-batch is the first to read, counted as the simulator
@@ -138,7 +140,7 @@ def expected_sub_batches(workload, n: int, chunks: int) -> tuple[tuple[float, ..
     per_sample = expected_tokens(w) / n + samples  # item draws past the negatives
     # In whole samples, at least one each (the empty ones last), as the trainer cuts.
     b, arange = max(int(round(samples)), 1), np.arange(chunks + 1)
-    bounds = np.minimum(arange, b) if b <= chunks else sub_batch_bounds(np.ones(b), chunks)
+    bounds = np.minimum(arange, b) if b <= chunks else sub_batch_bounds(np.ones(b), chunks, growth)
     at = bounds / b  # the share of the samples (and, in expectation, tokens) read so far
     read = (expected_distinct(w.negatives_per_step + at * per_sample, w.item_vocab, s)
             + at * samples * (1 + len(w.context_vocabs)))
@@ -147,7 +149,7 @@ def expected_sub_batches(workload, n: int, chunks: int) -> tuple[tuple[float, ..
             tuple(float(x) for x in np.diff(read) / read[-1]))
 
 
-def build_request(batch: JaggedBatch, layout: RowLayout, chunks: int) -> Request:
+def build_request(batch: JaggedBatch, layout: RowLayout, chunks: int, growth: float = 1.0) -> Request:
     """The step's request and its host plan (ahead of the step: reads values to the host).
 
     O(local ids + N + chunks x negatives). In numpy on the host: its sorts are several
@@ -169,7 +171,7 @@ def build_request(batch: JaggedBatch, layout: RowLayout, chunks: int) -> Request
     # Each unique row's first reader; the sub-batches cut at equal tokens.
     first_sample = torch.full((n_uniq,), max(b - 1, 0), dtype=torch.int64).scatter_reduce_(
         0, inv, torch.from_numpy(sample_of_id), reduce="amin").numpy()
-    bounds = sub_batch_bounds(lengths, chunks)
+    bounds = sub_batch_bounds(lengths, chunks, growth)
     token_bounds = np.concatenate([[0], np.cumsum(lengths)])[bounds]
     sub_of_sample = np.repeat(np.arange(chunks), np.diff(bounds))
     # Each unique row's chunk: the sub-batch of its first reader (sub-batch 0 for the

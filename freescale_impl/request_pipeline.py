@@ -93,7 +93,7 @@ class RequestPipeline:
             req = prepared.aux["request"] if prepared.aux is not None else None
             if req is None:
                 with span("emb.route", kind="compute"):
-                    req = build_request(prepared.batches[0], self.engine.layout, self.chunks)
+                    req = build_request(prepared.batches[0], self.engine.layout, self.chunks, self.engine.growth)
             req.batch = prepared.batches[0]
             self.ahead[prepared.step] = Ahead(prepared, req)
             self._pulled += 1

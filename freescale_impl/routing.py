@@ -29,13 +29,13 @@ from freescale_impl.sharded_tables import RowLayout
 
 
 def route(batches: list[JaggedBatch], rank: int, layout: RowLayout, chunks: int,
-          before: torch.Tensor | None, final: bool) -> tuple[Request, Service, torch.Tensor]:
+          before: torch.Tensor | None, final: bool, growth: float = 1.0) -> tuple[Request, Service, torch.Tensor]:
     """Rank `rank`'s Request and Service for a step whose per-rank batches are `batches`,
     planned on the host (`plan_fetches`), and the global rows the step reads. `before`:
     the rows the previous step read (they are fresh: its update may change them), or None
     (every row fresh); `final`: send the other rows ahead (priority)."""
     n = len(batches)
-    reqs = [build_request(b, layout, chunks) for b in batches]
+    reqs = [build_request(b, layout, chunks, growth) for b in batches]
     req = reqs[rank]
     mine = [q.owner == rank for q in reqs]
     rows_in = torch.cat([q.rows[m] for q, m in zip(reqs, mine)])
@@ -94,8 +94,8 @@ class OwnRequest:
     """step -> StepInput whose `aux` holds this rank's own Request for the step (no
     Service: the step exchanges the requests). O(local batch + N) per step."""
 
-    def __init__(self, balanced, layout: RowLayout, chunks: int) -> None:
-        self.balanced, self.layout, self.chunks = balanced, layout, chunks
+    def __init__(self, balanced, layout: RowLayout, chunks: int, growth: float = 1.0) -> None:
+        self.balanced, self.layout, self.chunks, self.growth = balanced, layout, chunks, growth
         self.rank = balanced.rank
 
     @property
@@ -105,7 +105,7 @@ class OwnRequest:
     def __call__(self, step: int) -> StepInput:
         local, plan, read_ms = self.balanced.read(step)
         cpu0 = time.thread_time_ns()
-        req = build_request(local, self.layout, self.chunks)
+        req = build_request(local, self.layout, self.chunks, self.growth)
         route_ms = (time.thread_time_ns() - cpu0) / 1e6
         req.batch = None  # travels as the step's batch; the trainer puts it back
         return StepInput(step, [local], local.batch_size, local.num_targets,
@@ -116,8 +116,9 @@ class OwnRequest:
 class RoutedShare:
     """step -> StepInput whose `aux` holds this rank's Request and Service for the step."""
 
-    def __init__(self, balanced, layout: RowLayout, chunks: int, priority: bool) -> None:
+    def __init__(self, balanced, layout: RowLayout, chunks: int, priority: bool, growth: float = 1.0) -> None:
         self.balanced, self.layout, self.chunks, self.priority = balanced, layout, chunks, priority
+        self.growth = growth
         self.rank, self.n = balanced.rank, balanced.world_size
         self._touched: tuple[int, torch.Tensor] | None = None  # (step, rows it reads)
 
@@ -133,7 +134,7 @@ class RoutedShare:
         # priority every row is fetched after the previous update anyway.
         before = self.touched(step - 1) if self.priority and step > 0 else None
         req, svc, touched = route([b for b, _ in shares], self.rank, self.layout, self.chunks,
-                                  before, final=self.priority)
+                                  before, final=self.priority, growth=self.growth)
         self._touched = (step, touched)
         local, plan = shares[self.rank]
         route_ms = (time.thread_time_ns() - cpu0) / 1e6  # every rank's samples and requests

@@ -52,7 +52,7 @@ def build_dense(run: RunConfig, device: torch.device) -> torch.nn.Module:
 
 
 class ShardedTableTrainer:
-    def __init__(self, ctx: RankContext, run: RunConfig, opts) -> None:
+    def __init__(self, ctx: RankContext, run: RunConfig, opts, growth: float = 1.0) -> None:
         self.ctx, self.run, self.opts = ctx, run, opts
         w = run.workload
         # Sums, not averages: each rank's loss is already its share of the global loss.
@@ -77,7 +77,8 @@ class ShardedTableTrainer:
                      else make_transport(opts.transport, group, ctx.device))
         self.engine = ShardedEmbeddings(layout, shard, transport,
                                         group, ctx.rank, opts.chunks, overlap=opts.overlap == "on",
-                                        priority=opts.priority == "on", queue=queue, dense_slot=DDP_SLOT)
+                                        priority=opts.priority == "on", queue=queue, dense_slot=DDP_SLOT,
+                                        growth=growth)
         self.ahead = None  # host routing: (StepInput, Request, Service) of the next step
         self.pipeline: RequestPipeline | None = None  # exchanged routing: the requests ahead
         self.host_routed: bool | None = None  # known at the first step

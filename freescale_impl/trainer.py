@@ -56,7 +56,7 @@ from freescale_impl.routing import OwnRequest, RoutedShare, check_routing, choos
 from freescale_impl.sample_exchange import exchange_samples
 from freescale_impl.sharded_step import ShardedTableTrainer
 from freescale_impl.node_transport import NCCL_DEFAULT_CTAS
-from freescale_impl.chunk_choice import exchange_chunks, step_program  # noqa: F401  (exchange_chunks: the trainer's API)
+from freescale_impl.chunk_choice import exchange_chunks, growth_choices, step_program  # noqa: F401  (exchange_chunks: the trainer's API)
 from freescale_impl.transport import sm_free_unavailable
 
 
@@ -91,6 +91,10 @@ class FreeScaleOptions(TrainerOptions):
     chunks: int = field(default=0, metadata={"min": 0})
     """Pieces each step's embedding exchange is cut into, one a sub-batch of whole samples
     that the forward runs in turn (0: auto, by the chunking rule on chunk_cluster)."""
+    chunk_growth: Literal["auto", "1", "1.5", "2"] = "auto"
+    """How the samples are cut into sub-batches: each sub-batch's tokens 1 (equal), 1.5 or
+    2 times the one before's; auto: the chunk rule's choice among them with chunks=0,
+    equal with an asked count (fsbench.training.sub_batch_cut)."""
     chunk_cluster: str = "auto"
     """Whose all-to-all costs the chunking rule reads (chunks=0): auto (h100 on CUDA; on
     CPU the store's `fsbench calibrate --comm` fit, else gloo's default), local (the
@@ -178,8 +182,8 @@ class FreeScaleTrainer(DataParallelTrainer):
         # Its step as ops, each switch as set (freescale_impl.step_schedule), with the
         # chunks the simulator chose as the trainer would (chunks=0: the chunking rule on
         # the simulated cluster): the simulator costs what the trainer runs.
-        def program(buckets, gpus_per_node: int, chunks: int, workload=None):
-            return step_program(opts, world_size, buckets, gpus_per_node, chunks, workload)
+        def program(buckets, gpus_per_node: int, chunks: int, workload=None, growth: float = 1.0):
+            return step_program(opts, world_size, buckets, gpus_per_node, chunks, workload, growth)
 
         return SimProfile(tables=FreeScaleTrainer.table_memory(options, world_size),
                           exchange=exchange, sm_free=opts.transport == "sm_free", plan=plan,
@@ -187,7 +191,7 @@ class FreeScaleTrainer(DataParallelTrainer):
                           route=route if sharded_tables else None,
                           sample_exchange=opts.data == "sharded",
                           window=opts.window if opts.balance == "on" else 1,
-                          chunks=opts.chunks, program=program,
+                          chunks=opts.chunks, growths=growth_choices(opts), program=program,
                           nodes_sm_share=min(1.0, opts.comm_ctas / NCCL_DEFAULT_CTAS) if opts.comm_ctas else 1.0)
 
     @staticmethod
@@ -259,7 +263,8 @@ class FreeScaleTrainer(DataParallelTrainer):
         if self.sharded:
             self.ctx, self.run, self.source = ctx, run, source
             self.chunking = self._chunking(ctx, run, store_dir)
-            self.tables = ShardedTableTrainer(ctx, run, dataclasses.replace(opts, chunks=self.chunking.chunks))
+            self.tables = ShardedTableTrainer(ctx, run, dataclasses.replace(opts, chunks=self.chunking.chunks),
+                                              growth=self.chunking.growth)
             self.routing, self.routing_rule = choose_routing(opts.routing, ctx.world_size, opts.data)
         else:
             super().setup(ctx, run, source)
@@ -281,20 +286,23 @@ class FreeScaleTrainer(DataParallelTrainer):
         every rank: a count is a number of collectives, and a host without rank 0's comm
         fit would choose another (a deadlock)."""
         chosen = exchange_chunks(self.options, run.workload, ctx.world_size, ctx.device.type, store_dir)
-        held = torch.tensor([chosen.chunks], device=ctx.device)
+        held = torch.tensor([chosen.chunks, chosen.growth], dtype=torch.float64, device=ctx.device)
         dist.broadcast(held, src=0, group=ctx.group)
-        if int(held) == chosen.chunks:
+        chunks, growth = int(held[0]), float(held[1])
+        if (chunks, growth) == (chosen.chunks, chosen.growth):
             return chosen
-        return ChunkChoice(int(held), f"rank 0's (this rank's rule gave {chosen.chunks})", ctx.world_size)
+        return ChunkChoice(chunks, f"rank 0's (this rank's rule gave {chosen.chunks} x {chosen.growth:g})",
+                           ctx.world_size, growth=growth)
 
     def make_preparer(self) -> Preparer:
         if self.options.data == "sharded":
             return ShardLengths(self.source, self.ctx.rank, self.ctx.world_size)
         if self.sharded and self.routing == "host":  # every rank's routing, computed here
             return RoutedShare(self.balanced, self.tables.layout, self.tables.engine.chunks,
-                               self.tables.engine.priority)
+                               self.tables.engine.priority, self.tables.engine.growth)
         if self.sharded:  # the plan and this rank's own request; the step exchanges them
-            return OwnRequest(self.balanced, self.tables.layout, self.tables.engine.chunks)
+            return OwnRequest(self.balanced, self.tables.layout, self.tables.engine.chunks,
+                              self.tables.engine.growth)
         return self.balanced
 
     def describe(self) -> dict:

@@ -14,7 +14,7 @@ import argparse
 import subprocess
 from pathlib import Path
 
-from fsbench.scaling.chunk_replay import COUNTS, TIE
+from fsbench.scaling.chunk_replay import COUNTS, GROWTHS, TIE, candidate_name
 from fsbench.scaling.chunking import CAP, a2a_model, choose_chunks
 from fsbench.scaling.simulate import scaled_workload
 from fsbench.table import grid
@@ -35,7 +35,8 @@ def cell(workload, n: int, a2a, name: str) -> str:
     links = choose_chunks(workload, n, a2a, name).chunks
     if c.why != "replay":
         return f"**{c.chunks}** ({c.why})"
-    return f"**{c.chunks}** ({c.predicted_ms[c.chunks]:.3g} ms; 1: {c.predicted_ms[1]:.3g}; links: {links})"
+    name = candidate_name(c.chunks, c.growth)
+    return f"**{name}** ({c.predicted_ms[name]:.3g} ms; 1: {c.predicted_ms['1']:.3g}; links: {links})"
 
 
 def table(cluster: str) -> str:

@@ -101,16 +101,16 @@ def test_the_simulator_runs_the_count_the_rule_gives_at_each_world_size():
         profile = profile_of("freescale", run.trainer_options, n)
         used = []
 
-        def program(buckets, gpus_per_node, chunks, workload, build=profile.program):
+        def program(buckets, gpus_per_node, chunks, workload, growth=1.0, build=profile.program):
             used.append(chunks)
-            return build(buckets, gpus_per_node, chunks, workload)
+            return build(buckets, gpus_per_node, chunks, workload, growth)
 
         summary, _ = simulate_run(run, H100, ".", profile=dataclasses.replace(profile, program=program),
                                   planner_time=False)
         expected = exchange_chunks(FreeScaleOptions.parse({}), w, n, "cuda", None)  # the trainer's
         # the rule replays the program at each count it tries; the step booked is the last
         assert used[-1] == expected.chunks and summary["exchange_chunks"] == expected.chunks
-        assert expected.why == "replay" and used[:-1] == list(expected.predicted_ms)
+        assert expected.why == "replay" and used[:-1] == [int(k.split("x")[0]) for k in expected.predicted_ms]
         assert summary["exchange_chunks_why"] == expected.line()
         fetches = {op.comm.name for op in profile.program([Bucket(1.0, 1.0)], 8, used[0]).ops
                    if hasattr(op, "comm") and op.comm.name.startswith("emb.fetch_c")}
@@ -149,17 +149,20 @@ def test_a_missing_or_unknown_cost_model_is_a_one_line_error(tmp_path):
 
 
 def test_the_replayed_rule_takes_the_shortest_predicted_step_and_ties_to_fewer_chunks():
-    from fsbench.scaling.chunk_replay import COUNTS, TIE
+    from fsbench.scaling.chunk_replay import COUNTS, GROWTHS, TIE, candidate_name
 
     for preset, n, per_rank in (("medium", 256, 128), ("large", 256, 128), ("medium", 8, 2)):
         w = weak(preset, n, per_rank)
         c = exchange_chunks(FreeScaleOptions.parse({}), w, n, "cuda", None)  # the h100 model
         assert c.why == "replay" and c.model == "h100"
-        assert list(c.predicted_ms) == [k for k in COUNTS if k <= per_rank]  # whole samples
+        # every count up to a rank's samples (whole samples), at each cut beyond one chunk
+        assert list(c.predicted_ms) == [candidate_name(k, g) for k in COUNTS if k <= per_rank
+                                        for g in (GROWTHS if k > 1 else (1.0,))]
         best = min(c.predicted_ms.values())
-        assert c.predicted_ms[c.chunks] <= best * (1 + TIE)
-        assert all(ms > best * (1 + TIE) for k, ms in c.predicted_ms.items() if k < c.chunks)
-        assert f"chunks={c.chunks} (replay on h100 at {n} ranks" in c.line()
+        assert c.predicted_ms[candidate_name(c.chunks, c.growth)] <= best * (1 + TIE)
+        assert all(ms > best * (1 + TIE) for k, ms in c.predicted_ms.items()
+                   if int(k.split("x")[0]) < c.chunks)
+        assert c.line().startswith(f"chunks={c.chunks}") and f"(replay on h100 at {n} ranks" in c.line()
 
 
 def test_launch_bound_passes_get_one_chunk_and_long_compute_gets_many():
@@ -176,6 +179,8 @@ def test_the_predicted_step_is_the_simulated_one_within_a_tenth():
     simulator's booking of the same step (sampled batches, the balanced plan's slowest
     rank): the same program on the same costs, so within 10% on both sides of the
     launch-bound regime."""
+    from fsbench.scaling.chunk_replay import candidate_name
+
     for preset, per_rank in (("medium", 128), ("large", 32)):
         w = dataclasses.replace(weak(preset, 256, per_rank), steps=6, warmup=2)
         run = RunConfig(workload=w, trainer="freescale", world_size=256,
@@ -184,7 +189,9 @@ def test_the_predicted_step_is_the_simulated_one_within_a_tenth():
         chosen = exchange_chunks(FreeScaleOptions.parse({}), w, 256, "cuda", None)
         simulated = sum(r["step_time_ms"] for r in rows[w.warmup:]) / (w.steps - w.warmup)
         assert summary["exchange_chunks"] == chosen.chunks
-        assert chosen.predicted_ms[chosen.chunks] == pytest.approx(simulated, rel=0.10), (preset, simulated)
+        assert summary["exchange_chunks"] == chosen.chunks
+        picked = chosen.predicted_ms[candidate_name(chosen.chunks, chosen.growth)]
+        assert picked == pytest.approx(simulated, rel=0.10), (preset, simulated)
 
 
 def test_on_cpu_without_fits_the_links_rule_stays(tmp_path):

@@ -46,3 +46,20 @@ def test_the_cut_is_the_trainers():
     from freescale_impl.exchange_plan import sub_batch_bounds as trainers
 
     assert trainers is sub_batch_bounds
+
+
+def test_a_growing_cut_gives_each_sub_batch_its_share_of_the_tokens():
+    """Each sub-batch `growth` times the one before: on 150 equal samples, 4 sub-batches at
+    growth 2 take 1/15, 2/15, 4/15 and 8/15 of them; growth 1 is the equal cut."""
+    ones = np.ones(150)
+    assert list(sub_batch_bounds(ones, 4, 2.0)) == [0, 10, 30, 70, 150]
+    assert list(sub_batch_bounds(ones, 3, 1.0)) == [0, 50, 100, 150]
+    assert list(sub_batch_bounds(np.ones(3), 4, 2.0)) == [0, 1, 2, 3, 3]  # one a sample, empty last
+    # the trainer's expected shares follow the same cut
+    from freescale_impl.exchange_plan import expected_sub_batches
+    from fsbench.scaling.simulate import scaled_workload
+
+    w = scaled_workload(get_workload("medium"), 64, "weak", 150)
+    tokens, rows = expected_sub_batches(w, 64, 4, 2.0)
+    assert np.allclose(tokens, [1 / 15, 2 / 15, 4 / 15, 8 / 15], atol=0.01)
+    assert sum(rows) == pytest.approx(1.0)

@@ -206,7 +206,7 @@ def test_overlapped_prioritized_equals_blocking_and_ddp(tmp_path, rank_pythonpat
     assert manifest["trainer_ran"] == {
         "tables": "sharded", "sharding": "row", "chunks": 3, "transport": "collective",
         "chunk_rule": {"chunks": 3, "why": "asked", "world_size": 2, "model": None, "chunk_bytes": None,
-                       "latency_us": None, "transfer_us": None, "predicted_ms": None},
+                       "latency_us": None, "transfer_us": None, "predicted_ms": None, "growth": 1.0},
         "routing": "host", "routing_rule": "routing=host (asked)"}
     own_ran = json.loads((own_dir / "manifest.json").read_text())["trainer_ran"]
     assert (own_ran["routing"], own_ran["routing_rule"]) == ("exchanged", "routing=exchanged (asked)")
@@ -246,9 +246,11 @@ def test_overlapped_prioritized_equals_blocking_and_ddp(tmp_path, rank_pythonpat
 
 
 # Every switch set of the overlapped exchange (the requests routed on the host with 2
-# chunks, else exchanged).
+# chunks, else exchanged), and sub-batches that grow (each 1.5 or 2 times the one before).
 SWITCH_SETS = [dict(priority=p, chunks=c, routing="host" if c == 2 else "exchanged")
-               for p in ("off", "on") for c in (1, 2, 4)]
+               for p in ("off", "on") for c in (1, 2, 4)] + [
+    dict(priority="on", chunks=4, chunk_growth="2", routing="exchanged"),
+    dict(priority="off", chunks=2, chunk_growth="1.5", routing="host")]
 
 
 @pytest.mark.parametrize("world_size,batch", [(2, 8), (4, 4), (4, 10)],

@@ -27,6 +27,9 @@ import numpy as np
 
 COUNTS = (1, 2, 3, 4, 6, 8, 12, 16)
 """The counts tried (up to a rank's samples: a sub-batch holds whole samples)."""
+GROWTHS = (1.0, 1.5, 2.0)
+"""The cuts tried (`freescale.chunk_growth=auto`): each sub-batch's tokens 1, 1.5 or 2
+times the one before's (fsbench.training.sub_batch_cut)."""
 TIE = 0.002
 """Counts within 0.2% of the shortest step count as tied: the fewest chunks wins."""
 DRAWS = 8
@@ -38,7 +41,7 @@ class StepEstimate:
     """What the rule prices a step with. `program_of(chunks)`: the step program the
     trainer runs at that count; `costs`: the cluster's (fsbench.scaling.sim_costs.Costs:
     collectives, the encoder per sample and per pass); `buckets`: DDP's bucket bytes."""
-    program_of: Callable[[int], object]
+    program_of: Callable[[int, float], object]
     costs: object
     gpus_per_node: int
     buckets: tuple[float, ...]
@@ -46,7 +49,7 @@ class StepEstimate:
     name: str = ""
 
 
-def rank_encoder_ms(workload, n: int, costs, passes: int) -> float:
+def rank_encoder_ms(workload, n: int, costs, passes: int, growth: float = 1.0) -> float:
     """A rank's encoder on the device in `passes` sub-batches (launch gaps included), mean
     over DRAWS batches of its share of the global batch."""
     from fsbench.workloads.distributions import parse_length_spec
@@ -56,17 +59,17 @@ def rank_encoder_ms(workload, n: int, costs, passes: int) -> float:
     device = []
     for _ in range(DRAWS):
         lengths = spec.sample(rng, b, workload.max_seq_len)
-        device.append(costs.encoder_passes(costs.sample_ms(lengths), lengths, passes)[1])
+        device.append(costs.encoder_passes(costs.sample_ms(lengths), lengths, passes, growth)[1])
     return float(np.mean(device))
 
 
-def predicted_step_ms(workload, n: int, chunks: int, est: StepEstimate) -> float:
-    """The step at `chunks` chunks: the encoder's device time and what the replayed program
-    exposes beyond it (host syncs included)."""
+def predicted_step_ms(workload, n: int, chunks: int, est: StepEstimate, growth: float = 1.0) -> float:
+    """The step at `chunks` chunks cut with `growth`: the encoder's device time and what
+    the replayed program exposes beyond it (host syncs included)."""
     from fsbench.scaling.sim_costs import comm_bytes, expected_payloads
     from fsbench.scaling.step_engine import replay
 
-    program = est.program_of(chunks)
+    program = est.program_of(chunks, growth)
     payloads = expected_payloads(workload, n, chunks)
     dense, per_node = float(sum(est.buckets)), est.gpus_per_node
 
@@ -74,16 +77,25 @@ def predicted_step_ms(workload, n: int, chunks: int, est: StepEstimate) -> float
         ranks = min(n, per_node) if comm.scope == "node" else n
         return est.costs.collective_ms(comm.op, ranks, comm_bytes(comm, payloads, dense, per_node, n))
 
-    device = rank_encoder_ms(workload, n, est.costs, chunks)
+    device = rank_encoder_ms(workload, n, est.costs, chunks, growth)
     phases = {"forward": device / 3, "backward": 2 * device / 3, "table_update": 0.0, "optimizer": 0.0}
     first = replay(program, cost, phases, est.host_sync_ms)
     steady = replay(program, cost, phases, est.host_sync_ms, first.carry)
     return device + steady.exposed_ms
 
 
-def choose_by_replay(workload, n: int, est: StepEstimate) -> tuple[int, dict[int, float]]:
-    """(the chosen count, each tried count's predicted step in ms)."""
+def candidate_name(chunks: int, growth: float) -> str:
+    """'4' (equal tokens), '8x1.5' (each sub-batch 1.5 times the one before)."""
+    return str(chunks) if chunks == 1 or growth == 1.0 else f"{chunks}x{growth:g}"
+
+
+def choose_by_replay(workload, n: int, est: StepEstimate, growths: tuple[float, ...] = (1.0,)
+                     ) -> tuple[int, float, dict[str, float]]:
+    """(the chosen count, its growth, each tried candidate's predicted step in ms, by
+    `candidate_name`). Ties: the fewest chunks, then the evener cut."""
     most = max(1, workload.global_batch_size // n)
-    predicted = {c: predicted_step_ms(workload, n, c, est) for c in COUNTS if c <= most}
-    best = min(predicted.values())
-    return min(c for c, ms in predicted.items() if ms <= best * (1 + TIE)), predicted
+    tried = [(c, g) for c in COUNTS if c <= most for g in (sorted(growths) if c > 1 else (1.0,))]
+    steps = {(c, g): predicted_step_ms(workload, n, c, est, g) for c, g in tried}
+    best = min(steps.values())
+    chunks, growth = next(k for k in tried if steps[k] <= best * (1 + TIE))
+    return chunks, growth, {candidate_name(c, g): ms for (c, g), ms in steps.items()}

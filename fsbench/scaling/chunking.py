@@ -71,19 +71,23 @@ class ChunkChoice:
     transfer_us: float | None = None
     """That chunk's time at the all-to-all's bandwidth."""
     predicted_ms: dict | None = None
-    """`replay`: each tried count's predicted step (fsbench.scaling.chunk_replay)."""
+    """`replay`: each tried candidate's predicted step, '4' or '8x1.5' (count x growth:
+    fsbench.scaling.chunk_replay)."""
+    growth: float = 1.0
+    """Each sub-batch's tokens against the one before's (1: equal)."""
 
     def record(self) -> dict:
         return dataclasses.asdict(self)
 
     def line(self) -> str:
         """One line for logs and tables: 'chunks=2 (rule on h100 at 256 ranks: ...)'."""
+        grown = f" growth={self.growth:g}" if self.growth != 1.0 and self.chunks > 1 else ""
         if self.why == "replay":
             steps = ", ".join(f"{c}: {ms:.4g}" for c, ms in self.predicted_ms.items())
-            return (f"chunks={self.chunks} (replay on {self.model} at {self.world_size} ranks, "
-                    f"predicted step ms by count {steps})")
+            return (f"chunks={self.chunks}{grown} (replay on {self.model} at {self.world_size} ranks, "
+                    f"predicted step ms by count (x growth) {steps})")
         if self.why != "rule":
-            return f"chunks={self.chunks} ({self.why})"
+            return f"chunks={self.chunks}{grown} ({self.why})"
         return f"chunks={self.chunks} (rule on {self.model} at {self.world_size} ranks: {self.figures()})"
 
     def figures(self) -> str:
@@ -97,7 +101,8 @@ class ChunkChoice:
 
 
 def choose_chunks(workload: WorkloadConfig, n: int, a2a_ms: A2aMs | None, model: str | None,
-                  asked: int = 0, blocking: bool = False, estimate=None) -> ChunkChoice:
+                  asked: int = 0, blocking: bool = False, estimate=None,
+                  growths: tuple[float, ...] = (1.0,)) -> ChunkChoice:
     """The chunk count of `workload`'s embedding exchange on n ranks: `asked` where > 0
     (freescale.chunks=N wins), 1 for the blocking exchange and on one rank; else, with an
     `estimate` of the step (fsbench.scaling.chunk_replay.StepEstimate), the count whose
@@ -105,15 +110,15 @@ def choose_chunks(workload: WorkloadConfig, n: int, a2a_ms: A2aMs | None, model:
     model, named `model`)."""
     if blocking:
         return ChunkChoice(1, "blocking", n)
-    if asked > 0:
-        return ChunkChoice(asked, "asked", n)
+    if asked > 0:  # with the cut asked (one growth), else equal tokens
+        return ChunkChoice(asked, "asked", n, growth=growths[0] if len(growths) == 1 else 1.0)
     if n <= 1:
         return ChunkChoice(1, "one rank", n)
     if estimate is not None:
         from fsbench.scaling.chunk_replay import choose_by_replay
 
-        chosen, predicted = choose_by_replay(workload, n, estimate)
-        return ChunkChoice(chosen, "replay", n, estimate.name or model, predicted_ms=predicted)
+        chosen, growth, predicted = choose_by_replay(workload, n, estimate, growths)
+        return ChunkChoice(chosen, "replay", n, estimate.name or model, predicted_ms=predicted, growth=growth)
     from fsbench.scaling.sim_costs import expected_exchange_bytes
 
     total = expected_exchange_bytes(workload, n)

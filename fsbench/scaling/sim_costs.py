@@ -138,17 +138,19 @@ class Costs:
             return 0.0
         return self.cluster.layer_overhead_ms * self.workload.model.num_layers
 
-    def encoder_passes(self, sample_ms: np.ndarray, lengths: np.ndarray, passes: int) -> tuple[float, float]:
+    def encoder_passes(self, sample_ms: np.ndarray, lengths: np.ndarray, passes: int,
+                       growth: float = 1.0) -> tuple[float, float]:
         """(kernel ms, device ms) of a rank's encoder over its samples (`sample_ms` each,
         `lengths` their tokens) in `passes` sub-batches cut as the trainer cuts them
-        (fsbench.training.sub_batch_cut; an empty one beyond the first runs nothing). Each
+        (fsbench.training.sub_batch_cut, each `growth` times the one before; an empty one
+        beyond the first runs nothing). Each
         pass pays its batch terms (a fit's: busy, as measured) and its launches: the host
         launches ahead of the device, so a pass takes the longer of its kernels and its
         launches, and the difference is a launch gap, idle (ARCHITECTURE: busy is compute
         kernels). Sub-batches multiply passes: four of them launch every layer four times."""
         from fsbench.training.sub_batch_cut import sub_batch_bounds
 
-        bounds = sub_batch_bounds(lengths, passes) if passes > 1 else np.array([0, len(lengths)])
+        bounds = sub_batch_bounds(lengths, passes, growth) if passes > 1 else np.array([0, len(lengths)])
         launch, kernels, device = self.launch_ms(), 0.0, 0.0
         for c, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
             if c and b == a:

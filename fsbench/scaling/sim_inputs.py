@@ -53,10 +53,14 @@ class SimProfile:
     chunks: int = 1
     """Pieces of the row exchange, each an all-to-all of its own (its own latency); 0: the
     count the trainer's rule gives on the simulated cluster (fsbench.scaling.chunking)."""
-    program: Callable[[list[Bucket], int, int, object], StepProgram] = (
-        lambda buckets, gpus_per_node, chunks, workload=None: ddp_program(buckets))
+    growths: tuple[float, ...] = (1.0,)
+    """The cuts the chunk rule may choose among (each sub-batch's tokens against the one
+    before's); an asked cut: that one alone."""
+    program: Callable[[list[Bucket], int, int, object, float], StepProgram] = (
+        lambda buckets, gpus_per_node, chunks, workload=None, growth=1.0: ddp_program(buckets))
     """(DDP's buckets, GPUs a node, the row exchange's chunks as chosen, the workload as
-    simulated: how a trainer cuts its step may follow the data) -> the trainer's
+    simulated: how a trainer cuts its step may follow the data, each sub-batch's tokens
+    against the one before's as chosen) -> the trainer's
     step as ops (fsbench.training.step_program): every collective it issues and waits for,
     in its order, and its host syncs. The simulator costs exactly these
     (fsbench.scaling.step_engine)."""

@@ -176,12 +176,12 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # trainer replays it on the cluster it is told it runs on.
     per_node = cluster.gpus_per_node if cluster.compute != "fit" else n  # `local`: one host
     sync_ms = cluster.host_sync_s * 1e3 if cluster.compute != "fit" else 0.0
-    estimate = StepEstimate(lambda k: prof.program(ready_buckets, per_node, k, w), costs_model, per_node,
+    estimate = StepEstimate(lambda k, g: prof.program(ready_buckets, per_node, k, w, g), costs_model, per_node,
                             tuple(buckets), sync_ms, cluster.name)
     chunking = None if prof.exchange == "none" else choose_chunks(
         w, n, lambda k, nbytes: costs_model.collective_ms("all_to_all", k, nbytes), cluster.name,
-        asked=prof.chunks, blocking=prof.exchange == "blocking", estimate=estimate)
-    chunks = chunking.chunks if chunking else 1
+        asked=prof.chunks, blocking=prof.exchange == "blocking", estimate=estimate, growths=prof.growths)
+    chunks, growth = (chunking.chunks, chunking.growth) if chunking else (1, 1.0)
     # The encoder's passes a step: FreeScale's overlapped exchange runs a sub-batch a chunk.
     passes = chunks if prof.exchange in ("overlapped", "prioritized") else 1
     # The trainer plans with its own predicted costs; the cluster's costs are booked.
@@ -228,7 +228,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # The previous step's global item draws (negatives shared by all ranks) and samples:
     # the rows it updated, which the prioritized exchange cannot send before its update.
     prev = None
-    program = prof.program(ready_buckets, per_node, chunks, w)
+    program = prof.program(ready_buckets, per_node, chunks, w, growth)
     carry = carry_alone = None  # what each step leaves in flight for the next
     rows = []
     for window, lengths, plans, _ in windows:
@@ -237,7 +237,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
         for k, owners in zip(window, plans):
             # Each rank's encoder pass by pass (FreeScale's sub-batches: one pass each):
             # its kernels (busy) and the device's time, launch gaps included (idle).
-            enc, enc_device = np.array([costs_model.encoder_passes(all_costs[idx], all_lengths[idx], passes)
+            enc, enc_device = np.array([costs_model.encoder_passes(all_costs[idx], all_lengths[idx], passes, growth)
                                         for idx in owners]).T
             # Communication hides under the encoder's forward and backward only; the
             # overhead (input, Python, row gathering) comes before them.
