@@ -62,9 +62,11 @@ def main() -> None:
     page = "\n".join([
         f"# Chunks of FreeScale's embedding exchange on `{args.cluster}`", "",
         f"`python scripts/chunk_counts.py --cluster {args.cluster}` at {commit or 'an unknown commit'}: "
-        f"FreeScale in full (its switches as in the paper table). A cell: **the count** whose "
-        f"replayed step is shortest among {', '.join(map(str, COUNTS))} (up to a rank's samples; "
-        f"within {TIE:.1%} of the shortest, the fewest), then its predicted step and one chunk's, "
+        f"FreeScale in full (its switches as in the paper table). A cell: **the count** (x the "
+        f"cut's growth, where not equal) whose replayed step is shortest among "
+        f"{', '.join(map(str, COUNTS))} at each cut of {', '.join(f'{g:g}' for g in GROWTHS)} (up "
+        f"to a rank's samples; within {TIE:.1%} of the shortest, the fewest chunks, then the "
+        f"evener cut), then its predicted step and one chunk's, "
         f"ms, and the count the links' rule alone gives (at most {CAP}). Each sub-batch is a pass "
         "of the encoder that launches every layer again, so where a pass's kernels take less "
         "than its launches one chunk wins (fsbench/scaling/chunk_replay.py; "

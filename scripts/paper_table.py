@@ -304,7 +304,10 @@ WHY_IT_MOVED = (
     "cluster's costs (`fsbench.scaling.chunk_replay`), as the simulator does: launches, the "
     "dense all-reduce's window and the links weighed together, where the rule weighed the "
     "links alone (at most 4). It takes one chunk where passes are launch-bound and up to 16 "
-    "where compute dwarfs them. The input stage's plan and routing ran on one pinned core "
+    "where compute dwarfs them. (4) It chooses the cut with the count: sub-batches of equal "
+    "tokens, or each 1.5 or 2 times the one before (`freescale.chunk_growth`), so that the "
+    "first sub-batch, which the forward waits for and whose chunk leaves last in backward, "
+    "can be the smallest. The input stage's plan and routing ran on one pinned core "
     "with one torch thread (`OMP_NUM_THREADS=1 taskset -c 1`), as before.\n")
 """The last regeneration's reason, rendered under the before/after table: rewrite it with
 each regeneration that gives --before."""

@@ -179,6 +179,9 @@ def test_the_collective_transports_wait_stamps_its_flight(monkeypatch, tmp_path)
         def wait(self):
             return True
 
+        def is_completed(self):
+            return False
+
     monkeypatch.setattr(transport.dist, "all_to_all_single", lambda *a, **k: Work())
     tl = Timeline(tmp_path / "rank-0.jsonl", rank=0)
     monkeypatch.setattr(timeline_module, "_current", tl)
@@ -188,3 +191,33 @@ def test_the_collective_transports_wait_stamps_its_flight(monkeypatch, tmp_path)
     tl.flush()
     recs = [json.loads(x) for x in (tmp_path / "rank-0.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in recs if r["name"] == "emb.fetch_c0"] == ["flight"]
+
+
+def test_a_watched_flight_is_stamped_at_the_next_span_boundary(tmp_path):
+    """The rank's thread sees a watched collective done at its next span's start, without
+    waiting for it and before the library's callback runs (it may wait for the GIL a switch
+    interval): the flight ends there, not later."""
+    tl = Timeline(tmp_path / "rank-0.jsonl", rank=0)
+    tl.begin_step(1, warmup=False)
+
+    class Work:
+        done = False
+
+        def is_completed(self):
+            return self.done
+
+    work = Work()
+    flight = tl.in_flight("emb.control")
+    flight.watch(work)
+    with tl.span("forward"):
+        pass  # not done yet: still in flight
+    assert flight.rec["dur_ns"] == 0
+    work.done = True
+    with tl.span("backward"):
+        stamped = now_ns()
+    time.sleep(0.01)
+    flight.finish()  # the late callback: no second record, no later end
+    tl.flush()
+    recs = [json.loads(x) for x in (tmp_path / "rank-0.jsonl").read_text().splitlines()]
+    (rec,) = [r for r in recs if r["kind"] == "flight"]
+    assert rec["start_ns"] + rec["dur_ns"] <= stamped

@@ -100,6 +100,7 @@ class Timeline:
         # step's partition (its time is already in the enclosing span), kept for traces.
         self._open = 0
         self._names: list[str] = []  # the names of the open spans (open_spans)
+        self._watched: list[tuple["Flight", object]] = []  # host flights and their Work (Flight.watch)
 
     def open_spans(self) -> list[str]:
         """The names of the spans open now (any order)."""
@@ -122,12 +123,14 @@ class Timeline:
         e0 = emulated_ns() if self.emulated else 0
         # The wall interval encloses the CPU-time one (read first, read last), so a span's
         # cpu_ns never exceeds its dur_ns by the cost of the clock reads themselves.
+        self._poll_flights()
         q0, t0, cpu0 = runqueue_wait_ns(), now_ns(), time.thread_time_ns()
         self._names.append(name)
         try:
             yield
         finally:
             cpu1, t1, q1 = time.thread_time_ns(), now_ns(), runqueue_wait_ns()
+            self._poll_flights()
             # Kept as a multiset (only which names are open matters): spans opened from
             # autograd's threads (CUDA) may close in another order than this thread's.
             self._names.remove(name)
@@ -151,6 +154,25 @@ class Timeline:
     def _append(self, rec: dict) -> None:
         with self._lock:
             self._buffer.append(rec)
+
+    def _poll_flights(self) -> None:
+        """Stamp the watched flights whose Work has completed (Flight.watch): at every span's
+        start and end, so a flight's end is late by at most the time between two spans,
+        not by the GIL's switch interval its callback may wait."""
+        if not self._watched:
+            return
+        with self._lock:
+            watched, self._watched = self._watched, []
+        left = []
+        for flight, work in watched:
+            if flight.rec["dur_ns"]:
+                continue  # stamped already (its callback, or its wait)
+            if work.is_completed():
+                flight.finish()
+            else:
+                left.append((flight, work))
+        with self._lock:
+            self._watched = left + self._watched
 
     def in_flight(self, name: str) -> "Flight":
         """Start timing one collective's flight; call `.finish()` when it completes (from
@@ -244,6 +266,14 @@ class Flight:
                 return
             self.rec["dur_ns"] = max(end - self.rec["start_ns"], 1)
             self.timeline._buffer.append(self.rec)
+
+    def watch(self, work) -> None:
+        """Host flights: the rank's thread also checks `work.is_completed()` at every span
+        boundary (Timeline._poll_flights) and stamps the flight when it first sees it done,
+        where the callback still waits for the GIL."""
+        if self.rec is not None and self.events is None:
+            with self.timeline._lock:
+                self.timeline._watched.append((self, work))
 
     def waited(self) -> None:
         """The caller's wait for the collective returned. On the host that is its end, if
