@@ -5,7 +5,7 @@ replays and the simulator costs (FreeScaleTrainer.sim_profile)."""
 from __future__ import annotations
 
 from fsbench.config import ConfigError
-from fsbench.scaling.chunk_replay import GROWTHS, StepEstimate
+from fsbench.scaling.chunk_replay import GROWTHS, StepEstimate, hosts
 from fsbench.scaling.chunking import ChunkChoice, a2a_model, choose_chunks
 from fsbench.scaling.ddp_buckets import step_buckets
 from fsbench.scaling.sim_costs import Costs
@@ -50,9 +50,8 @@ def step_estimate(opts, workload, n: int, device: str, store) -> StepEstimate | 
             return None
     except ConfigError:
         return None
-    per_node = cluster.gpus_per_node if cluster.compute != "fit" else n  # `local`: one host
+    per_node, sync_ms = hosts(cluster, n)
     buckets = step_buckets(workload)
-    sync_ms = cluster.host_sync_s * 1e3 if cluster.compute != "fit" else 0.0
     return StepEstimate(lambda c, g: step_program(opts, n, buckets, per_node, c, workload, g), costs, per_node,
                         tuple(b.nbytes for b in buckets), sync_ms, cluster.name)
 
@@ -69,8 +68,8 @@ def step_program(opts, world_size: int, buckets, gpus_per_node: int, chunks: int
     if transport == "sm_free" and world_size > gpus_per_node:
         transport = "sm_free_nodes"
     routing, _ = choose_routing(opts.routing, world_size, opts.data)
-    # The sub-batches and chunks as the trainer cuts them (equal tokens, in whole
-    # samples; chunk 0 the largest), in expectation on the workload; without one, equal.
+    # The sub-batches and chunks as the trainer cuts them (by tokens, each `growth` times
+    # the one before, in whole samples), in expectation on the workload; without one, equal.
     cut = (expected_sub_batches(workload, world_size, chunks, growth)
            if workload is not None and exchange != "blocking" else None)
     return sharded_step_program(exchange, chunks, routing, transport, buckets,

@@ -139,8 +139,8 @@ def expected_sub_batches(workload, n: int, chunks: int, growth: float = 1.0
     s, samples = float(parse_popularity(w.popularity).s), w.global_batch_size / n
     per_sample = expected_tokens(w) / n + samples  # item draws past the negatives
     # In whole samples, at least one each (the empty ones last), as the trainer cuts.
-    b, arange = max(int(round(samples)), 1), np.arange(chunks + 1)
-    bounds = np.minimum(arange, b) if b <= chunks else sub_batch_bounds(np.ones(b), chunks, growth)
+    b = max(int(round(samples)), 1)
+    bounds = sub_batch_bounds(np.ones(b), chunks, growth)
     at = bounds / b  # the share of the samples (and, in expectation, tokens) read so far
     read = (expected_distinct(w.negatives_per_step + at * per_sample, w.item_vocab, s)
             + at * samples * (1 + len(w.context_vocabs)))

@@ -73,8 +73,7 @@ class CollectiveTransport:
             # message that landed during compute was hidden even if we wait later.
             work.get_future().then(lambda _: flight.finish())
             flight.watch(work)  # and the rank's own spans see it done (Flight.watch)
-        # The wait finishes it too, where the callback still waits for the GIL (Flight).
-        return Pending(name, output, work, finish=flight.waited)
+        return Pending(name, output, work)
 
     def close(self) -> None:
         """Nothing of its own to free: the group is its owner's."""

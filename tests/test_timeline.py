@@ -149,13 +149,13 @@ def test_profiled_steps_are_flagged_in_the_records(tmp_path):
 
 
 def test_a_flight_ends_at_the_first_finish_and_is_recorded_once(tmp_path):
-    """The caller's wait and gloo's callback both finish a flight; the callback needs the
-    GIL and may get it a switch interval after the wait returned. The earlier stamp
-    stands, and the flight is one record however many finish it."""
+    """The rank's thread and gloo's callback both finish a flight; the callback needs the
+    GIL and may get it a switch interval after the rank saw the collective done. The
+    earlier stamp stands, and the flight is one record however many finish it."""
     tl = Timeline(tmp_path / "rank-0.jsonl", rank=0)
     tl.begin_step(1, warmup=False)
     flight = tl.in_flight("emb.fetch_c0")
-    flight.waited()  # the wait returned: done
+    flight.finish()  # the rank's thread saw it done
     waited_ns = now_ns()
     time.sleep(0.02)
     flight.finish()  # the late callback
@@ -166,7 +166,8 @@ def test_a_flight_ends_at_the_first_finish_and_is_recorded_once(tmp_path):
 
 def test_the_collective_transports_wait_stamps_its_flight(monkeypatch, tmp_path):
     """Where the collective's own callback never runs (here: a future never completed),
-    the wait alone ends the flight: the transport hands its Pending the flight's `waited`."""
+    the rank's wait ends the flight: the transport watches its Work, and the wait's span
+    ends, right after the wait, on a Work that reads completed."""
     import torch
 
     from fsbench.measurement import timeline as timeline_module
@@ -176,11 +177,14 @@ def test_the_collective_transports_wait_stamps_its_flight(monkeypatch, tmp_path)
         def get_future(self):
             return torch.futures.Future()
 
+        waited = False
+
         def wait(self):
+            self.waited = True
             return True
 
         def is_completed(self):
-            return False
+            return self.waited
 
     monkeypatch.setattr(transport.dist, "all_to_all_single", lambda *a, **k: Work())
     tl = Timeline(tmp_path / "rank-0.jsonl", rank=0)
@@ -191,6 +195,9 @@ def test_the_collective_transports_wait_stamps_its_flight(monkeypatch, tmp_path)
     tl.flush()
     recs = [json.loads(x) for x in (tmp_path / "rank-0.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in recs if r["name"] == "emb.fetch_c0"] == ["flight"]
+    (flight,) = [r for r in recs if r["kind"] == "flight"]
+    (wait,) = [r for r in recs if r["name"] == "emb.fetch_c0.wait"]
+    assert flight["start_ns"] + flight["dur_ns"] >= wait["start_ns"]  # not before the wait began
 
 
 def test_a_watched_flight_is_stamped_at_the_next_span_boundary(tmp_path):

@@ -235,10 +235,10 @@ class Flight:
     """One collective in flight (see `Timeline.in_flight`); a no-op when disabled. Call
     `finish()` where the collective is complete as the caller's stream sees it: in its
     future's callback (or after a synchronous call returns). It may be called from more
-    than one place (the callback and the caller's wait): the first call records it. A
-    callback runs on the communication library's thread and needs the GIL, which it can
-    wait for past the caller's wait by a switch interval (5 ms): the wait's own call
-    stamps the end the caller saw (`waited`)."""
+    than one place: the first call records it. A callback runs on the communication
+    library's thread and needs the GIL, which it can wait for a switch interval (5 ms)
+    while the rank's thread runs Python, past the rank's own wait for it: host flights
+    are also stamped by the rank's thread when it first sees them done (`watch`)."""
 
     __slots__ = ("timeline", "rec", "events")
 
@@ -269,18 +269,13 @@ class Flight:
 
     def watch(self, work) -> None:
         """Host flights: the rank's thread also checks `work.is_completed()` at every span
-        boundary (Timeline._poll_flights) and stamps the flight when it first sees it done,
-        where the callback still waits for the GIL."""
+        boundary (Timeline._poll_flights: a wait's span ends right after its wait returns)
+        and stamps the flight when it first sees it done, where the callback still waits
+        for the GIL. On CUDA a completed Work says nothing of the device: only the
+        callback's event marks the end."""
         if self.rec is not None and self.events is None:
             with self.timeline._lock:
                 self.timeline._watched.append((self, work))
-
-    def waited(self) -> None:
-        """The caller's wait for the collective returned. On the host that is its end, if
-        the callback has not stamped it yet; on CUDA the wait returns before the device is
-        done, and only the callback's event marks the end."""
-        if self.events is None:
-            self.finish()
 
     def finish_on(self, stream) -> None:
         """CUDA: the collective is the work queued on `stream` so far (a transport that

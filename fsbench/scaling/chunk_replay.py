@@ -12,7 +12,9 @@ sub-batches and chunks as it cuts them) is replayed by the simulator's engine
 - each collective on the cluster's model at the bytes the workload's expected rows make
   (sim_costs.expected_payloads, comm_bytes), two steps, the second with what the first
   left in flight (the steady state).
-The count with the shortest step wins; within TIE of it, the fewest chunks. So the first
+Beyond one chunk each count is tried at each cut of GROWTHS asked for (sub-batches of
+equal tokens, or each 1.5 or 2 times the one before). The candidate with the shortest
+step wins; within TIE of it, the fewest chunks, then the evener cut. So the first
 chunk's wait before the forward, the latency each chunk adds, the window the dense
 all-reduce hides under (sub-batch 0's backward) and the launches each pass repeats are
 all in the choice. The estimate is not the simulator's booking: the co-run and overhead
@@ -31,7 +33,7 @@ GROWTHS = (1.0, 1.5, 2.0)
 """The cuts tried (`freescale.chunk_growth=auto`): each sub-batch's tokens 1, 1.5 or 2
 times the one before's (fsbench.training.sub_batch_cut)."""
 TIE = 0.002
-"""Counts within 0.2% of the shortest step count as tied: the fewest chunks wins."""
+"""Candidates within 0.2% of the shortest step count as tied: the fewest chunks wins."""
 DRAWS = 8
 """Rank batches drawn (fixed generator) for a rank's expected encoder."""
 
@@ -47,6 +49,14 @@ class StepEstimate:
     buckets: tuple[float, ...]
     host_sync_ms: float = 0.0
     name: str = ""
+
+
+def hosts(cluster, n: int) -> tuple[int, float]:
+    """(ranks a node, a host sync's device ms) of n ranks on `cluster`: a GPU preset's
+    nodes; `local` is one host, whose syncs cost no device time."""
+    if cluster.compute == "fit":
+        return n, 0.0
+    return cluster.gpus_per_node, cluster.host_sync_s * 1e3
 
 
 def rank_encoder_ms(workload, n: int, costs, passes: int, growth: float = 1.0) -> float:

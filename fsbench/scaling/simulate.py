@@ -99,7 +99,7 @@ from fsbench.config import RunConfig, WorkloadConfig
 from fsbench.scaling.ddp_buckets import step_buckets
 from fsbench.errors import ConfigError
 from fsbench.measurement.metrics import rank_causes
-from fsbench.scaling.chunk_replay import StepEstimate
+from fsbench.scaling.chunk_replay import StepEstimate, hosts
 from fsbench.scaling.chunking import choose_chunks
 from fsbench.scaling.sim_costs import (INPUT_PAYLOADS, OVERHEAD_KEYS, ROW_PAYLOADS, SAMPLE_PAYLOADS, Costs,
                                       comm_bytes as shared_comm_bytes, expected_fresh, expected_tokens, step_payloads,
@@ -170,12 +170,10 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # With an encoder fit given, the trainer there would plan with that fit.
     planning = (PlanInputs(w, store, "cpu") if cluster.compute == "fit"
                 else PlanInputs(w, None, "cuda", fit=costs_model.fit))
-    # The row exchange's chunks: as asked, else the trainer's rule (fsbench.scaling.chunking)
-    # on this cluster's all-to-all, so the routing and the program are the trainer's there.
-    # With the trainer's program replayed on this cluster's costs (chunk_replay), as the
-    # trainer replays it on the cluster it is told it runs on.
-    per_node = cluster.gpus_per_node if cluster.compute != "fit" else n  # `local`: one host
-    sync_ms = cluster.host_sync_s * 1e3 if cluster.compute != "fit" else 0.0
+    # The row exchange's chunks and cut: as asked, else the trainer's rule on this
+    # cluster's costs (its program replayed, chunk_replay; the links alone, chunking, where
+    # no encoder cost is known), so the routing and the program are the trainer's there.
+    per_node, sync_ms = hosts(cluster, n)
     estimate = StepEstimate(lambda k, g: prof.program(ready_buckets, per_node, k, w, g), costs_model, per_node,
                             tuple(buckets), sync_ms, cluster.name)
     chunking = None if prof.exchange == "none" else choose_chunks(
