@@ -12,6 +12,7 @@ from fsbench.scaling.sim_costs import Costs
 from fsbench.scaling.sim_inputs import load_cluster
 from fsbench.training.step_program import StepProgram, ddp_program
 from freescale_impl.exchange_plan import expected_sub_batches
+from freescale_impl.node_transport import ranks_a_node
 from freescale_impl.routing import choose_routing
 from freescale_impl.step_schedule import sharded_step_program
 
@@ -52,21 +53,28 @@ def step_estimate(opts, workload, n: int, device: str, store) -> StepEstimate | 
         return None
     per_node, sync_ms = hosts(cluster, n)
     buckets = step_buckets(workload)
-    return StepEstimate(lambda c, g: step_program(opts, n, buckets, per_node, c, workload, g), costs, per_node,
+    return StepEstimate(lambda c, g: step_program(opts, n, buckets, per_node, c, workload, g, device == "cuda"),
+                        costs, per_node,
                         tuple(b.nbytes for b in buckets), sync_ms, cluster.name)
 
 
 def step_program(opts, world_size: int, buckets, gpus_per_node: int, chunks: int,
-                 workload=None, growth: float = 1.0) -> StepProgram:
+                 workload=None, growth: float = 1.0, gpu: bool = False) -> StepProgram:
     """The step the trainer runs with these switches (freescale_impl.step_schedule), with
-    `chunks` chunks: what the simulator costs and the chunk rule replays."""
+    `chunks` chunks, on GPUs or CPU ranks: what the simulator costs and the chunk rule
+    replays."""
     if opts.tables != "sharded":
         return ddp_program(buckets)
     exchange = ("blocking" if opts.overlap == "off" else
                 "prioritized" if opts.priority == "on" else "overlapped")
-    transport = opts.transport  # sm_free beyond a node splits each exchange by node
-    if transport == "sm_free" and world_size > gpus_per_node:
-        transport = "sm_free_nodes"
+    transport = opts.transport
+    if world_size > ranks_a_node(opts.node_ranks, world_size, gpus_per_node):
+        # beyond a node: two hops (inside the node on the transport, then the rails), or
+        # sm_free's split of each exchange by node
+        if opts.a2a == "hierarchical":
+            transport = "rail_sm_free" if transport == "sm_free" else "rail" if gpu else "rail_host"
+        elif transport == "sm_free":
+            transport = "sm_free_nodes"
     routing, _ = choose_routing(opts.routing, world_size, opts.data)
     # The sub-batches and chunks as the trainer cuts them (by tokens, each `growth` times
     # the one before, in whole samples), in expectation on the workload; without one, equal.

@@ -25,6 +25,15 @@ from freescale_impl.transport import CollectiveTransport, Pending
 NCCL_DEFAULT_CTAS = 32  # NCCL_MAX_CTAS's default (MAXCHANNELS) on Hopper: ASSUMED for the simulator
 
 
+def ranks_a_node(asked: int, world: int, launched: int | None = None) -> int:
+    """Ranks a node: `freescale.node_ranks` where asked, else the launcher's
+    (LOCAL_WORLD_SIZE; a simulated cluster's GPUs a node), at most every rank."""
+    import os
+
+    default = launched if launched is not None else int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return min(world, asked or default)
+
+
 def node_block(rank: int, local_size: int) -> range:
     """The ranks of `rank`'s node."""
     first = rank // local_size * local_size

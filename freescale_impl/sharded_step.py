@@ -18,7 +18,6 @@ The dense part is replicated under DDP; the tables live in shards
 from __future__ import annotations
 
 import itertools
-import os
 
 import torch
 import torch.distributed as dist
@@ -34,7 +33,8 @@ from fsbench.measurement.timeline import span
 from fsbench.training.trainer import StepInput, StepStats
 from freescale_impl.embedding_exchange import ShardedEmbeddings
 from freescale_impl.sharded_tables import LocalShard, RowLayout, gather_tables
-from freescale_impl.node_transport import node_split_transport
+from freescale_impl.node_transport import node_split_transport, ranks_a_node
+from freescale_impl.rail_transport import rail_transport
 from freescale_impl.sub_batches import SubBatched, sub_batches
 from freescale_impl.request_pipeline import RequestPipeline
 from freescale_impl.transport import make_transport
@@ -71,10 +71,13 @@ class ShardedTableTrainer:
         # reverse), and may stay in flight across the step boundary.
         group = dist.new_group(backend=ctx.backend)
         self.layout = layout
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))  # ranks a node (torchrun's)
-        transport = (node_split_transport(group, ctx.device, local, opts.comm_ctas)
-                     if opts.transport == "sm_free" and ctx.world_size > local
-                     else make_transport(opts.transport, group, ctx.device))
+        local = ranks_a_node(opts.node_ranks, ctx.world_size)
+        if ctx.world_size > local and opts.a2a == "hierarchical":
+            transport = rail_transport(group, ctx.device, local, opts.transport, opts.comm_ctas)
+        elif ctx.world_size > local and opts.transport == "sm_free":
+            transport = node_split_transport(group, ctx.device, local, opts.comm_ctas)
+        else:
+            transport = make_transport(opts.transport, group, ctx.device)
         self.engine = ShardedEmbeddings(layout, shard, transport,
                                         group, ctx.rank, opts.chunks, overlap=opts.overlap == "on",
                                         priority=opts.priority == "on", queue=queue, dense_slot=DDP_SLOT,

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from fsbench.training.step_program import (Bucket, Comm, Compute, HostSync, Issue, Op, StepProgram, Wait,
-                                           ddp_backward)
+from fsbench.training.step_program import (Bucket, Comm, Compute, HostSync, Issue, Op, Span, StepProgram,
+                                           Wait, ddp_backward)
 
 
 # The channels (Comm.channel: one GPU stream each) its collectives run on, as
@@ -32,16 +32,25 @@ it is done."""
 NODES = "emb.nodes"
 """Beyond one node, the group across nodes with NCCL's CTAs capped (node_split_transport's
 `across`): the other nodes' rows."""
+RAIL = "emb.rail"
+"""a2a=hierarchical (freescale_impl.rail_transport): both hops of an exchange, one after
+the other, as one channel: hop 2 leaves once hop 1 has arrived (on a GPU its side stream
+waits, not the rank). A bound: on a GPU the next exchange's hop 1 may fly beside this
+one's hop 2."""
 
 
 def _parts(comm: Comm, mode: str) -> list[Comm]:
     """A row exchange's collectives on the transport (`mode`: collective | sm_free |
-    sm_free between nodes): itself on the exchanges' group; the copy engines' pulls; the
-    node's pulls and the other nodes' part beside them."""
+    sm_free between nodes | rail*, two hops): itself on the exchanges' group; the copy
+    engines' pulls; the node's pulls and the other nodes' part beside them; every row
+    among the node's ranks, then every row along the rail (one rank a node)."""
     if mode == "collective":
         return [dataclasses.replace(comm, channel=EMB)]
     if mode == "sm_free":
         return [dataclasses.replace(comm, channel=COPY)]
+    if mode.startswith("rail"):
+        return [dataclasses.replace(comm, name=f"{comm.name}.node", scope="in_node", channel=RAIL),
+                dataclasses.replace(comm, name=f"{comm.name}.nodes", scope="rail", channel=RAIL)]
     return [dataclasses.replace(comm, name=f"{comm.name}.node", scope="node", channel=COPY),
             dataclasses.replace(comm, name=f"{comm.name}.nodes", scope="nodes", channel=NODES)]
 
@@ -58,8 +67,14 @@ def _exchange(comm: Comm, mode: str) -> list[Op]:
     if mode == "collective":
         return [Issue(parts[0])]
     node = parts[0]
-    staged = Comm(f"{node.name}.staged", "all_to_all", "barrier", scope=node.scope, channel=COPY)
-    pulled = Comm(f"{node.name}.pulled", "all_to_all", "barrier", scope=node.scope, channel=COPY)
+    staged = Comm(f"{node.name}.staged", "all_to_all", "barrier", scope=node.scope, channel=node.channel)
+    pulled = Comm(f"{node.name}.pulled", "all_to_all", "barrier", scope=node.scope, channel=node.channel)
+    if mode.startswith("rail"):
+        # The node's send splits, all-gathered on the host first (no device time); on CPU
+        # ranks the host then waits for hop 1 before it issues hop 2.
+        hop1 = [Issue(staged), Issue(node), Issue(pulled)] if mode == "rail_sm_free" else [Issue(node)]
+        waited = [Wait(node)] if mode == "rail_host" else []
+        return [Span(f"{comm.name}.splits"), *hop1, *waited, Issue(parts[1])]
     return [Issue(staged), Issue(node), Issue(pulled), *(Issue(p) for p in parts[1:])]
 
 
@@ -67,6 +82,8 @@ def _arrived(comm: Comm, mode: str) -> list[Op]:
     parts = _parts(comm, mode)
     if mode == "collective":
         return [Wait(parts[0])]
+    if mode.startswith("rail"):
+        return [Wait(parts[1])]  # hop 2's output is the exchange's
     return [Wait(p) for p in parts]
 
 
@@ -76,7 +93,9 @@ def sharded_step_program(exchange: str, chunks: int, routing: str, transport: st
     """The steady-state step (neither the first nor the last two) of
     `ShardedTableTrainer`: exchange is blocking | overlapped | prioritized; routing host |
     exchanged (the requests' counts and ids travel over the steps before); transport
-    collective | sm_free | sm_free_nodes (sm_free beyond one node). `cut`: (each
+    collective | sm_free | sm_free_nodes (sm_free beyond one node) | rail, rail_host,
+    rail_sm_free (a2a=hierarchical beyond one node: on GPUs, on CPU ranks, with copy
+    engines inside the node). `cut`: (each
     sub-batch's share of the forward and backward, each chunk's share of the rows), as the
     trainer cuts them (exchange_plan.expected_sub_batches: about equal tokens, so chunk 0,
     which holds the negatives and the popular items, is the largest); None: equal."""

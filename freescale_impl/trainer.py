@@ -103,6 +103,14 @@ class FreeScaleOptions(TrainerOptions):
     comm_ctas: int = field(default=0, metadata={"min": 0})
     """sm_free beyond one node: the CTAs (SMs) NCCL may use for the rows between nodes
     (0: NCCL's own limit; freescale_impl.node_transport). NOT YET RUN ON A GPU."""
+    a2a: Literal["flat", "hierarchical"] = "flat"
+    """Beyond one node, each row exchange as one all-to-all over every rank (flat: N - 1
+    peers a rank), or in two hops, inside the node, then across nodes among the ranks of
+    one local index (hierarchical: G - 1 + N/G - 1 peers; freescale_impl.rail_transport).
+    NOT YET RUN ON A GPU."""
+    node_ranks: int = field(default=0, metadata={"min": 0})
+    """Ranks a node, where sm_free and a2a=hierarchical split an exchange (0: the
+    launcher's LOCAL_WORLD_SIZE); set on one host, it emulates nodes (the CPU tests)."""
     routing: Literal["auto", "host", "exchanged"] = "auto"
     """Sharded tables, replicated input: who learns what each owner serves. host: every
     rank's input stage computes every rank's requests (O(N x local batch)); exchanged:
@@ -119,6 +127,9 @@ class FreeScaleOptions(TrainerOptions):
         if self.data == "sharded" and self.routing == "host":
             raise ConfigError(f"{prefix}.routing=host needs {prefix}.data=replicated (a rank "
                               "that reads only its shard cannot route the others' samples)")
+        if self.a2a == "hierarchical" and self.tables != "sharded":
+            raise ConfigError(f"{prefix}.a2a=hierarchical needs {prefix}.tables=sharded (replicated "
+                              "tables exchange no rows)")
         if self.data == "sharded" and self.window != 1:
             raise ConfigError(f"{prefix}.window > 1 needs {prefix}.data=replicated (a window "
                               "reads future batches, which a rank's shard does not hold)")
@@ -182,8 +193,9 @@ class FreeScaleTrainer(DataParallelTrainer):
         # Its step as ops, each switch as set (freescale_impl.step_schedule), with the
         # chunks the simulator chose as the trainer would (chunks=0: the chunking rule on
         # the simulated cluster): the simulator costs what the trainer runs.
-        def program(buckets, gpus_per_node: int, chunks: int, workload=None, growth: float = 1.0):
-            return step_program(opts, world_size, buckets, gpus_per_node, chunks, workload, growth)
+        def program(buckets, gpus_per_node: int, chunks: int, workload=None, growth: float = 1.0,
+                    gpu: bool = False):
+            return step_program(opts, world_size, buckets, gpus_per_node, chunks, workload, growth, gpu)
 
         return SimProfile(tables=FreeScaleTrainer.table_memory(options, world_size),
                           exchange=exchange, sm_free=opts.transport == "sm_free", plan=plan,
@@ -247,6 +259,9 @@ class FreeScaleTrainer(DataParallelTrainer):
         opts = cls.Options.parse(run.trainer_options, prefix="freescale")
         measured_steps(run.workload.warmup, run.workload.steps, opts.window)
         check_routing(opts.routing, run.world_size)
+        if opts.node_ranks and run.world_size > opts.node_ranks and run.world_size % opts.node_ranks:
+            raise ConfigError(f"freescale.node_ranks={opts.node_ranks}: {run.world_size} ranks are not "
+                              f"whole nodes of {opts.node_ranks}; choose a divisor of {run.world_size}")
         if opts.tables == "sharded" and run.workload.compute != "synthetic":
             if opts.transport == "sm_free":
                 why = sm_free_unavailable(run.device, run.world_size)

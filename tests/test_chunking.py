@@ -101,9 +101,9 @@ def test_the_simulator_runs_the_count_the_rule_gives_at_each_world_size():
         profile = profile_of("freescale", run.trainer_options, n)
         used = []
 
-        def program(buckets, gpus_per_node, chunks, workload, growth=1.0, build=profile.program):
+        def program(buckets, gpus_per_node, chunks, workload, growth=1.0, gpu=False, build=profile.program):
             used.append(chunks)
-            return build(buckets, gpus_per_node, chunks, workload, growth)
+            return build(buckets, gpus_per_node, chunks, workload, growth, gpu)
 
         summary, _ = simulate_run(run, H100, ".", profile=dataclasses.replace(profile, program=program),
                                   planner_time=False)

@@ -246,11 +246,14 @@ def test_overlapped_prioritized_equals_blocking_and_ddp(tmp_path, rank_pythonpat
 
 
 # Every switch set of the overlapped exchange (the requests routed on the host with 2
-# chunks, else exchanged), and sub-batches that grow (each 1.5 or 2 times the one before).
+# chunks, else exchanged), sub-batches that grow (each 1.5 or 2 times the one before), and
+# the exchange in two hops.
 SWITCH_SETS = [dict(priority=p, chunks=c, routing="host" if c == 2 else "exchanged")
                for p in ("off", "on") for c in (1, 2, 4)] + [
     dict(priority="on", chunks=4, chunk_growth="2", routing="exchanged"),
-    dict(priority="off", chunks=2, chunk_growth="1.5", routing="host")]
+    dict(priority="off", chunks=2, chunk_growth="1.5", routing="host"),
+    # two hops (inside "nodes" of 2 ranks, then along the rails) at 4 ranks; one node at 2
+    dict(priority="on", chunks=2, a2a="hierarchical", node_ranks=2, routing="exchanged")]
 
 
 @pytest.mark.parametrize("world_size,batch", [(2, 8), (4, 4), (4, 10)],

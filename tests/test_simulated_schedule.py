@@ -47,6 +47,44 @@ def test_sm_free_beyond_a_node_splits_each_exchange_and_its_capped_ctas_take_few
         assert few["busy_max_ms"] < full["busy_max_ms"]  # less of the compute slowed
 
 
+def test_the_two_hop_exchange_goes_inside_the_node_then_along_the_rail_and_pays_fewer_peers():
+    """a2a=hierarchical beyond one node (freescale_impl.rail_transport): each exchange is
+    hop 1 among the node's ranks, then hop 2 among one rank a node, on one channel (hop 2
+    leaves once hop 1 has arrived); the rank waits for hop 2 alone on GPUs, and on CPU
+    ranks the host waits for hop 1 too. On h100, two hops at 256 ranks cost less than one
+    flat all-to-all of the same rows (M - 1 + G - 1 peers against N - 1), and the
+    simulated step is shorter; on one node nothing changes."""
+    from fsbench.scaling.sim_costs import Costs
+    from fsbench.training.step_program import Issue, Span, Wait
+
+    def ops(n, gpu, **sets):
+        opts = trainer_options("freescale", {**SHARDED, "a2a": "hierarchical", **sets})
+        return profile_of("freescale", opts, n).program([Bucket(1.0, 1.0)], 8, 1, None, 1.0, gpu).ops
+
+    on_gpus = ops(64, True)
+    fetch = [op for op in on_gpus if getattr(op, "comm", None) and op.comm.name.startswith("emb.fetch_c0")]
+    assert [(type(op), op.comm.name) for op in fetch] == [
+        (Issue, "emb.fetch_c0.node"), (Issue, "emb.fetch_c0.nodes"), (Wait, "emb.fetch_c0.nodes")]
+    assert {op.comm.channel for op in fetch} == {"emb.rail"}
+    assert [op.comm.scope for op in fetch[:2]] == ["in_node", "rail"]
+    assert Span("emb.fetch_c0.splits") in on_gpus
+    on_cpus = [(type(op), op.comm.name) for op in ops(64, False) if getattr(op, "comm", None)]
+    assert (Wait, "emb.fetch_c0.node") in on_cpus
+    one_node = ops(8, True)
+    assert not [op for op in one_node if getattr(op, "comm", None) and op.comm.channel == "emb.rail"]
+
+    costs = Costs(H100, run_at(256).workload, ".")
+    nbytes = 8 << 20
+    flat = costs.collective_ms("all_to_all", 256, nbytes)
+    two = sum(costs.comm_ms(op.comm, 256, 8, nbytes) for op in fetch[:2])
+    assert two < flat
+    assert costs.comm_ms(fetch[1].comm, 256, 8, nbytes) == pytest.approx(
+        costs.collective_ms("all_to_all", 32, nbytes, gpus_per_node=1))
+    hops, one = (steps_of(run_at(256, a2a=a, priority="on")) for a in ("hierarchical", "flat"))
+    for a, b in zip(hops, one):
+        assert a["step_time_ms"] < b["step_time_ms"]
+
+
 def test_each_chunk_pays_its_own_latency_and_the_forward_starts_on_the_first():
     # The exchange alone: launches (each sub-batch's pass repeats them) held out, below.
     one, four = (steps_of(run_at(256, chunks=c), NO_LAUNCHES) for c in ("1", "4"))
@@ -83,7 +121,7 @@ def test_host_syncs_cost_the_device_its_relaunch_on_gpus_and_nothing_is_busy_in_
     run = run_at(64, tables="replicated")  # a step without syncs of its own
     program = profile_of(run.trainer, run.trainer_options, 64).program
     quiet = steps_of(run)
-    synced = steps_of(run, program=lambda b, g, c, w, x=1.0: StepProgram(program(b, g, c, w, x).ops + (HostSync(),) * 5))
+    synced = steps_of(run, program=lambda b, g, c, w, x=1.0, gpu=False: StepProgram(program(b, g, c, w, x, gpu).ops + (HostSync(),) * 5))
     for a, b in zip(quiet, synced):
         assert b["step_time_ms"] - a["step_time_ms"] == pytest.approx(5 * H100.host_sync_s * 1e3, rel=1e-6)
         assert b["busy_max_ms"] == pytest.approx(a["busy_max_ms"])

@@ -39,9 +39,11 @@ SETS = {
     "overlap-chunks": ("freescale", {"priority": "off", "chunks": "4"}),
     "priority": ("freescale", {"chunks": "1"}),
     "priority-chunks": ("freescale", {"chunks": "4"}),
+    # two "nodes" of 2 ranks: each exchange in two hops (freescale_impl.rail_transport)
+    "hierarchical": ("freescale", {"chunks": "2", "a2a": "hierarchical", "node_ranks": "2"}),
 }
-# Every set at 2 ranks; at 4 ranks (twice the cores) the sets whose order differs most.
-CASES = [(name, n) for n in (2, 4) for name in SETS]
+# Every set at 2 ranks and 4 (twice the cores), the two hops at 4 (at 2: one node, flat).
+CASES = [(name, n) for n in (2, 4) for name in SETS if n == 4 or name != "hierarchical"]
 
 
 @pytest.fixture(scope="module")

@@ -84,8 +84,7 @@ def predicted_step_ms(workload, n: int, chunks: int, est: StepEstimate, growth: 
     dense, per_node = float(sum(est.buckets)), est.gpus_per_node
 
     def cost(comm) -> float:
-        ranks = min(n, per_node) if comm.scope == "node" else n
-        return est.costs.collective_ms(comm.op, ranks, comm_bytes(comm, payloads, dense, per_node, n))
+        return est.costs.comm_ms(comm, n, per_node, comm_bytes(comm, payloads, dense, per_node, n))
 
     device = rank_encoder_ms(workload, n, est.costs, chunks, growth)
     phases = {"forward": device / 3, "backward": 2 * device / 3, "table_update": 0.0, "optimizer": 0.0}

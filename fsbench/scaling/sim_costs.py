@@ -211,7 +211,13 @@ class Costs:
             ns = self.fit.table_ns_per_element
         return elements * ns / 1e6
 
-    def collective_ms(self, collective: str, n: int, nbytes: float) -> float:
+    def comm_ms(self, comm, n: int, per_node: int, nbytes: float) -> float:
+        """One collective of a step program (its op and scope) moving `nbytes` a rank, on
+        n ranks, per_node a node."""
+        ranks, gpus_per_node = scope_ranks(comm.scope, n, per_node)
+        return self.collective_ms(comm.op, ranks, nbytes, gpus_per_node)
+
+    def collective_ms(self, collective: str, n: int, nbytes: float, gpus_per_node: int | None = None) -> float:
         if n <= 1 or nbytes <= 0:
             return 0.0
         if self.cluster.compute == "fit":
@@ -225,7 +231,7 @@ class Costs:
             return self.comm[collective].seconds(n, nbytes) * 1e3
         from fsbench.scaling.collectives import collective_s
 
-        return collective_s(self.cluster, collective, n, nbytes) * 1e3
+        return collective_s(self.cluster, collective, n, nbytes, gpus_per_node) * 1e3
 
     def collective_cpu_ms(self, collective: str, n: int, nbytes: float) -> float:
         """`local`: the CPU a collective takes on a rank's other threads (gloo's), from the
@@ -308,12 +314,26 @@ def expected_payloads(w: WorkloadConfig, n: int, chunks: int) -> dict[str, float
     return step_payloads(w, n, chunks, rows, fresh, np.array([samples]), np.array([tokens]))
 
 
+def scope_ranks(scope: str, n: int, per_node: int) -> tuple[int, int | None]:
+    """(ranks, GPUs a node) that a collective of `scope` (fsbench.training.step_program.Comm)
+    runs on, of n ranks per_node a node: the node's ranks (`node`, `in_node`); one a node
+    (`rail`: every peer on another node, G = 1); every rank (`all`, `nodes`)."""
+    if scope in ("node", "in_node"):
+        return min(n, per_node), None
+    if scope == "rail":
+        return max(1, n // per_node), 1
+    return n, None
+
+
 def comm_bytes(comm, payloads: dict[str, float], dense_bytes: float, per_node: int, n: int) -> float:
     """A rank's bytes of one collective of a step program (fsbench.training.step_program.Comm):
     its share of its payload (`dense_grads`: the dense part's `dense_bytes`); an exchange
     split by node (sm_free beyond one node) moves the node's peers' part of it over the copy
-    engines (`node`) and the other nodes' over NCCL (`nodes`)."""
-    part = {"all": 1.0, "node": min(1.0, per_node / n), "nodes": max(0.0, 1 - per_node / n)}
+    engines (`node`) and the other nodes' over NCCL (`nodes`); one in two hops moves all of
+    it in each (`in_node`, `rail`: as many rows enter and leave a rank's hop in
+    expectation)."""
+    part = {"all": 1.0, "node": min(1.0, per_node / n), "nodes": max(0.0, 1 - per_node / n),
+            "in_node": 1.0, "rail": 1.0}
     whole = dense_bytes if comm.payload == "dense_grads" else payloads[comm.payload]
     return whole * comm.share * part[comm.scope]
 

@@ -56,11 +56,12 @@ class SimProfile:
     growths: tuple[float, ...] = (1.0,)
     """The cuts the chunk rule may choose among (each sub-batch's tokens against the one
     before's); an asked cut: that one alone."""
-    program: Callable[[list[Bucket], int, int, object, float], StepProgram] = (
-        lambda buckets, gpus_per_node, chunks, workload=None, growth=1.0: ddp_program(buckets))
+    program: Callable[[list[Bucket], int, int, object, float, bool], StepProgram] = (
+        lambda buckets, gpus_per_node, chunks, workload=None, growth=1.0, gpu=False: ddp_program(buckets))
     """(DDP's buckets, GPUs a node, the row exchange's chunks as chosen, the workload as
     simulated: how a trainer cuts its step may follow the data, each sub-batch's tokens
-    against the one before's as chosen) -> the trainer's
+    against the one before's as chosen, whether the ranks are GPUs: a host that waits
+    runs otherwise than a stream that does) -> the trainer's
     step as ops (fsbench.training.step_program): every collective it issues and waits for,
     in its order, and its host syncs. The simulator costs exactly these
     (fsbench.scaling.step_engine)."""

@@ -174,7 +174,8 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # cluster's costs (its program replayed, chunk_replay; the links alone, chunking, where
     # no encoder cost is known), so the routing and the program are the trainer's there.
     per_node, sync_ms = hosts(cluster, n)
-    estimate = StepEstimate(lambda k, g: prof.program(ready_buckets, per_node, k, w, g), costs_model, per_node,
+    gpu_hosts = cluster.compute != "fit"
+    estimate = StepEstimate(lambda k, g: prof.program(ready_buckets, per_node, k, w, g, gpu_hosts), costs_model, per_node,
                             tuple(buckets), sync_ms, cluster.name)
     chunking = None if prof.exchange == "none" else choose_chunks(
         w, n, lambda k, nbytes: costs_model.collective_ms("all_to_all", k, nbytes), cluster.name,
@@ -214,7 +215,6 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # computes (the host launches ahead of it), so on a GPU it costs the step only beyond
     # the step; on `local` it is the rank's own CPU work (below).
     speed, workers = cluster.host_cpu_speed, cluster.input_workers
-    gpu_hosts = cluster.compute != "fit"
     if prof.sample_exchange:
         # data=sharded: the plan and the request are made on the rank's thread once the
         # lengths are gathered (no loader worker can: it holds one shard), beside its prep.
@@ -226,7 +226,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # The previous step's global item draws (negatives shared by all ranks) and samples:
     # the rows it updated, which the prioritized exchange cannot send before its update.
     prev = None
-    program = prof.program(ready_buckets, per_node, chunks, w, growth)
+    program = prof.program(ready_buckets, per_node, chunks, w, growth, gpu_hosts)
     carry = carry_alone = None  # what each step leaves in flight for the next
     rows = []
     for window, lengths, plans, _ in windows:
@@ -273,8 +273,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
                     # pays its own latency, as nccl-tests times every call (below).
                     last = comm.name.endswith(f":{len(buckets) - 1}")
                     return max(t_ar * comm.share, t_last if last else 0.0)
-                return costs_model.collective_ms(comm.op, min(n, per_node) if comm.scope == "node" else n,
-                                                 comm_bytes(comm))
+                return costs_model.comm_ms(comm, n, per_node, comm_bytes(comm))
 
             # The step the trainer runs (its program), on the fastest rank's compute: what
             # it hides under its forward, backward and table step, and what it waits for.
@@ -292,7 +291,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
             def sm_share(comm) -> float:
                 if not (prof.sm_free and comm.payload in ROW_PAYLOADS):
                     return 1.0
-                return prof.nodes_sm_share if comm.scope == "nodes" else 0.0
+                return prof.nodes_sm_share if comm.scope in ("nodes", "rail") else 0.0
 
             on_sm = sum(ms * sm_share(kinds[name]) for name, ms in hidden_by.items())
             slowed = transport_slow * min(max(on_sm, 0.0), float(model_ms.min()))

@@ -34,8 +34,10 @@ from typing import Callable
 from fsbench.training.step_program import Compute, HostSync, Issue, StepProgram, Wait
 
 NEXT = "@next"  # marks a next-step collective issued in this step, in flight
-LINKS_OF_SCOPE = {"all": ("node", "nic"), "node": ("node",), "nodes": ("nic",)}
-"""The links a collective uses, by the peers it reaches (Comm.scope)."""
+LINKS_OF_SCOPE = {"all": ("node", "nic"), "node": ("node",), "nodes": ("nic",),
+                  "in_node": ("node",), "rail": ("nic",)}
+"""The links a collective uses, by the peers it reaches (Comm.scope; fsbench.scaling.sim_costs
+`scope_ranks`)."""
 
 
 @dataclasses.dataclass

@@ -46,7 +46,9 @@ class Comm:
     functions' names)."""
     scope: str = "all"
     """Which peers it reaches: all, the node's (`node`) or the other nodes' (`nodes`): an
-    exchange split by node (FreeScale's sm_free beyond one node)."""
+    exchange split by node (FreeScale's sm_free beyond one node); every row among the
+    node's ranks (`in_node`), then along a rail, one rank a node (`rail`): an exchange in
+    two hops (FreeScale's a2a=hierarchical)."""
     channel: str = "world"
     """The communicator (process group) or copy stream that carries it: one stream on the
     GPU, so a channel's collectives run one after another, while different channels' run
