@@ -52,7 +52,7 @@ HERE = Path(__file__).resolve().parent.parent
 SHARDED = {"balance": "off", "tables": "sharded", "overlap": "off", "priority": "off",
            "transport": "collective"}
 FULL = {"balance": "on", "tables": "sharded", "overlap": "on", "priority": "on",
-        "transport": "sm_free"}
+        "transport": "sm_free", "a2a": "hierarchical"}
 CONFIGS = {
     "sharded baseline": ("torchrec", {"sharding": "row_wise"}),
     "ddp": ("ddp", {}),
@@ -60,12 +60,15 @@ CONFIGS = {
     "overlap alone": ("freescale", {**SHARDED, "overlap": "on"}),
     "prioritized a2a alone": ("freescale", {**SHARDED, "overlap": "on", "priority": "on"}),
     "overlap + SM-free": ("freescale", {**SHARDED, "overlap": "on", "transport": "sm_free"}),
+    "two-hop a2a alone": ("freescale", {**SHARDED, "a2a": "hierarchical"}),
     "freescale": ("freescale", FULL),
     "freescale window=4": ("freescale", {**FULL, "window": "4"}),
 }
 # Every configuration runs at every size: beyond one node the SM-free transport moves a
 # node's own rows on copy engines and the other nodes' over NCCL with its CTAs capped
-# (freescale_impl.node_transport), as the simulator books it (`sm_free_nodes`).
+# (freescale_impl.node_transport), as the simulator books it (`sm_free_nodes`); with
+# a2a=hierarchical (FreeScale in full) every row goes in two hops instead, inside the node
+# on copy engines, then along the rails over NCCL, CTAs capped (freescale_impl.rail_transport).
 
 # Long histories, where stragglers exist (MovieLens-1M and KuaiRand-1K lengths), and a
 # short-history one where communication dominates (`medium` with Amazon-Beauty lengths).
@@ -157,9 +160,13 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str,
         "but chunk 0's (the shared negatives), which follows DDP's last bucket; with priority, the next step's final rows fly during the backward "
         "and its fresh rows after the update; the requests of later steps travel in one control "
         "all-to-all a step, read at the next step's start (the step's one host sync, booked); and "
-        "beyond one node the SM-free transport moves a node's own rows on copy engines (no host "
-        "sync: each receiver's slot is at a known place) and the other nodes' over NCCL with its "
-        "CTAs capped, their SMs booked. Every configuration all-reduces "
+        "beyond one node FreeScale in full moves every row in two hops (`a2a=hierarchical`, "
+        "freescale_impl.rail_transport): to the node-mate on the destination's rail on copy engines "
+        "(no host sync: each receiver's slot is at a known place), then one all-to-all along the "
+        "rail, one GPU a node, over NCCL with its CTAs capped, their SMs booked: M - 1 + G - 1 peers "
+        "a rank where a flat all-to-all has N - 1, the same bytes across nodes (`overlap + SM-free` "
+        "alone splits each exchange by node instead: the node's rows on copy engines, the other "
+        "nodes' in one capped all-to-all). Every configuration all-reduces "
         f"its dense gradients in buckets of {get_workload('medium').dense_bucket_mb:g} MiB "
         "(`dense_bucket_mb`, one default for every trainer; DDP's own is 25), each an NCCL call "
         "with its own latency: the last bucket is made as the backward ends and is exposed "
@@ -174,8 +181,9 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str,
         "FreeScale. Each technique alone on top of the sharded baseline: the balanced plan; "
         "the overlapped all-to-all; the prioritized overlapped all-to-all; the SM-free "
         "transport with the overlap it needs (`overlap + SM-free` against `overlap alone` is "
-        "SM-free's own effect: a blocking exchange slows no compute). FreeScale in full (all "
-        "three) and with a look-ahead window of 4. Presets: `medium` (MovieLens-1M lengths) "
+        "SM-free's own effect: a blocking exchange slows no compute); the two-hop all-to-all "
+        "(`a2a=hierarchical`, blocking, on SMs). FreeScale in full (all three, the exchange in two "
+        "hops) and with a look-ahead window of 4. Presets: `medium` (MovieLens-1M lengths) "
         "and `large` (KuaiRand-1K lengths), long histories where stragglers exist, and "
         "`medium-short` (`medium` with Amazon-Beauty lengths), short histories where "
         "communication dominates. `reduction`: 1 - bubble / the other's bubble at the same "
@@ -291,24 +299,16 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str,
 
 
 WHY_IT_MOVED = (
-    "Why it moved (against the table of `e098304`, simulated at 940c46a): what the simulator books of the "
-    "encoder, and how FreeScale chooses its chunks. (1) A sub-batch is a pass of the encoder: "
-    "it launches every layer again (`layer_overhead_ms` per layer, ASSUMED) and pays a fit's "
-    "batch terms again; a step of C sub-batches was booked one pass's. (2) The host launches "
-    "ahead of the device, so a pass takes the longer of its kernels and its launches, and the "
-    "difference is a launch gap, idle (ARCHITECTURE: busy is compute kernels); launches were "
-    "added to every step as busy compute. This moves every trainer on the GPU preset: where a "
-    "rank's kernels take less than a pass's launches (short histories, few samples a GPU), "
-    "its GPU idles the rest, and the bubble of every trainer there rises. (3) The trainer "
-    "chooses its chunk count by replaying its own step program at each count on the "
-    "cluster's costs (`fsbench.scaling.chunk_replay`), as the simulator does: launches, the "
-    "dense all-reduce's window and the links weighed together, where the rule weighed the "
-    "links alone (at most 4). It takes one chunk where passes are launch-bound and up to 16 "
-    "where compute dwarfs them. (4) It chooses the cut with the count: sub-batches of equal "
-    "tokens, or each 1.5 or 2 times the one before (`freescale.chunk_growth`), so that the "
-    "first sub-batch, which the forward waits for and whose chunk leaves last in backward, "
-    "can be the smallest. The input stage's plan and routing ran on one pinned core "
-    "with one torch thread (`OMP_NUM_THREADS=1 taskset -c 1`), as before.\n")
+    "Why it moved (against the table of `d40647f`): FreeScale in full moves its rows in two hops "
+    "beyond one node (`freescale.a2a=hierarchical`, freescale_impl.rail_transport): to the "
+    "node-mate on the destination's rail over NVLink, then one all-to-all among one GPU a node. "
+    "An all-to-all pays each peer (`a2a_peer_s`, fitted on nccl-tests all-to-all logs of 2 to 80 "
+    "ranks, 10 nodes of one GPU among them, a rail's layout; scaled down with the message "
+    "below 32 MiB as the model assumes), so at 256 GPUs an "
+    "exchange pays 31 + 7 peers instead of 255; the bytes across nodes are the same. Nothing "
+    "else moved: the sharded baseline and every technique alone run as before, and `two-hop a2a "
+    "alone` is new. The input stage's plan and routing ran on one pinned core with one torch "
+    "thread (`OMP_NUM_THREADS=1 taskset -c 1`), as before.\n")
 """The last regeneration's reason, rendered under the before/after table: rewrite it with
 each regeneration that gives --before."""
 
