@@ -64,6 +64,16 @@ def hop_plan(node_splits: torch.Tensor, local_rank: int, recv_splits: list[int])
             "hop2_recv": torch.tensor(recv_splits, dtype=torch.int64).view(m, g).sum(1).tolist()}
 
 
+class _ReadElsewhere(Pending):
+    """Hop 2's exchange, issued on the side stream and read on the stream that waits for
+    it: that stream holds its output too, for the caching allocator."""
+
+    def wait(self) -> torch.Tensor:
+        out = super().wait()
+        out.record_stream(torch.cuda.current_stream(out.device))
+        return out
+
+
 class RailTransport:
     """The two-hop exchange of the module docstring, with the transport interface
     (freescale_impl.transport): `inside` moves hop 1 on the node's group, `rail` hop 2."""
@@ -90,11 +100,15 @@ class RailTransport:
         if self._side is None:
             self._side = torch.cuda.Stream(device=send.device)
         self._side.wait_stream(torch.cuda.current_stream(send.device))
+        send.record_stream(self._side)  # read there: the allocator must not reuse it before
         with torch.cuda.stream(self._side):
-            return self._hops(send, plan, name)
+            second = self._hops(send, plan, name)
+        return _ReadElsewhere(second.name, second.output, second._work)
 
     def _hops(self, send: torch.Tensor, plan: dict, name: str) -> Pending:
-        to = lambda t: t.to(send.device, non_blocking=True)  # noqa: E731
+        def to(t: torch.Tensor) -> torch.Tensor:
+            # pinned: a copy from pageable memory would sync the stream first (a host sync)
+            return t.pin_memory().to(send.device, non_blocking=True) if send.is_cuda else t
         first = self.inside.all_to_all(send.index_select(0, to(plan["first"])), plan["hop1_send"],
                                        plan["hop1_recv"], f"{name}.node")
         gathered = first.wait()

@@ -16,7 +16,10 @@ WHAT = {
     "emb.control": "control (the requests of later steps)",
     "host_sync": "host syncs (the device drains its queue)",
 }
-WHERE = {".nodes": ", the other nodes' part over NCCL", ".node": ", the node's part on copy engines"}
+# Beyond one node an exchange has a part inside the node (copy engines: sm_free's node rows,
+# or the two-hop exchange's first hop) and one across nodes over NCCL (the other nodes'
+# rows, or the hop along the rails).
+WHERE = {".nodes": ", its part across nodes, over NCCL", ".node": ", its part inside the node, on copy engines"}
 
 
 def what(kind: str) -> str:

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from exchange_check import against_one_all_to_all
 from ports import free_port
 from rank_spawn import spawn_ranks
 
@@ -37,18 +38,7 @@ def _rank_main(rank: int, world: int, port: int, out: str) -> None:
         node = node_groups[rank // local]
         split = NodeSplitTransport(CollectiveTransport(node), dist.new_group(), rank, local)
         plain = CollectiveTransport(dist.new_group())
-        gen = torch.Generator().manual_seed(rank)
-        # uneven splits, some empty, the same on both transports (every rank's recv
-        # splits from the others' send splits, all gathered)
-        send_splits = torch.randint(0, 4, (world,), generator=gen)
-        send_splits[(rank + 1) % world] = 0
-        every = [torch.zeros(world, dtype=torch.int64) for _ in range(world)]
-        dist.all_gather(every, send_splits)
-        recv = [int(every[src][rank]) for src in range(world)]
-        send = torch.randn(int(send_splits.sum()), 3, generator=gen)
-        sends = send_splits.tolist()
-        got = split.all_to_all(send, sends, recv, "x").wait()
-        want = plain.all_to_all(send, sends, recv, "y").wait()
+        got, want = against_one_all_to_all(split, plain, rank, world, seed=rank)
         torch.save({"got": got, "want": want}, f"{out}/rank-{rank}.pt")
     finally:
         dist.destroy_process_group()

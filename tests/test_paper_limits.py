@@ -47,8 +47,8 @@ def test_limits_name_each_part_and_judge_the_targets():
 
 def test_a_part_between_nodes_is_named_as_such():
     assert pl.what("emb.fetch.nodes") == ("rows (the next step's fresh rows, sent after the update, "
-                                           "before its forward, the other nodes' part over NCCL)")
-    assert pl.what("emb.grad.node").endswith("the node's part on copy engines)")
+                                           "before its forward, its part across nodes, over NCCL)")
+    assert pl.what("emb.grad.node").endswith("its part inside the node, on copy engines)")
     assert pl.what("samples.tokens") == "samples.tokens"
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from exchange_check import against_one_all_to_all
 from ports import free_port
 from rank_spawn import spawn_ranks
 
@@ -77,16 +78,7 @@ def _rank_main(rank: int, world: int, port: int, out: str) -> None:
             rails = [dist.new_group([m * local + j for m in range(world // local)]) for j in range(local)]
             node = nodes[rank // local]
             two_hops = RailTransport(CollectiveTransport(node), rails[rank % local], node, rank % local, local)
-            gen = torch.Generator().manual_seed(rank + 100 * local)
-            send_splits = torch.randint(0, 4, (world,), generator=gen)
-            send_splits[(rank + 1) % world] = 0
-            every = [torch.zeros(world, dtype=torch.int64) for _ in range(world)]
-            dist.all_gather(every, send_splits)
-            recv = [int(every[src][rank]) for src in range(world)]
-            send = torch.randn(int(send_splits.sum()), 3, generator=gen)
-            got = two_hops.all_to_all(send, send_splits.tolist(), recv, "x").wait()
-            want = plain.all_to_all(send, send_splits.tolist(), recv, "y").wait()
-            results[local] = (got, want)
+            results[local] = against_one_all_to_all(two_hops, plain, rank, world, seed=rank + 100 * local)
         torch.save(results, f"{out}/rank-{rank}.pt")
     finally:
         dist.destroy_process_group()
