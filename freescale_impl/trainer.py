@@ -330,6 +330,8 @@ class FreeScaleTrainer(DataParallelTrainer):
                "routing": self.routing, "routing_rule": self.routing_rule}
         if self._priority() != self.options.priority:
             ran["priority"] = self._priority()
+        if self.options.a2a == "hierarchical" and not ran["transport"].startswith("hierarchical"):
+            ran["a2a"] = f"flat (one node: {self.ctx.world_size} ranks; two hops need more than a node's)"
         return ran
 
     def _priority(self) -> str:
