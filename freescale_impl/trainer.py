@@ -204,7 +204,8 @@ class FreeScaleTrainer(DataParallelTrainer):
                           sample_exchange=opts.data == "sharded",
                           window=opts.window if opts.balance == "on" else 1,
                           chunks=opts.chunks, growths=growth_choices(opts), program=program,
-                          nodes_sm_share=min(1.0, opts.comm_ctas / NCCL_DEFAULT_CTAS) if opts.comm_ctas else 1.0)
+                          nodes_sm_share=min(1.0, opts.comm_ctas / NCCL_DEFAULT_CTAS) if opts.comm_ctas else 1.0,
+                          ranks_a_node=opts.node_ranks)
 
     @staticmethod
     def input_stage(workload, options: dict[str, str], n: int, routing: str, repeats: int,

@@ -68,6 +68,9 @@ class SimProfile:
     nodes_sm_share: float = 1.0
     """Of what NCCL's kernels take from overlapped compute, the share an exchange between
     nodes takes with its CTAs capped (FreeScale's sm_free beyond one node: comm_ctas)."""
+    ranks_a_node: int = 0
+    """Ranks a node as the trainer was told (FreeScale's node_ranks), over the cluster's
+    GPUs a node (0: the cluster's; on `local`, every rank on one host)."""
 
     def __post_init__(self) -> None:
         assert self.exchange in EXCHANGES, self.exchange

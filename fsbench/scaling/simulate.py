@@ -174,6 +174,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # cluster's costs (its program replayed, chunk_replay; the links alone, chunking, where
     # no encoder cost is known), so the routing and the program are the trainer's there.
     per_node, sync_ms = hosts(cluster, n)
+    per_node = min(n, prof.ranks_a_node or per_node)
     gpu_hosts = cluster.compute != "fit"
     estimate = StepEstimate(lambda k, g: prof.program(ready_buckets, per_node, k, w, g, gpu_hosts), costs_model, per_node,
                             tuple(buckets), sync_ms, cluster.name)
