@@ -181,7 +181,7 @@ class TorchRecTrainer:
         from fsbench.scaling.sim_inputs import SimProfile
 
         return SimProfile(tables=TorchRecTrainer.table_memory(options, world_size), exchange="blocking",
-                          program=lambda buckets, _gpus_per_node, _chunks, _workload=None, _growth=1.0, _gpu=False: torchrec_step_program(buckets, options.get("pipeline", "sparse")))
+                          program=lambda buckets, _gpus_per_node, _chunks, _workload=None, _growth=1.0, _gpu=False, _route="": torchrec_step_program(buckets, options.get("pipeline", "sparse")))
 
     notes = (
         "TorchRec DMP + train pipeline, fused (fbgemm) table updates inside backward. Spans: "

@@ -53,16 +53,25 @@ def step_estimate(opts, workload, n: int, device: str, store) -> StepEstimate | 
         return None
     per_node, sync_ms = hosts(cluster, n)
     buckets = step_buckets(workload)
-    return StepEstimate(lambda c, g: step_program(opts, n, buckets, per_node, c, workload, g, device == "cuda"),
+    return StepEstimate(lambda c, g, r="": step_program(opts, n, buckets, per_node, c, workload, g,
+                                                        device == "cuda", r),
                         costs, per_node,
-                        tuple(b.nbytes for b in buckets), sync_ms, cluster.name)
+                        tuple(b.nbytes for b in buckets), sync_ms, cluster.name, a2a_routes(opts))
+
+
+def a2a_routes(opts) -> tuple[str, ...]:
+    """The routes the chunk rule tries: both under a2a=auto (flat wins a tie), else none
+    to choose (the program follows `a2a`)."""
+    return ("flat", "hierarchical") if opts.a2a == "auto" else ("",)
 
 
 def step_program(opts, world_size: int, buckets, gpus_per_node: int, chunks: int,
-                 workload=None, growth: float = 1.0, gpu: bool = False) -> StepProgram:
+                 workload=None, growth: float = 1.0, gpu: bool = False, route: str = "") -> StepProgram:
     """The step the trainer runs with these switches (freescale_impl.step_schedule), with
-    `chunks` chunks, on GPUs or CPU ranks: what the simulator costs and the chunk rule
-    replays."""
+    `chunks` chunks, on GPUs or CPU ranks, its exchanges routed by `route` (flat |
+    hierarchical, the chunk rule's choice under a2a=auto; else `a2a`, auto meaning flat):
+    what the simulator costs and the chunk rule replays."""
+    a2a = route or ("flat" if opts.a2a == "auto" else opts.a2a)
     if opts.tables != "sharded":
         return ddp_program(buckets)
     exchange = ("blocking" if opts.overlap == "off" else
@@ -71,7 +80,7 @@ def step_program(opts, world_size: int, buckets, gpus_per_node: int, chunks: int
     if world_size > ranks_a_node(opts.node_ranks, world_size, gpus_per_node):
         # beyond a node: two hops (inside the node on the transport, then the rails), or
         # sm_free's split of each exchange by node
-        if opts.a2a == "hierarchical":
+        if a2a == "hierarchical":
             transport = "rail_sm_free" if transport == "sm_free" else "rail" if gpu else "rail_host"
         elif transport == "sm_free":
             transport = "sm_free_nodes"

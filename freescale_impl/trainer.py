@@ -56,7 +56,7 @@ from freescale_impl.routing import OwnRequest, RoutedShare, check_routing, choos
 from freescale_impl.sample_exchange import exchange_samples
 from freescale_impl.sharded_step import ShardedTableTrainer
 from freescale_impl.node_transport import NCCL_DEFAULT_CTAS
-from freescale_impl.chunk_choice import exchange_chunks, growth_choices, step_program  # noqa: F401  (exchange_chunks: the trainer's API)
+from freescale_impl.chunk_choice import a2a_routes, exchange_chunks, growth_choices, step_program  # noqa: F401  (exchange_chunks: the trainer's API)
 from freescale_impl.transport import sm_free_unavailable
 
 
@@ -103,10 +103,11 @@ class FreeScaleOptions(TrainerOptions):
     comm_ctas: int = field(default=0, metadata={"min": 0})
     """sm_free beyond one node: the CTAs (SMs) NCCL may use for the rows between nodes
     (0: NCCL's own limit; freescale_impl.node_transport). NOT YET RUN ON A GPU."""
-    a2a: Literal["flat", "hierarchical"] = "flat"
+    a2a: Literal["flat", "hierarchical", "auto"] = "flat"
     """Beyond one node, each row exchange as one all-to-all over every rank (flat: N - 1
     peers a rank), or in two hops, inside the node, then across nodes among the ranks of
-    one local index (hierarchical: G - 1 + N/G - 1 peers; freescale_impl.rail_transport).
+    one local index (hierarchical: G - 1 + N/G - 1 peers; freescale_impl.rail_transport);
+    auto: the chunk rule's replay chooses with the count (flat where it does not replay).
     NOT YET RUN ON A GPU."""
     node_ranks: int = field(default=0, metadata={"min": 0})
     """Ranks a node, where sm_free and a2a=hierarchical split an exchange (0: the
@@ -127,8 +128,8 @@ class FreeScaleOptions(TrainerOptions):
         if self.data == "sharded" and self.routing == "host":
             raise ConfigError(f"{prefix}.routing=host needs {prefix}.data=replicated (a rank "
                               "that reads only its shard cannot route the others' samples)")
-        if self.a2a == "hierarchical" and self.tables != "sharded":
-            raise ConfigError(f"{prefix}.a2a=hierarchical needs {prefix}.tables=sharded (replicated "
+        if self.a2a != "flat" and self.tables != "sharded":
+            raise ConfigError(f"{prefix}.a2a={self.a2a} needs {prefix}.tables=sharded (replicated "
                               "tables exchange no rows)")
         if self.data == "sharded" and self.window != 1:
             raise ConfigError(f"{prefix}.window > 1 needs {prefix}.data=replicated (a window "
@@ -194,8 +195,8 @@ class FreeScaleTrainer(DataParallelTrainer):
         # chunks the simulator chose as the trainer would (chunks=0: the chunking rule on
         # the simulated cluster): the simulator costs what the trainer runs.
         def program(buckets, gpus_per_node: int, chunks: int, workload=None, growth: float = 1.0,
-                    gpu: bool = False):
-            return step_program(opts, world_size, buckets, gpus_per_node, chunks, workload, growth, gpu)
+                    gpu: bool = False, route: str = ""):
+            return step_program(opts, world_size, buckets, gpus_per_node, chunks, workload, growth, gpu, route)
 
         return SimProfile(tables=FreeScaleTrainer.table_memory(options, world_size),
                           exchange=exchange, sm_free=opts.transport == "sm_free", plan=plan,
@@ -205,7 +206,7 @@ class FreeScaleTrainer(DataParallelTrainer):
                           window=opts.window if opts.balance == "on" else 1,
                           chunks=opts.chunks, growths=growth_choices(opts), program=program,
                           nodes_sm_share=min(1.0, opts.comm_ctas / NCCL_DEFAULT_CTAS) if opts.comm_ctas else 1.0,
-                          ranks_a_node=opts.node_ranks)
+                          ranks_a_node=opts.node_ranks, routes=a2a_routes(opts))
 
     @staticmethod
     def input_stage(workload, options: dict[str, str], n: int, routing: str, repeats: int,
@@ -279,7 +280,8 @@ class FreeScaleTrainer(DataParallelTrainer):
         if self.sharded:
             self.ctx, self.run, self.source = ctx, run, source
             self.chunking = self._chunking(ctx, run, store_dir)
-            self.tables = ShardedTableTrainer(ctx, run, dataclasses.replace(opts, chunks=self.chunking.chunks),
+            a2a = (self.chunking.route or "flat") if opts.a2a == "auto" else opts.a2a
+            self.tables = ShardedTableTrainer(ctx, run, dataclasses.replace(opts, chunks=self.chunking.chunks, a2a=a2a),
                                               growth=self.chunking.growth)
             self.routing, self.routing_rule = choose_routing(opts.routing, ctx.world_size, opts.data)
         else:
@@ -302,13 +304,15 @@ class FreeScaleTrainer(DataParallelTrainer):
         every rank: a count is a number of collectives, and a host without rank 0's comm
         fit would choose another (a deadlock)."""
         chosen = exchange_chunks(self.options, run.workload, ctx.world_size, ctx.device.type, store_dir)
-        held = torch.tensor([chosen.chunks, chosen.growth], dtype=torch.float64, device=ctx.device)
+        routes = ("", "flat", "hierarchical")
+        held = torch.tensor([chosen.chunks, chosen.growth, routes.index(chosen.route)], dtype=torch.float64,
+                            device=ctx.device)
         dist.broadcast(held, src=0, group=ctx.group)
-        chunks, growth = int(held[0]), float(held[1])
-        if (chunks, growth) == (chosen.chunks, chosen.growth):
+        chunks, growth, route = int(held[0]), float(held[1]), routes[int(held[2])]
+        if (chunks, growth, route) == (chosen.chunks, chosen.growth, chosen.route):
             return chosen
-        return ChunkChoice(chunks, f"rank 0's (this rank's rule gave {chosen.chunks} x {chosen.growth:g})",
-                           ctx.world_size, growth=growth)
+        return ChunkChoice(chunks, f"rank 0's (this rank's rule gave {chosen.line()})",
+                           ctx.world_size, growth=growth, route=route)
 
     def make_preparer(self) -> Preparer:
         if self.options.data == "sharded":
@@ -331,7 +335,7 @@ class FreeScaleTrainer(DataParallelTrainer):
                "routing": self.routing, "routing_rule": self.routing_rule}
         if self._priority() != self.options.priority:
             ran["priority"] = self._priority()
-        if self.options.a2a == "hierarchical" and not ran["transport"].startswith("hierarchical"):
+        if self.options.a2a != "flat" and not ran["transport"].startswith("hierarchical"):
             ran["a2a"] = f"flat (one node: {self.ctx.world_size} ranks; two hops need more than a node's)"
         return ran
 

@@ -52,7 +52,7 @@ HERE = Path(__file__).resolve().parent.parent
 SHARDED = {"balance": "off", "tables": "sharded", "overlap": "off", "priority": "off",
            "transport": "collective"}
 FULL = {"balance": "on", "tables": "sharded", "overlap": "on", "priority": "on",
-        "transport": "sm_free", "a2a": "hierarchical"}
+        "transport": "sm_free", "a2a": "auto"}
 CONFIGS = {
     "sharded baseline": ("torchrec", {"sharding": "row_wise"}),
     "ddp": ("ddp", {}),
@@ -67,8 +67,9 @@ CONFIGS = {
 # Every configuration runs at every size: beyond one node the SM-free transport moves a
 # node's own rows on copy engines and the other nodes' over NCCL with its CTAs capped
 # (freescale_impl.node_transport), as the simulator books it (`sm_free_nodes`); with
-# a2a=hierarchical (FreeScale in full) every row goes in two hops instead, inside the node
-# on copy engines, then along the rails over NCCL, CTAs capped (freescale_impl.rail_transport).
+# a2a=auto (FreeScale in full) the chunk rule's replay chooses, with the count, whether every
+# row goes in two hops instead, inside the node on copy engines, then along the rails over
+# NCCL, CTAs capped (freescale_impl.rail_transport).
 
 # Long histories, where stragglers exist (MovieLens-1M and KuaiRand-1K lengths), and a
 # short-history one where communication dominates (`medium` with Amazon-Beauty lengths).
@@ -160,8 +161,9 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str,
         "but chunk 0's (the shared negatives), which follows DDP's last bucket; with priority, the next step's final rows fly during the backward "
         "and its fresh rows after the update; the requests of later steps travel in one control "
         "all-to-all a step, read at the next step's start (the step's one host sync, booked); and "
-        "beyond one node FreeScale in full moves every row in two hops (`a2a=hierarchical`, "
-        "freescale_impl.rail_transport): to the node-mate on the destination's rail on copy engines "
+        "beyond one node FreeScale in full may move every row in two hops (`a2a=auto`: its chunk rule's "
+        "replay chooses flat or two hops with the count, the route in each summary's "
+        "`exchange_chunks_why`; freescale_impl.rail_transport): to the node-mate on the destination's rail on copy engines "
         "(no host sync: each receiver's slot is at a known place), then one all-to-all along the "
         "rail, one GPU a node, over NCCL with its CTAs capped, their SMs booked: M - 1 + G - 1 peers "
         "a rank where a flat all-to-all has N - 1, the same bytes across nodes (`overlap + SM-free` "
@@ -182,8 +184,8 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str,
         "the overlapped all-to-all; the prioritized overlapped all-to-all; the SM-free "
         "transport with the overlap it needs (`overlap + SM-free` against `overlap alone` is "
         "SM-free's own effect: a blocking exchange slows no compute); the two-hop all-to-all "
-        "(`a2a=hierarchical`, blocking, on SMs). FreeScale in full (all three, the exchange in two "
-        "hops) and with a look-ahead window of 4. Presets: `medium` (MovieLens-1M lengths) "
+        "(`a2a=hierarchical` at every size, blocking, on SMs). FreeScale in full (all three, the "
+        "exchange's route chosen) and with a look-ahead window of 4. Presets: `medium` (MovieLens-1M lengths) "
         "and `large` (KuaiRand-1K lengths), long histories where stragglers exist, and "
         "`medium-short` (`medium` with Amazon-Beauty lengths), short histories where "
         "communication dominates. `reduction`: 1 - bubble / the other's bubble at the same "
@@ -299,13 +301,16 @@ def markdown(df: pd.DataFrame, sens: pd.DataFrame | None, steps: int, sha: str,
 
 
 WHY_IT_MOVED = (
-    "Why it moved (against the table of `d40647f`): FreeScale in full moves its rows in two hops "
-    "beyond one node (`freescale.a2a=hierarchical`, freescale_impl.rail_transport): to the "
-    "node-mate on the destination's rail over NVLink, then one all-to-all among one GPU a node. "
+    "Why it moved (against the table of `d40647f`): FreeScale in full may move its rows in two "
+    "hops beyond one node (`freescale.a2a=auto`: the chunk rule's replay chooses flat or two hops "
+    "with the count; freescale_impl.rail_transport): to the node-mate on the destination's rail "
+    "over NVLink, then one all-to-all among one GPU a node. "
     "An all-to-all pays each peer (`a2a_peer_s`, fitted on nccl-tests all-to-all logs of 2 to 80 "
     "ranks, 10 nodes of one GPU among them, a rail's layout; scaled down with the message "
     "below 32 MiB as the model assumes), so at 256 GPUs an "
-    "exchange pays 31 + 7 peers instead of 255; the bytes across nodes are the same. Nothing "
+    "exchange pays 31 + 7 peers instead of 255; the bytes across nodes are the same, and the two "
+    "hops follow each other, so at a few nodes, and for large messages, flat is faster and is "
+    "chosen (`two-hop a2a alone`, forced at every size, shows where each wins). Nothing "
     "else moved: the sharded baseline and every technique alone run as before, and `two-hop a2a "
     "alone` is new. The input stage's plan and routing ran on one pinned core with one torch "
     "thread (`OMP_NUM_THREADS=1 taskset -c 1`), as before.\n")

@@ -101,9 +101,9 @@ def test_the_simulator_runs_the_count_the_rule_gives_at_each_world_size():
         profile = profile_of("freescale", run.trainer_options, n)
         used = []
 
-        def program(buckets, gpus_per_node, chunks, workload, growth=1.0, gpu=False, build=profile.program):
+        def program(buckets, gpus_per_node, chunks, workload, growth=1.0, gpu=False, route="", build=profile.program):
             used.append(chunks)
-            return build(buckets, gpus_per_node, chunks, workload, growth, gpu)
+            return build(buckets, gpus_per_node, chunks, workload, growth, gpu, route)
 
         summary, _ = simulate_run(run, H100, ".", profile=dataclasses.replace(profile, program=program),
                                   planner_time=False)
@@ -163,6 +163,29 @@ def test_the_replayed_rule_takes_the_shortest_predicted_step_and_ties_to_fewer_c
         assert all(ms > best * (1 + TIE) for k, ms in c.predicted_ms.items()
                    if int(k.split("x")[0]) < c.chunks)
         assert c.line().startswith(f"chunks={c.chunks}") and f"(replay on h100 at {n} ranks" in c.line()
+
+
+def test_under_a2a_auto_the_replay_routes_each_count_both_ways_and_the_simulator_runs_its_choice():
+    """a2a=auto: every count and cut is replayed flat and in two hops (the first a tie's);
+    the choice is the shortest, the trainer's and the simulator's alike. On one node
+    (8 ranks, 8 a node) the two routes are the same step, so flat wins the tie."""
+    from fsbench.scaling.chunk_replay import TIE, candidate_name
+
+    opts = FreeScaleOptions.parse({"a2a": "auto"})
+    for n in (8, 256):
+        w = dataclasses.replace(weak("medium", n, 32), steps=3, warmup=1)
+        c = exchange_chunks(opts, w, n, "cuda", None)
+        names = list(c.predicted_ms)
+        assert names[:2] == ["1 flat", "1 hierarchical"] and len(names) % 2 == 0
+        best = min(c.predicted_ms.values())
+        assert c.route in ("flat", "hierarchical")
+        assert c.predicted_ms[candidate_name(c.chunks, c.growth, c.route)] <= best * (1 + TIE)
+        if n == 8:
+            assert c.predicted_ms["1 flat"] == c.predicted_ms["1 hierarchical"] and c.route == "flat"
+        run = RunConfig(workload=w, trainer="freescale", world_size=n,
+                        trainer_options=trainer_options("freescale", {"a2a": "auto"}))
+        summary, _ = simulate_run(run, H100, ".", planner_time=False)
+        assert summary["exchange_chunks_why"] == c.line()
 
 
 def test_launch_bound_passes_get_one_chunk_and_long_compute_gets_many():

@@ -206,7 +206,8 @@ def test_overlapped_prioritized_equals_blocking_and_ddp(tmp_path, rank_pythonpat
     assert manifest["trainer_ran"] == {
         "tables": "sharded", "sharding": "row", "chunks": 3, "transport": "collective",
         "chunk_rule": {"chunks": 3, "why": "asked", "world_size": 2, "model": None, "chunk_bytes": None,
-                       "latency_us": None, "transfer_us": None, "predicted_ms": None, "growth": 1.0},
+                       "latency_us": None, "transfer_us": None, "predicted_ms": None, "growth": 1.0,
+                       "route": ""},
         "routing": "host", "routing_rule": "routing=host (asked)"}
     own_ran = json.loads((own_dir / "manifest.json").read_text())["trainer_ran"]
     assert (own_ran["routing"], own_ran["routing_rule"]) == ("exchanged", "routing=exchanged (asked)")

@@ -121,7 +121,7 @@ def test_host_syncs_cost_the_device_its_relaunch_on_gpus_and_nothing_is_busy_in_
     run = run_at(64, tables="replicated")  # a step without syncs of its own
     program = profile_of(run.trainer, run.trainer_options, 64).program
     quiet = steps_of(run)
-    synced = steps_of(run, program=lambda b, g, c, w, x=1.0, gpu=False: StepProgram(program(b, g, c, w, x, gpu).ops + (HostSync(),) * 5))
+    synced = steps_of(run, program=lambda b, g, c, w, x=1.0, gpu=False, r="": StepProgram(program(b, g, c, w, x, gpu, r).ops + (HostSync(),) * 5))
     for a, b in zip(quiet, synced):
         assert b["step_time_ms"] - a["step_time_ms"] == pytest.approx(5 * H100.host_sync_s * 1e3, rel=1e-6)
         assert b["busy_max_ms"] == pytest.approx(a["busy_max_ms"])

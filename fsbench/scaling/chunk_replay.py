@@ -43,12 +43,16 @@ class StepEstimate:
     """What the rule prices a step with. `program_of(chunks)`: the step program the
     trainer runs at that count; `costs`: the cluster's (fsbench.scaling.sim_costs.Costs:
     collectives, the encoder per sample and per pass); `buckets`: DDP's bucket bytes."""
-    program_of: Callable[[int, float], object]
+    program_of: Callable[[int, float, str], object]
     costs: object
     gpus_per_node: int
     buckets: tuple[float, ...]
     host_sync_ms: float = 0.0
     name: str = ""
+    routes: tuple[str, ...] = ("",)
+    """The ways the step may route its exchanges, tried with every count (a trainer's own
+    labels, passed back to `program_of`; FreeScale's: flat, hierarchical); the first wins
+    a tie."""
 
 
 def hosts(cluster, n: int) -> tuple[int, float]:
@@ -73,13 +77,15 @@ def rank_encoder_ms(workload, n: int, costs, passes: int, growth: float = 1.0) -
     return float(np.mean(device))
 
 
-def predicted_step_ms(workload, n: int, chunks: int, est: StepEstimate, growth: float = 1.0) -> float:
-    """The step at `chunks` chunks cut with `growth`: the encoder's device time and what
-    the replayed program exposes beyond it (host syncs included)."""
+def predicted_step_ms(workload, n: int, chunks: int, est: StepEstimate, growth: float = 1.0,
+                      route: str = "") -> float:
+    """The step at `chunks` chunks cut with `growth`, its exchanges routed by `route`: the
+    encoder's device time and what the replayed program exposes beyond it (host syncs
+    included)."""
     from fsbench.scaling.sim_costs import comm_bytes, expected_payloads
     from fsbench.scaling.step_engine import replay
 
-    program = est.program_of(chunks, growth)
+    program = est.program_of(chunks, growth, route)
     payloads = expected_payloads(workload, n, chunks)
     dense, per_node = float(sum(est.buckets)), est.gpus_per_node
 
@@ -93,18 +99,22 @@ def predicted_step_ms(workload, n: int, chunks: int, est: StepEstimate, growth: 
     return device + steady.exposed_ms
 
 
-def candidate_name(chunks: int, growth: float) -> str:
-    """'4' (equal tokens), '8x1.5' (each sub-batch 1.5 times the one before)."""
-    return str(chunks) if chunks == 1 or growth == 1.0 else f"{chunks}x{growth:g}"
+def candidate_name(chunks: int, growth: float, route: str = "") -> str:
+    """'4' (equal tokens), '8x1.5' (each sub-batch 1.5 times the one before), '4
+    hierarchical' (routed so)."""
+    name = str(chunks) if chunks == 1 or growth == 1.0 else f"{chunks}x{growth:g}"
+    return f"{name} {route}" if route else name
 
 
 def choose_by_replay(workload, n: int, est: StepEstimate, growths: tuple[float, ...] = (1.0,)
-                     ) -> tuple[int, float, dict[str, float]]:
-    """(the chosen count, its growth, each tried candidate's predicted step in ms, by
-    `candidate_name`). Ties: the fewest chunks, then the evener cut."""
+                     ) -> tuple[int, float, str, dict[str, float]]:
+    """(the chosen count, its growth, its route, each tried candidate's predicted step in
+    ms, by `candidate_name`). Ties: the fewest chunks, then the evener cut, then the first
+    route."""
     most = max(1, workload.global_batch_size // n)
-    tried = [(c, g) for c in COUNTS if c <= most for g in (sorted(growths) if c > 1 else (1.0,))]
-    steps = {(c, g): predicted_step_ms(workload, n, c, est, g) for c, g in tried}
+    tried = [(c, g, r) for c in COUNTS if c <= most for g in (sorted(growths) if c > 1 else (1.0,))
+             for r in est.routes]
+    steps = {k: predicted_step_ms(workload, n, k[0], est, k[1], k[2]) for k in tried}
     best = min(steps.values())
-    chunks, growth = next(k for k in tried if steps[k] <= best * (1 + TIE))
-    return chunks, growth, {candidate_name(c, g): ms for (c, g), ms in steps.items()}
+    chunks, growth, route = next(k for k in tried if steps[k] <= best * (1 + TIE))
+    return chunks, growth, route, {candidate_name(*k): ms for k, ms in steps.items()}

@@ -75,6 +75,9 @@ class ChunkChoice:
     fsbench.scaling.chunk_replay)."""
     growth: float = 1.0
     """Each sub-batch's tokens against the one before's (1: equal)."""
+    route: str = ""
+    """How the exchanges are routed, where the replay chose it among a trainer's routes
+    (FreeScale's a2a=auto: flat or hierarchical); empty where nothing was chosen."""
 
     def record(self) -> dict:
         return dataclasses.asdict(self)
@@ -82,6 +85,7 @@ class ChunkChoice:
     def line(self) -> str:
         """One line for logs and tables: 'chunks=2 (rule on h100 at 256 ranks: ...)'."""
         grown = f" growth={self.growth:g}" if self.growth != 1.0 and self.chunks > 1 else ""
+        grown += f" {self.route}" if self.route else ""
         if self.why == "replay":
             steps = ", ".join(f"{c}: {ms:.4g}" for c, ms in self.predicted_ms.items())
             return (f"chunks={self.chunks}{grown} (replay on {self.model} at {self.world_size} ranks, "
@@ -117,8 +121,9 @@ def choose_chunks(workload: WorkloadConfig, n: int, a2a_ms: A2aMs | None, model:
     if estimate is not None:
         from fsbench.scaling.chunk_replay import choose_by_replay
 
-        chosen, growth, predicted = choose_by_replay(workload, n, estimate, growths)
-        return ChunkChoice(chosen, "replay", n, estimate.name or model, predicted_ms=predicted, growth=growth)
+        chosen, growth, route, predicted = choose_by_replay(workload, n, estimate, growths)
+        return ChunkChoice(chosen, "replay", n, estimate.name or model, predicted_ms=predicted, growth=growth,
+                           route=route)
     from fsbench.scaling.sim_costs import expected_exchange_bytes
 
     total = expected_exchange_bytes(workload, n)

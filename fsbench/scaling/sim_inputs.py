@@ -56,18 +56,21 @@ class SimProfile:
     growths: tuple[float, ...] = (1.0,)
     """The cuts the chunk rule may choose among (each sub-batch's tokens against the one
     before's); an asked cut: that one alone."""
-    program: Callable[[list[Bucket], int, int, object, float, bool], StepProgram] = (
-        lambda buckets, gpus_per_node, chunks, workload=None, growth=1.0, gpu=False: ddp_program(buckets))
+    program: Callable[[list[Bucket], int, int, object, float, bool, str], StepProgram] = (
+        lambda buckets, gpus_per_node, chunks, workload=None, growth=1.0, gpu=False, route="": ddp_program(buckets))
     """(DDP's buckets, GPUs a node, the row exchange's chunks as chosen, the workload as
     simulated: how a trainer cuts its step may follow the data, each sub-batch's tokens
     against the one before's as chosen, whether the ranks are GPUs: a host that waits
-    runs otherwise than a stream that does) -> the trainer's
+    runs otherwise than a stream that does, the route chosen among `routes`) -> the trainer's
     step as ops (fsbench.training.step_program): every collective it issues and waits for,
     in its order, and its host syncs. The simulator costs exactly these
     (fsbench.scaling.step_engine)."""
     nodes_sm_share: float = 1.0
     """Of what NCCL's kernels take from overlapped compute, the share an exchange between
     nodes takes with its CTAs capped (FreeScale's sm_free beyond one node: comm_ctas)."""
+    routes: tuple[str, ...] = ("",)
+    """The routes of its exchanges the chunk rule chooses among with the count
+    (fsbench.scaling.chunk_replay.StepEstimate.routes; FreeScale's a2a=auto)."""
     ranks_a_node: int = 0
     """Ranks a node as the trainer was told (FreeScale's node_ranks), over the cluster's
     GPUs a node (0: the cluster's; on `local`, every rank on one host)."""

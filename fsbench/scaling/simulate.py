@@ -176,12 +176,12 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     per_node, sync_ms = hosts(cluster, n)
     per_node = min(n, prof.ranks_a_node or per_node)
     gpu_hosts = cluster.compute != "fit"
-    estimate = StepEstimate(lambda k, g: prof.program(ready_buckets, per_node, k, w, g, gpu_hosts), costs_model, per_node,
-                            tuple(buckets), sync_ms, cluster.name)
+    estimate = StepEstimate(lambda k, g, r="": prof.program(ready_buckets, per_node, k, w, g, gpu_hosts, r),
+                            costs_model, per_node, tuple(buckets), sync_ms, cluster.name, prof.routes)
     chunking = None if prof.exchange == "none" else choose_chunks(
         w, n, lambda k, nbytes: costs_model.collective_ms("all_to_all", k, nbytes), cluster.name,
         asked=prof.chunks, blocking=prof.exchange == "blocking", estimate=estimate, growths=prof.growths)
-    chunks, growth = (chunking.chunks, chunking.growth) if chunking else (1, 1.0)
+    chunks, growth, route = (chunking.chunks, chunking.growth, chunking.route) if chunking else (1, 1.0, "")
     # The encoder's passes a step: FreeScale's overlapped exchange runs a sub-batch a chunk.
     passes = chunks if prof.exchange in ("overlapped", "prioritized") else 1
     # The trainer plans with its own predicted costs; the cluster's costs are booked.
@@ -227,7 +227,7 @@ def simulate_run(run: RunConfig, cluster: Cluster, store: str | Path,
     # The previous step's global item draws (negatives shared by all ranks) and samples:
     # the rows it updated, which the prioritized exchange cannot send before its update.
     prev = None
-    program = prof.program(ready_buckets, per_node, chunks, w, growth, gpu_hosts)
+    program = prof.program(ready_buckets, per_node, chunks, w, growth, gpu_hosts, route)
     carry = carry_alone = None  # what each step leaves in flight for the next
     rows = []
     for window, lengths, plans, _ in windows:
