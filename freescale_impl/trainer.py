@@ -311,7 +311,8 @@ class FreeScaleTrainer(DataParallelTrainer):
         chunks, growth, route = int(held[0]), float(held[1]), routes[int(held[2])]
         if (chunks, growth, route) == (chosen.chunks, chosen.growth, chosen.route):
             return chosen
-        return ChunkChoice(chunks, f"rank 0's (this rank's rule gave {chosen.line()})",
+        mine = f"{chosen.chunks} x {chosen.growth:g}" + (f" {chosen.route}" if chosen.route else "")
+        return ChunkChoice(chunks, f"rank 0's (this rank's rule gave {mine})",
                            ctx.world_size, growth=growth, route=route)
 
     def make_preparer(self) -> Preparer:
