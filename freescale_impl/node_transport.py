@@ -17,6 +17,8 @@ tests/test_node_transport.py checks the split and the reassembly on gloo at 4 ra
 "node"), with a collective standing in for the copy engines inside the node."""
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -28,8 +30,6 @@ NCCL_DEFAULT_CTAS = 32  # NCCL_MAX_CTAS's default (MAXCHANNELS) on Hopper: ASSUM
 def ranks_a_node(asked: int, world: int, launched: int | None = None) -> int:
     """Ranks a node: `freescale.node_ranks` where asked, else the launcher's
     (LOCAL_WORLD_SIZE; a simulated cluster's GPUs a node), at most every rank."""
-    import os
-
     default = launched if launched is not None else int(os.environ.get("LOCAL_WORLD_SIZE", world))
     return min(world, asked or default)
 

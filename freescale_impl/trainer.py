@@ -175,7 +175,9 @@ class FreeScaleTrainer(DataParallelTrainer):
             # Indices into the window's concatenated samples, per step and rank.
             return [[ws.positions()[idx] for idx in ws.plan.assignment] for ws in steps], planning_ms
 
-        # Routed as the trainer routes at that size (choose_routing: host or exchanged).
+        # Routed as the trainer routes at that size (choose_routing: host or exchanged), and
+        # refused where the trainer refuses it (host routing beyond a node: O(N) a rank).
+        check_routing(opts.routing, world_size)
         routing, _ = choose_routing(opts.routing, world_size, opts.data)
 
         def route(workload, n: int, seed: int, inputs: PlanInputs, tokens: float, chunks: int):

@@ -147,3 +147,9 @@ def test_host_routing_is_refused_beyond_one_node_in_one_line():
     check_run(run(1024, "auto"))
     with pytest.raises(ConfigError, match=r"routing=host at 16 ranks: .*use freescale.routing=exchanged or auto"):
         check_run(run(16, "host"))
+    # and the simulator projects no run the trainer refuses
+    from fsbench.scaling.simulate import profile_of
+
+    profile_of("freescale", {"routing": "host"}, HOST_ROUTING_LIMIT_RANKS)
+    with pytest.raises(ConfigError, match=r"routing=host at 1024 ranks"):
+        profile_of("freescale", {"routing": "host"}, 1024)
